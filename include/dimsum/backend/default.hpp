@@ -1,0 +1,40 @@
+#pragma once
+// Which backend evaluates formulas, and the user-facing eval and assign that use it.
+// Today the reference backend; the fast CPU backend takes its place here.
+
+#include "dimsum/backend/reference/evaluator.hpp"
+#include "dimsum/evaluation/assign.hpp"
+
+namespace dimsum {
+
+using default_backend = backend::reference::evaluator;
+
+// The value of a formula as a new tensor, e.g. `auto y = ds::eval(ds::matmul(x, w));`.
+template <operand E>
+auto eval(E&& e) {
+    if constexpr (is_invalid<E>) {
+        return invalid_expression{};
+    } else {
+        default_backend backend;
+        return evaluation::eval_with(backend, e);
+    }
+}
+
+// The same on a backend of the caller's choice, e.g. `ds::backend::reference::evaluator{}`.
+template <operand E, class Backend>
+auto eval(E&& e, Backend backend) {
+    if constexpr (is_invalid<E>) return invalid_expression{};
+    else return evaluation::eval_with(backend, e);
+}
+
+// Stores a formula into a tensor or view of the same shape; what `dst = formula` calls.
+template <class Dst, class E>
+void assign(Dst&& dst, const E& e) {
+    if constexpr (!is_invalid<E>) {
+        default_backend backend;
+        if constexpr (is_tensor<std::remove_cvref_t<Dst>>::value) evaluation::assign_with(backend, dst.view(), e);
+        else evaluation::assign_with(backend, dst, e);
+    }
+}
+
+}  // namespace dimsum

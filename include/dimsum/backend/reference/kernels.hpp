@@ -1,0 +1,91 @@
+#pragma once
+// The reference kernels: plain loops over strided arrays, accumulating in double (long double
+// for double tensors). They know nothing of formulas.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "dimsum/backend/reference/strided.hpp"
+#include "dimsum/expr/functors.hpp"
+
+namespace dimsum::backend::reference {
+
+template <class T>
+using accumulator_t = std::conditional_t<std::is_same_v<T, float>, double, long double>;
+
+// out (..., m, n) = a (..., m, k) x b (..., k, n); a and b already have out's rank, with
+// zero strides where their batch axes broadcast.
+template <class T>
+void matmul(strided<const T> a, strided<const T> b, strided<T> out) {
+    std::size_t r = out.rank, depth = a.extents[r - 1];
+    for_each_index(out.extents, r, [&](const std::size_t* index) {
+        std::array<std::size_t, max_rank> ia{}, ib{};
+        std::copy_n(index, r, ia.begin());
+        std::copy_n(index, r, ib.begin());
+        accumulator_t<T> sum = 0;
+        for (std::size_t k = 0; k < depth; ++k) {
+            ia[r - 1] = k;
+            ib[r - 2] = k;
+            sum += static_cast<accumulator_t<T>>(a.at(ia.data())) * b.at(ib.data());
+        }
+        out.at(index) = static_cast<T>(sum);
+    });
+}
+
+// Calls f(index) once per line along `axis`; the line is index with index[axis] = 0 .. n-1.
+template <class F>
+void for_each_line(std::array<std::size_t, max_rank> extents, std::size_t rank, std::size_t axis, F&& f) {
+    extents[axis] = 1;
+    for_each_index(extents, rank, f);
+}
+
+// out = exp(x - max) / sum(exp(x - max)) along axis. A line of -infinity only has no
+// defined weights and gives NaN, as in PyTorch.
+template <class T>
+void softmax(strided<const T> x, strided<T> out, std::size_t axis) {
+    using acc = accumulator_t<T>;
+    std::size_t n = x.extents[axis];
+    for_each_line(x.extents, x.rank, axis, [&](const std::size_t* first) {
+        std::array<std::size_t, max_rank> index{};
+        std::copy_n(first, x.rank, index.begin());
+        auto element = [&](std::size_t j) -> acc { index[axis] = j; return x.at(index.data()); };
+        // pass 1: the maximum, so that exp never overflows
+        acc top = -std::numeric_limits<acc>::infinity();
+        for (std::size_t j = 0; j < n; ++j) top = fn::maximum{}(top, element(j));
+        // pass 2: the normaliser
+        acc total = 0;
+        for (std::size_t j = 0; j < n; ++j) total += std::exp(element(j) - top);
+        // pass 3: the weights
+        for (std::size_t j = 0; j < n; ++j) {
+            acc weight = std::exp(element(j) - top) / total;
+            out.at(index.data()) = static_cast<T>(weight);
+        }
+    });
+}
+
+// out = reduction of x along axis; out has x's axes without it.
+template <class Reduction, class T>
+void reduce(strided<const T> x, strided<T> out, std::size_t axis) {
+    using acc = accumulator_t<T>;
+    std::size_t n = x.extents[axis];
+    for_each_line(x.extents, x.rank, axis, [&](const std::size_t* first) {
+        std::array<std::size_t, max_rank> index{}, kept{};
+        std::copy_n(first, x.rank, index.begin());
+        for (std::size_t i = 0, k = 0; i < x.rank; ++i) {
+            if (i != axis) kept[k++] = index[i];
+        }
+        acc result = std::is_same_v<Reduction, fn::max> ? -std::numeric_limits<acc>::infinity() : acc(0);
+        for (std::size_t j = 0; j < n; ++j) {
+            index[axis] = j;
+            acc v = x.at(index.data());
+            if constexpr (std::is_same_v<Reduction, fn::max>) result = fn::maximum{}(result, v);
+            else result += v;
+        }
+        if constexpr (std::is_same_v<Reduction, fn::mean>) result /= static_cast<acc>(n);
+        out.at(kept.data()) = static_cast<T>(result);
+    });
+}
+
+}  // namespace dimsum::backend::reference

@@ -1,0 +1,21 @@
+#pragma once
+// Size arithmetic that reports overflow as a shape_error instead of wrapping.
+
+#include <cstddef>
+#include <string_view>
+
+#include "dimsum/core/shape_error.hpp"
+
+namespace dimsum::detail {
+
+inline std::size_t checked_multiply(std::size_t a, std::size_t b, std::string_view op) {
+    std::size_t product = 0;
+    if (__builtin_mul_overflow(a, b, &product)) {
+        message m;
+        m << "dimsum: " << op << ": size overflows: " << a << " * " << b;
+        throw shape_error(m);
+    }
+    return product;
+}
+
+}  // namespace dimsum::detail

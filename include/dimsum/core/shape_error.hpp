@@ -1,0 +1,17 @@
+#pragma once
+// The error thrown when extents known only at run time do not fit an operation.
+
+#include <stdexcept>
+#include <string>
+
+#include "dimsum/core/message.hpp"
+
+namespace dimsum {
+
+class shape_error : public std::invalid_argument {
+public:
+    using std::invalid_argument::invalid_argument;
+    explicit shape_error(const message& m) : std::invalid_argument(m.str()) {}
+};
+
+}  // namespace dimsum

@@ -1,0 +1,12 @@
+#pragma once
+// dimsum: tensor formulas with shapes the compiler checks. Include this header only.
+
+#include "dimsum/backend/default.hpp"
+#include "dimsum/ops/elementwise.hpp"
+#include "dimsum/ops/mask.hpp"
+#include "dimsum/ops/matmul.hpp"
+#include "dimsum/ops/softmax.hpp"
+#include "dimsum/ops/transpose.hpp"
+#include "dimsum/ops/view.hpp"
+#include "dimsum/tensor/print.hpp"
+#include "dimsum/tensor/random.hpp"

@@ -1,0 +1,111 @@
+#pragma once
+// The formula nodes: plain data, each an operation, its operands and the run-time shape
+// computed (and checked) once when the node was built by ops/. Evaluation lives in the
+// backends; nothing here loops over elements.
+
+#include <array>
+#include <tuple>
+
+#include "dimsum/expr/expression.hpp"
+#include "dimsum/shape/shape.hpp"
+
+namespace dimsum::expr {
+
+// A number broadcast to any shape.
+template <class T>
+struct scalar {
+    using shape_type = ::dimsum::shape<>;
+    using value_type = T;
+    T value;
+    std::tuple<> operands;
+    shape_type shape() const { return {}; }
+};
+
+// f applied element by element, the operands broadcast to `shape_type`.
+template <class Shape, class F, class... Operands>
+struct elementwise {
+    using shape_type = Shape;
+    using value_type = std::remove_cvref_t<decltype(F{}(value_type_of<Operands>{}...))>;
+    std::tuple<Operands...> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+// The same elements in row-major order under other axes (split, merge, rename).
+template <class Shape, class Operand>
+struct reshape {
+    using shape_type = Shape;
+    using value_type = value_type_of<Operand>;
+    std::tuple<Operand> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+// Result axis i is operand axis Order[i].
+template <class Shape, auto Order, class Operand>
+struct permute {
+    using shape_type = Shape;
+    using value_type = value_type_of<Operand>;
+    static constexpr auto order = Order;
+    std::tuple<Operand> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+// The slice at `index` along operand axis Axis, which the result drops.
+template <class Shape, std::size_t Axis, class Operand>
+struct select {
+    using shape_type = Shape;
+    using value_type = value_type_of<Operand>;
+    static constexpr std::size_t axis = Axis;
+    std::tuple<Operand> operands;
+    shape_type extents;
+    std::size_t index;
+    shape_type shape() const { return extents; }
+};
+
+// (..., m, k) x (..., k, n) -> (..., m, n), leading axes broadcast.
+template <class Shape, class Lhs, class Rhs>
+struct matmul {
+    using shape_type = Shape;
+    using value_type = value_type_of<Lhs>;
+    std::tuple<Lhs, Rhs> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+// exp(x - max) / sum(exp(x - max)) along axis Axis.
+template <std::size_t Axis, class Operand>
+struct softmax {
+    using shape_type = shape_of<Operand>;
+    using value_type = value_type_of<Operand>;
+    static constexpr std::size_t axis = Axis;
+    std::tuple<Operand> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+// Reduction (fn::sum, fn::max, fn::mean) along operand axis Axis, which the result drops.
+template <class Shape, class Reduction, std::size_t Axis, class Operand>
+struct reduce {
+    using shape_type = Shape;
+    using value_type = value_type_of<Operand>;
+    static constexpr std::size_t axis = Axis;
+    std::tuple<Operand> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+// A lazy boolean (query, key) mask, true where the key lies in the query's future. Queries
+// and keys are aligned at their ends: query i sees keys j <= i + (keys - queries), so that
+// with fewer queries than keys (decoding) the last query sees every key.
+template <class Query, class Key>
+struct causal_mask {
+    using shape_type = ::dimsum::shape<Query, Key>;
+    using value_type = bool;
+    std::tuple<> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+}  // namespace dimsum::expr

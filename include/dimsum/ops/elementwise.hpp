@@ -1,0 +1,149 @@
+#pragma once
+// Elementwise arithmetic and functions, between expressions and with scalars, broadcasting
+// as in shape/broadcast.hpp.
+
+#include "dimsum/expr/functors.hpp"
+#include "dimsum/ops/common.hpp"
+#include "dimsum/shape/broadcast.hpp"
+
+namespace dimsum {
+
+template <class T>
+concept arithmetic = std::is_arithmetic_v<std::remove_cvref_t<T>>;
+
+namespace detail {
+
+// A scalar argument becomes a rank-0 expression of the element type `T`.
+template <class T, class A>
+auto as_operand(A&& a) {
+    if constexpr (arithmetic<A>) return expr::scalar<T>{static_cast<T>(a)};
+    else return expr::hold(std::forward<A>(a));
+}
+
+template <class S, class... Rest>
+struct broadcast_all {
+    using type = S;
+    static constexpr message error(std::string_view) { return {}; }
+};
+template <class S, class Next, class... Rest>
+struct broadcast_all<S, Next, Rest...> {
+    using pair = broadcast<S, Next>;
+    using type = typename broadcast_all<typename pair::type, Rest...>::type;
+    static constexpr message error(std::string_view op) {
+        message m = pair::error(op);
+        return m.length ? m : broadcast_all<typename pair::type, Rest...>::error(op);
+    }
+};
+
+template <class S>
+S broadcast_extents(std::string_view, const S& s) {
+    return s;
+}
+template <class S, class Next, class... Rest>
+auto broadcast_extents(std::string_view op, const S& s, const Next& next, const Rest&... rest) {
+    return broadcast_extents(op, broadcast<S, Next>::extents(s, next, op), rest...);
+}
+
+// The one place an elementwise node is built: checks, then holds the operands.
+template <class F, class... Operands>
+auto make_elementwise(Operands&&... operands) {
+    using all = broadcast_all<shape_of<Operands>...>;
+    constexpr message error = all::error(F::name);
+    if constexpr (error.length != 0) {
+        return fail<error>();
+    } else {
+        using node = expr::elementwise<typename all::type, F, std::remove_cvref_t<Operands>...>;
+        auto extents = broadcast_extents(F::name, operands.shape()...);
+        return node{{std::forward<Operands>(operands)...}, extents};
+    }
+}
+
+template <class A, class B>
+auto common_element() {
+    if constexpr (arithmetic<A>) return value_type_of<B>{};
+    else return value_type_of<A>{};
+}
+// The element type of an operation between A and B, one of which may be a number.
+template <class A, class B>
+using common_element_t = decltype(common_element<A, B>());
+
+template <class T, class A>
+auto element_of() {
+    if constexpr (arithmetic<A>) return T{};
+    else return value_type_of<A>{};
+}
+
+template <class F, class A, class B>
+auto binary(A&& a, B&& b) {
+    if constexpr (any_invalid<A, B>) {
+        return invalid_expression{};
+    } else {
+        using T = common_element_t<A, B>;
+        using TA = decltype(element_of<T, A>());
+        using TB = decltype(element_of<T, B>());
+        constexpr message error = element_type_error<TA, TB>(F::name);
+        if constexpr (error.length != 0) return fail<error>();
+        else return make_elementwise<F>(as_operand<T>(std::forward<A>(a)), as_operand<T>(std::forward<B>(b)));
+    }
+}
+
+template <class F, class A>
+auto unary(A&& a) {
+    if constexpr (is_invalid<A>) return invalid_expression{};
+    else return make_elementwise<F>(expr::hold(std::forward<A>(a)));
+}
+
+}  // namespace detail
+
+// At least one side is an expression; the other may be a number.
+template <class A, class B>
+concept binary_operands = (operand<A> && operand<B>) || (operand<A> && arithmetic<B>) || (arithmetic<A> && operand<B>);
+
+template <class A, class B> requires binary_operands<A, B>
+auto operator+(A&& a, B&& b) { return detail::binary<fn::add>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto operator-(A&& a, B&& b) { return detail::binary<fn::subtract>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto operator*(A&& a, B&& b) { return detail::binary<fn::multiply>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto operator/(A&& a, B&& b) { return detail::binary<fn::divide>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto max(A&& a, B&& b) { return detail::binary<fn::maximum>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto min(A&& a, B&& b) { return detail::binary<fn::minimum>(std::forward<A>(a), std::forward<B>(b)); }
+
+template <operand A> auto operator-(A&& a) { return detail::unary<fn::negate>(std::forward<A>(a)); }
+template <operand A> auto exp(A&& a) { return detail::unary<fn::exp>(std::forward<A>(a)); }
+template <operand A> auto log(A&& a) { return detail::unary<fn::log>(std::forward<A>(a)); }
+template <operand A> auto sqrt(A&& a) { return detail::unary<fn::sqrt>(std::forward<A>(a)); }
+template <operand A> auto tanh(A&& a) { return detail::unary<fn::tanh>(std::forward<A>(a)); }
+template <operand A> auto abs(A&& a) { return detail::unary<fn::abs>(std::forward<A>(a)); }
+
+// where(condition, a, b): a where the boolean condition holds, else b; a or b may be numbers.
+template <operand C, class A, class B>
+    requires binary_operands<A, B>
+auto where(C&& condition, A&& a, B&& b) {
+    if constexpr (any_invalid<C, A, B>) {
+        return invalid_expression{};
+    } else {
+        using T = detail::common_element_t<A, B>;
+        using TA = decltype(detail::element_of<T, A>());
+        using TB = decltype(detail::element_of<T, B>());
+        constexpr message error = detail::element_type_error<bool, value_type_of<C>>("where condition").length
+                                      ? detail::element_type_error<bool, value_type_of<C>>("where condition")
+                                      : detail::element_type_error<TA, TB>("where");
+        if constexpr (error.length != 0) return fail<error>();
+        else
+            return detail::make_elementwise<fn::select>(expr::hold(std::forward<C>(condition)),
+                                                        detail::as_operand<T>(std::forward<A>(a)),
+                                                        detail::as_operand<T>(std::forward<B>(b)));
+    }
+}
+
+// x with `value` wherever the boolean mask holds, e.g. -infinity above a causal diagonal.
+template <operand E, operand M, arithmetic V>
+auto masked_fill(E&& x, M&& mask, V value) {
+    return where(std::forward<M>(mask), value, std::forward<E>(x));
+}
+
+}  // namespace dimsum

@@ -1,0 +1,71 @@
+#pragma once
+// softmax along the last axis, or along a named one; and the reductions sum, max and mean
+// along a named axis, which the result drops.
+
+#include "dimsum/expr/functors.hpp"
+#include "dimsum/ops/common.hpp"
+#include "dimsum/shape/find_axis.hpp"
+
+namespace dimsum {
+
+namespace detail {
+
+template <class S>
+constexpr axis_lookup last_axis(std::string_view op) {
+    axis_lookup found;
+    if constexpr (S::rank == 0) found.error << "dimsum: " << op << ": a scalar has no axis";
+    else found.position = S::rank - 1;
+    return found;
+}
+
+template <axis_lookup Found, class E>
+auto make_softmax(E&& e) {
+    if constexpr (Found.error.length != 0) return fail<Found.error>();
+    else return expr::softmax<Found.position, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, e.shape()};
+}
+
+template <class Reduction, class Axis, class E>
+auto make_reduce(E&& e) {
+    if constexpr (is_invalid<E>) {
+        return invalid_expression{};
+    } else {
+        using S = shape_of<E>;
+        constexpr axis_lookup found = find_axis<S>(Reduction::name, describe_axis<Axis>);
+        if constexpr (found.error.length != 0) {
+            return fail<found.error>();
+        } else {
+            using result_shape = remove_t<S, found.position>;
+            std::array<std::size_t, S::rank - 1> kept{};
+            for (std::size_t i = 0, k = 0; i < S::rank; ++i) {
+                if (i != found.position) kept[k++] = i;
+            }
+            auto extents = gather_extents<result_shape>(e.shape(), kept, Reduction::name);
+            return expr::reduce<result_shape, Reduction, found.position, expr::held_t<E>>{
+                {expr::hold(std::forward<E>(e))}, extents};
+        }
+    }
+}
+
+}  // namespace detail
+
+// Numerically stable: exp(x - max) / sum(exp(x - max)).
+template <operand E>
+auto softmax(E&& e) {
+    if constexpr (is_invalid<E>) return invalid_expression{};
+    else return detail::make_softmax<detail::last_axis<shape_of<E>>("softmax")>(std::forward<E>(e));
+}
+
+template <axis_type Axis, operand E>
+auto softmax(E&& e) {
+    if constexpr (is_invalid<E>) return invalid_expression{};
+    else return detail::make_softmax<detail::find_axis<shape_of<E>>("softmax", describe_axis<Axis>)>(std::forward<E>(e));
+}
+
+template <axis_type Axis, operand E>
+auto sum(E&& e) { return detail::make_reduce<fn::sum, Axis>(std::forward<E>(e)); }
+template <axis_type Axis, operand E>
+auto max(E&& e) { return detail::make_reduce<fn::max, Axis>(std::forward<E>(e)); }
+template <axis_type Axis, operand E>
+auto mean(E&& e) { return detail::make_reduce<fn::mean, Axis>(std::forward<E>(e)); }
+
+}  // namespace dimsum

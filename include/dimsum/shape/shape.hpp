@@ -1,0 +1,122 @@
+#pragma once
+// A shape: an ordered list of axes whose static extents live in the type and whose dynamic
+// extents, only those, are stored in the value.
+
+#include <array>
+#include <cstddef>
+#include <ostream>
+#include <tuple>
+
+#include "dimsum/core/checked_math.hpp"
+#include "dimsum/shape/axis.hpp"
+
+namespace dimsum {
+
+template <axis_type... Axes>
+class shape {
+public:
+    static constexpr std::size_t rank = sizeof...(Axes);
+    static constexpr std::array<axis_desc, rank> axes = {describe_axis<Axes>...};
+    static constexpr std::size_t dynamic_count = ((Axes::static_extent == dynamic ? 1 : 0) + ... + 0);
+
+    template <std::size_t I>
+    using axis_at = std::tuple_element_t<I, std::tuple<Axes...>>;
+
+    // Run-time extents start at 0: an empty shape until given extents.
+    constexpr shape() = default;
+
+    // From the run-time extents of the dynamic axes, in their order.
+    constexpr explicit shape(const std::array<std::size_t, dynamic_count>& dynamic_extents)
+        : dynamic_(dynamic_extents) {}
+
+    // From axis values, e.g. `shape<Batch, Seq, Model>(Batch{2}, Seq{10})`: one per dynamic
+    // axis, in order, each of that axis's type.
+    template <axis_type... Given>
+        requires(sizeof...(Given) == dynamic_count && dynamic_count > 0)
+    constexpr explicit shape(Given... given) : dynamic_{given.extent...} {
+        static_assert(std::is_same_v<std::tuple<Given...>, dynamic_axes>,
+                      "dimsum: shape: give one value per run-time axis, in order");
+    }
+
+    // From every extent; a static axis given another extent is a shape_error.
+    static shape from_extents(const std::array<std::size_t, rank>& all, std::string_view op) {
+        shape s;
+        std::size_t d = 0;
+        for (std::size_t i = 0; i < rank; ++i) {
+            if (axes[i].is_static()) {
+                if (all[i] != axes[i].extent) {
+                    message m;
+                    m << "dimsum: " << op << ": axis ";
+                    m << axes[i] << " given extent " << all[i];
+                    throw shape_error(m);
+                }
+            } else {
+                s.dynamic_[d++] = all[i];
+            }
+        }
+        return s;
+    }
+
+    constexpr std::size_t extent(std::size_t i) const {
+        return axes[i].is_static() ? axes[i].extent : dynamic_[dynamic_position[i]];
+    }
+    constexpr std::array<std::size_t, rank> extents() const {
+        std::array<std::size_t, rank> all{};
+        for (std::size_t i = 0; i < rank; ++i) all[i] = extent(i);
+        return all;
+    }
+    // The number of elements; throws shape_error where it overflows.
+    std::size_t size() const {
+        std::size_t n = 1;
+        for (std::size_t i = 0; i < rank; ++i) n = detail::checked_multiply(n, extent(i), "size");
+        return n;
+    }
+
+    friend constexpr bool operator==(const shape&, const shape&) = default;
+
+private:
+    template <class... A>
+    static auto keep_dynamic(std::tuple<A...>*) -> decltype(std::tuple_cat(
+        std::declval<std::conditional_t<A::is_static, std::tuple<>, std::tuple<A>>>()...));
+    using dynamic_axes = decltype(keep_dynamic(static_cast<std::tuple<Axes...>*>(nullptr)));
+
+    static constexpr std::array<std::size_t, rank> dynamic_position = [] {
+        std::array<std::size_t, rank> pos{};
+        std::size_t d = 0;
+        for (std::size_t i = 0; i < rank; ++i) pos[i] = axes[i].is_static() ? 0 : d++;
+        return pos;
+    }();
+
+    std::array<std::size_t, dynamic_count> dynamic_{};
+};
+
+template <class T>
+struct is_shape : std::false_type {};
+template <class... A>
+struct is_shape<shape<A...>> : std::true_type {};
+
+// `(batch=?, seq=?, model=768)`: what the type alone says.
+template <class S>
+constexpr message& write_static_shape(message& m) {
+    m << '(';
+    for (std::size_t i = 0; i < S::rank; ++i) m << (i ? ", " : "") << S::axes[i];
+    return m << ')';
+}
+
+// `(batch=2, seq=10, model=768)`: with the run-time extents.
+template <class... A>
+constexpr message& operator<<(message& m, const shape<A...>& s) {
+    using S = shape<A...>;
+    m << '(';
+    for (std::size_t i = 0; i < S::rank; ++i) write_axis(m << (i ? ", " : ""), S::axes[i], s.extent(i));
+    return m << ')';
+}
+
+template <class... A>
+std::ostream& operator<<(std::ostream& os, const shape<A...>& s) {
+    message m;
+    m << s;
+    return os << m.view();
+}
+
+}  // namespace dimsum

@@ -1,0 +1,46 @@
+#pragma once
+// Owning, 64-byte aligned storage: one cache line, and the widest SIMD register (AVX-512).
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "dimsum/core/checked_math.hpp"
+
+namespace dimsum::detail {
+
+inline constexpr std::size_t buffer_alignment = 64;
+
+template <class T>
+class aligned_buffer {
+public:
+    aligned_buffer() = default;
+    explicit aligned_buffer(std::size_t count) : size_(count) {
+        if (count == 0) return;
+        std::size_t bytes = checked_multiply(count, sizeof(T), "allocate");
+        data_.reset(static_cast<T*>(::operator new(bytes, std::align_val_t{buffer_alignment})));
+        std::memset(static_cast<void*>(data_.get()), 0, bytes);
+    }
+    aligned_buffer(const aligned_buffer& other) : aligned_buffer(other.size_) {
+        if (size_) std::memcpy(static_cast<void*>(data_.get()), other.data_.get(), size_ * sizeof(T));
+    }
+    aligned_buffer(aligned_buffer&&) noexcept = default;
+    aligned_buffer& operator=(aligned_buffer other) noexcept {
+        data_ = std::move(other.data_);
+        size_ = other.size_;
+        return *this;
+    }
+
+    T* data() const { return data_.get(); }
+    std::size_t size() const { return size_; }
+
+private:
+    struct release {
+        void operator()(T* p) const { ::operator delete(p, std::align_val_t{buffer_alignment}); }
+    };
+    std::unique_ptr<T, release> data_;
+    std::size_t size_ = 0;
+};
+
+}  // namespace dimsum::detail

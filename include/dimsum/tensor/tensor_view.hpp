@@ -1,0 +1,147 @@
+#pragma once
+// A non-owning view: a pointer, a shape and strides (in elements) over memory someone else
+// owns. tensor_view<const T, ...> reads; tensor_view<T, ...> also writes.
+
+#include <array>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
+
+#include "dimsum/core/static_error.hpp"
+#include "dimsum/shape/shape.hpp"
+
+namespace dimsum {
+
+template <std::size_t Rank>
+using strides_t = std::array<std::ptrdiff_t, Rank>;
+
+// Row-major strides of a shape; throws shape_error where the size overflows.
+template <class S>
+strides_t<S::rank> row_major_strides(const S& s) {
+    strides_t<S::rank> strides{};
+    std::size_t step = 1;
+    for (std::size_t i = S::rank; i-- > 0;) {
+        strides[i] = static_cast<std::ptrdiff_t>(step);
+        step = detail::checked_multiply(step, s.extent(i), "strides");
+    }
+    if (step > static_cast<std::size_t>(PTRDIFF_MAX)) throw shape_error("dimsum: strides: size overflows");
+    return strides;
+}
+
+// Declared here, defined with the evaluator (backend/default.hpp): tensors and views assign
+// expressions through it.
+template <class Dst, class E>
+void assign(Dst&& dst, const E& e);
+
+template <class T, axis_type... Axes>
+class tensor_view {
+public:
+    using shape_type = ::dimsum::shape<Axes...>;
+    using value_type = std::remove_const_t<T>;
+    using element_type = T;
+    static constexpr std::size_t rank = shape_type::rank;
+    using strides_type = strides_t<rank>;
+
+    tensor_view() = default;
+
+    // Over memory the caller vouches for: nothing is checked.
+    tensor_view(T* data, const shape_type& s, const strides_type& strides)
+        : data_(data), shape_(s), strides_(strides) {}
+    tensor_view(T* data, const shape_type& s) : tensor_view(data, s, row_major_strides(s)) {}
+
+    // Over a span, checked: every element the view can reach lies inside `memory`.
+    tensor_view(std::span<T> memory, const shape_type& s, const strides_type& strides)
+        : tensor_view(memory.data(), s, strides) {
+        check_within(memory.size());
+    }
+    tensor_view(std::span<T> memory, const shape_type& s) : tensor_view(memory, s, row_major_strides(s)) {}
+
+    // A writable view is also a read-only one.
+    operator tensor_view<const T, Axes...>() const requires(!std::is_const_v<T>) {
+        return {data_, shape_, strides_};
+    }
+
+    // Assignment writes elements, as for Eigen's Map: a view never rebinds.
+    tensor_view& operator=(const tensor_view& other) requires(!std::is_const_v<T>) {
+        assign(*this, other);
+        return *this;
+    }
+    template <class E>
+    tensor_view& operator=(const E& e) requires(!std::is_const_v<T>) {
+        assign(*this, e);
+        return *this;
+    }
+    tensor_view(const tensor_view&) = default;
+
+    T* data() const { return data_; }
+    const shape_type& shape() const { return shape_; }
+    const strides_type& strides() const { return strides_; }
+    std::size_t extent(std::size_t i) const { return shape_.extent(i); }
+    std::size_t size() const { return shape_.size(); }
+
+    bool is_contiguous() const { return strides_ == row_major_strides(shape_); }
+
+    // Bounds-checked element access: std::out_of_range names the axis.
+    template <std::integral... I>
+        requires(sizeof...(I) == rank)
+    T& operator()(I... index) const {
+        std::array<std::size_t, rank> at{static_cast<std::size_t>(index)...};
+        std::array<long long, rank> given{static_cast<long long>(index)...};
+        for (std::size_t i = 0; i < rank; ++i) {
+            if (given[i] < 0 || at[i] >= shape_.extent(i)) {
+                message m;
+                m << "dimsum: index " << (given[i] < 0 ? std::string_view("negative") : std::string_view(""));
+                if (given[i] >= 0) m << at[i];
+                m << " out of range for axis ";
+                write_axis(m, shape_type::axes[i], shape_.extent(i));
+                throw std::out_of_range(m.str());
+            }
+        }
+        return data_[offset(at)];
+    }
+
+    // Unchecked: for evaluators, which walk only indices inside the shape.
+    std::ptrdiff_t offset(const std::array<std::size_t, rank>& index) const {
+        std::ptrdiff_t off = 0;
+        for (std::size_t i = 0; i < rank; ++i) off += static_cast<std::ptrdiff_t>(index[i]) * strides_[i];
+        return off;
+    }
+
+private:
+    void check_within(std::size_t memory_size) const {
+        if (shape_.size() == 0) return;
+        std::ptrdiff_t low = 0, high = 0;
+        for (std::size_t i = 0; i < rank; ++i) {
+            std::ptrdiff_t reach = static_cast<std::ptrdiff_t>(shape_.extent(i) - 1) * strides_[i];
+            (reach < 0 ? low : high) += reach;
+        }
+        if (low < 0 || high >= static_cast<std::ptrdiff_t>(memory_size)) {
+            message m;
+            m << "dimsum: tensor_view: " << shape_ << " with these strides reaches outside the "
+              << memory_size << " elements given";
+            throw shape_error(m);
+        }
+    }
+
+    T* data_ = nullptr;
+    shape_type shape_{};
+    strides_type strides_{};
+};
+
+template <class T>
+struct is_tensor_view : std::false_type {};
+template <class T, class... A>
+struct is_tensor_view<tensor_view<T, A...>> : std::true_type {};
+
+// The view type over a given shape type.
+template <class T, class S>
+struct view_of_shape;
+template <class T, class... A>
+struct view_of_shape<T, shape<A...>> {
+    using type = tensor_view<T, A...>;
+};
+template <class T, class S>
+using view_of_shape_t = typename view_of_shape<T, S>::type;
+
+}  // namespace dimsum

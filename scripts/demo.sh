@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds the examples and runs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j2 --target single_head multi_head
+./build/examples/single_head
+./build/examples/multi_head

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages dimsum needs to build and test, when they are missing.
+# Safe to run again: it installs nothing that is already there.
+set -euo pipefail
+
+packages=(
+    g++ cmake make              # the build
+    xtensor-dev xtl-dev         # interop and an independent check in tests
+    libxsimd-dev                # SIMD kernels
+    libboost-dev                # Boost.Hana (headers)
+    libomp-dev                  # OpenMP (g++ brings its own libgomp; clang needs this)
+    catch2                      # Catch2 v2, the unit tests
+    python3 python3-numpy       # the docs check and reference data
+)
+# Optional: only tests/reference/generate.py needs it, to remake the committed reference data.
+optional=(python3-torch)
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${DIMSUM_WITH_TORCH:-0}" = 1 ]; then
+    for p in "${optional[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+fi
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+
+echo "dimsum setup: installing ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+    as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+    as_root=(sudo)
+else
+    echo "dimsum setup: these Debian packages are missing: ${missing[*]}" >&2
+    echo "dimsum setup: run this script as root (or install sudo), or install them yourself with apt-get." >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" apt-get update -qq
+"${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
