@@ -8,13 +8,15 @@
 
 namespace dimsum::detail {
 
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_overflow(std::size_t a, std::size_t b, std::string_view op) {
+    message m;
+    m << "dimsum: " << op << ": size overflows: " << a << " * " << b;
+    throw shape_error(m);
+}
+
 inline std::size_t checked_multiply(std::size_t a, std::size_t b, std::string_view op) {
     std::size_t product = 0;
-    if (__builtin_mul_overflow(a, b, &product)) {
-        message m;
-        m << "dimsum: " << op << ": size overflows: " << a << " * " << b;
-        throw shape_error(m);
-    }
+    if (__builtin_mul_overflow(a, b, &product)) throw_overflow(a, b, op);
     return product;
 }
 

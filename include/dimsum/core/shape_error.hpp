@@ -14,4 +14,11 @@ public:
     explicit shape_error(const message& m) : std::invalid_argument(m.str()) {}
 };
 
+namespace detail {
+
+// Errors are thrown from out-of-line, cold functions: the checks inlined into every formula
+// stay a comparison and a call, which keeps formulas quick to compile and run.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_shape_error(const message& m) { throw shape_error(m); }
+
+}  // namespace detail
 }  // namespace dimsum

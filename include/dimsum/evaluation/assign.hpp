@@ -8,47 +8,37 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <functional>
-#include <tuple>
 
 #include "dimsum/core/element_type.hpp"
-#include "dimsum/expr/expression.hpp"
+#include "dimsum/expr/nodes.hpp"
 #include "dimsum/shape/conform.hpp"
 
 namespace dimsum::evaluation {
 
-// Calls f with a read-only view of every tensor the formula reads.
-template <class E, class F>
-void for_each_tensor(const E& e, F&& f) {
-    if constexpr (is_tensor_view<E>::value) f(e);
-    else if constexpr (is_tensor<E>::value) f(e.view());
-    else std::apply([&](const auto&... operand) { (for_each_tensor(operand, f), ...); }, e.operands);
-}
-
 // The bytes a view can reach, as [first, last); empty for an empty view.
+struct byte_range {
+    std::uintptr_t first = 0, last = 0;
+    bool overlaps(const byte_range& other) const { return first < other.last && other.first < last; }
+};
+
 template <class V>
-std::pair<std::uintptr_t, std::uintptr_t> reach(const V& v) {
-    if (v.size() == 0) return {0, 0};
-    std::ptrdiff_t low = 0, high = 0;
-    for (std::size_t i = 0; i < V::rank; ++i) {
-        std::ptrdiff_t r = static_cast<std::ptrdiff_t>(v.extent(i) - 1) * v.strides()[i];
-        (r < 0 ? low : high) += r;
-    }
+byte_range reach_of(const V& v) {
+    auto extents = v.shape().extents();
+    auto [low, high] = detail::reach(extents.data(), v.strides().data(), V::rank);
     auto base = reinterpret_cast<std::uintptr_t>(v.data());
-    using T = typename V::value_type;
-    return {base + static_cast<std::uintptr_t>(low * std::ptrdiff_t(sizeof(T))),
-            base + static_cast<std::uintptr_t>((high + 1) * std::ptrdiff_t(sizeof(T)))};
+    std::ptrdiff_t size = sizeof(typename V::value_type);
+    return {base + static_cast<std::uintptr_t>(low * size), base + static_cast<std::uintptr_t>(high * size)};
 }
 
-template <class E, class V>
-bool reads_memory_of(const E& e, const V& dst) {
-    auto [first, last] = reach(dst);
-    bool overlap = false;
-    for_each_tensor(e, [&](const auto& v) {
-        auto [f, l] = reach(v);
-        overlap = overlap || (f < last && first < l);
-    });
-    return overlap;
+// Whether any tensor the formula reads overlaps `target`.
+template <class E>
+bool reads(const E& e, const byte_range& target) {
+    if constexpr (is_tensor_view<E>::value) return reach_of(e).overlaps(target);
+    else if constexpr (is_tensor<E>::value) return reach_of(e.view()).overlaps(target);
+    else if constexpr (decltype(e.operands)::size == 0) return false;
+    else if constexpr (decltype(e.operands)::size == 1) return reads(e.operands.first, target);
+    else if constexpr (decltype(e.operands)::size == 2) return reads(e.operands.first, target) || reads(e.operands.second, target);
+    else return reads(e.operands.first, target) || reads(e.operands.second, target) || reads(e.operands.third, target);
 }
 
 template <class Backend, class E>
@@ -67,13 +57,14 @@ void assign_with(Backend& backend, const V& dst, const E& e) {
     } else if constexpr (!std::is_same_v<value_type_of<V>, value_type_of<E>>) {
         fail<detail::element_type_error<value_type_of<V>, value_type_of<E>>("assign")>();
     } else {
-        if (dst.shape().extents() != e.shape().extents()) {
-            message m;
-            m << "dimsum: assign: cannot store " << e.shape() << " in " << dst.shape();
-            throw shape_error(m);
+        auto extents = e.shape().extents();
+        if (dst.shape().extents() != extents) {
+            auto dst_extents = dst.shape().extents();
+            detail::throw_cannot_store("assign", {target_shape::axes.data(), extents.data(), target_shape::rank},
+                                       {shape_of<V>::axes.data(), dst_extents.data(), shape_of<V>::rank});
         }
         view_of_shape_t<value_type_of<V>, target_shape> target(dst.data(), e.shape(), dst.strides());
-        if (reads_memory_of(e, dst)) {
+        if (reads(e, reach_of(dst))) {
             auto copy = eval_with(backend, e);
             backend.run(std::as_const(copy).view(), target);
         } else {

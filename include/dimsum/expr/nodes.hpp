@@ -4,12 +4,39 @@
 // backends; nothing here loops over elements.
 
 #include <array>
-#include <tuple>
+#include <cstddef>
 
 #include "dimsum/expr/expression.hpp"
 #include "dimsum/shape/shape.hpp"
 
 namespace dimsum::expr {
+
+// The operands of a node: a plain aggregate, far cheaper to compile than std::tuple, which
+// matters because every distinct formula instantiates its own.
+template <class... T>
+struct operands;
+template <>
+struct operands<> {
+    static constexpr std::size_t size = 0;
+};
+template <class A>
+struct operands<A> {
+    static constexpr std::size_t size = 1;
+    A first;
+};
+template <class A, class B>
+struct operands<A, B> {
+    static constexpr std::size_t size = 2;
+    A first;
+    B second;
+};
+template <class A, class B, class C>
+struct operands<A, B, C> {
+    static constexpr std::size_t size = 3;
+    A first;
+    B second;
+    C third;
+};
 
 // A number broadcast to any shape.
 template <class T>
@@ -17,7 +44,7 @@ struct scalar {
     using shape_type = ::dimsum::shape<>;
     using value_type = T;
     T value;
-    std::tuple<> operands;
+    expr::operands<> operands;
     shape_type shape() const { return {}; }
 };
 
@@ -26,7 +53,7 @@ template <class Shape, class F, class... Operands>
 struct elementwise {
     using shape_type = Shape;
     using value_type = std::remove_cvref_t<decltype(F{}(value_type_of<Operands>{}...))>;
-    std::tuple<Operands...> operands;
+    expr::operands<Operands...> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
 };
@@ -36,7 +63,7 @@ template <class Shape, class Operand>
 struct reshape {
     using shape_type = Shape;
     using value_type = value_type_of<Operand>;
-    std::tuple<Operand> operands;
+    expr::operands<Operand> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
 };
@@ -47,7 +74,7 @@ struct permute {
     using shape_type = Shape;
     using value_type = value_type_of<Operand>;
     static constexpr auto order = Order;
-    std::tuple<Operand> operands;
+    expr::operands<Operand> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
 };
@@ -58,7 +85,7 @@ struct select {
     using shape_type = Shape;
     using value_type = value_type_of<Operand>;
     static constexpr std::size_t axis = Axis;
-    std::tuple<Operand> operands;
+    expr::operands<Operand> operands;
     shape_type extents;
     std::size_t index;
     shape_type shape() const { return extents; }
@@ -69,7 +96,7 @@ template <class Shape, class Lhs, class Rhs>
 struct matmul {
     using shape_type = Shape;
     using value_type = value_type_of<Lhs>;
-    std::tuple<Lhs, Rhs> operands;
+    expr::operands<Lhs, Rhs> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
 };
@@ -80,7 +107,7 @@ struct softmax {
     using shape_type = shape_of<Operand>;
     using value_type = value_type_of<Operand>;
     static constexpr std::size_t axis = Axis;
-    std::tuple<Operand> operands;
+    expr::operands<Operand> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
 };
@@ -91,7 +118,7 @@ struct reduce {
     using shape_type = Shape;
     using value_type = value_type_of<Operand>;
     static constexpr std::size_t axis = Axis;
-    std::tuple<Operand> operands;
+    expr::operands<Operand> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
 };
@@ -103,7 +130,7 @@ template <class Query, class Key>
 struct causal_mask {
     using shape_type = ::dimsum::shape<Query, Key>;
     using value_type = bool;
-    std::tuple<> operands;
+    expr::operands<> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
 };

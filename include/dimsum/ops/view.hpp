@@ -75,10 +75,7 @@ auto select(E&& e, std::size_t index) {
             constexpr std::size_t axis = found.position;
             using result_shape = detail::remove_t<S, axis>;
             if (index >= e.shape().extent(axis)) {
-                message m;
-                m << "dimsum: select: index " << index << " out of range for axis ";
-                write_axis(m, S::axes[axis], e.shape().extent(axis));
-                throw std::out_of_range(m.str());
+                detail::throw_index(static_cast<long long>(index), S::axes[axis], e.shape().extent(axis));
             }
             std::array<std::size_t, S::rank - 1> kept{};
             for (std::size_t i = 0, k = 0; i < S::rank; ++i) {

@@ -16,6 +16,15 @@ inline constexpr std::size_t dynamic = std::dynamic_extent;
 
 // `axis<"model", 768>` has a compile-time extent; `axis<"seq">` gets its extent at run time.
 // A value of the type carries the extent, e.g. `Seq{128}`, to size a tensor.
+namespace detail {
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_axis_extent(std::string_view name, std::size_t expected,
+                                                                     std::size_t given) {
+    message m;
+    m << "dimsum: axis " << name << " has extent " << expected << ", not " << given;
+    throw shape_error(m);
+}
+}  // namespace detail
+
 template <fixed_string Name, std::size_t Extent = dynamic>
 struct axis {
     static constexpr fixed_string name = Name;
@@ -26,11 +35,7 @@ struct axis {
 
     constexpr axis() requires is_static = default;
     constexpr explicit axis(std::size_t n) : extent(n) {
-        if (is_static && n != Extent) {
-            message m;
-            m << "dimsum: axis " << Name.view() << " has extent " << Extent << ", not " << n;
-            throw shape_error(m);
-        }
+        if (is_static && n != Extent) detail::throw_axis_extent(Name.view(), Extent, n);
     }
 };
 

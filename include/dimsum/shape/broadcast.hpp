@@ -28,6 +28,27 @@ constexpr bool can_broadcast(axis_desc a, axis_desc b) {
     return !a.is_static() || !b.is_static() || a.extent == b.extent || a.extent == 1 || b.extent == 1;
 }
 
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_broadcast(std::string_view op, shape_ref a, shape_ref b,
+                                                                   std::size_t ia, std::size_t ib) {
+    message m;
+    m << "dimsum: " << op << ": cannot broadcast ";
+    write_axis(m, a.axes[ia], a.extents[ia]) << " with ";
+    write_axis(m, b.axes[ib], b.extents[ib]) << " in " << a << " and " << b;
+    throw shape_error(m);
+}
+
+// The run-time extents of a and b broadcast, right-aligned, into out (max rank entries).
+inline void broadcast_extents(std::string_view op, shape_ref a, shape_ref b, std::size_t* out) {
+    std::size_t rank = a.rank > b.rank ? a.rank : b.rank;
+    for (std::size_t i = 0; i < rank; ++i) {
+        std::size_t lead_a = rank - a.rank, lead_b = rank - b.rank;
+        std::size_t ea = i < lead_a ? 1 : a.extents[i - lead_a];
+        std::size_t eb = i < lead_b ? 1 : b.extents[i - lead_b];
+        if (ea != eb && ea != 1 && eb != 1) throw_broadcast(op, a, b, i - lead_a, i - lead_b);
+        out[i] = ea == 1 ? eb : ea;
+    }
+}
+
 template <class A, class B>
 using broadcast_axis_t = axis<std::conditional_t<A::name.empty(), B, A>::name,
                               broadcast_extent(A::static_extent, B::static_extent)>;
@@ -78,20 +99,10 @@ struct broadcast {
     }
 
     static type extents(const SA& a, const SB& b, std::string_view op) {
+        auto ea = a.extents();
+        auto eb = b.extents();
         std::array<std::size_t, rank> out{};
-        for (std::size_t i = 0; i < rank; ++i) {
-            std::size_t lead_a = rank - SA::rank, lead_b = rank - SB::rank;
-            std::size_t ea = i < lead_a ? 1 : a.extent(i - lead_a);
-            std::size_t eb = i < lead_b ? 1 : b.extent(i - lead_b);
-            if (ea != eb && ea != 1 && eb != 1) {
-                message m;
-                m << "dimsum: " << op << ": cannot broadcast ";
-                write_axis(m, a_at(i), ea) << " with ";
-                write_axis(m, b_at(i), eb) << " in " << a << " and " << b;
-                throw shape_error(m);
-            }
-            out[i] = ea == 1 ? eb : ea;
-        }
+        broadcast_extents(op, {SA::axes.data(), ea.data(), SA::rank}, {SB::axes.data(), eb.data(), SB::rank}, out.data());
         return type::from_extents(out, op);
     }
 };

@@ -23,16 +23,21 @@ constexpr message conform_error(std::string_view op) {
 }
 
 // The run-time check; only to be used once conform_error is empty.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_cannot_store(std::string_view op, shape_ref from, shape_ref to) {
+    message m;
+    m << "dimsum: " << op << ": cannot store " << from << " in " << to;
+    throw shape_error(m);
+}
+
 template <class To, class From>
 To conform_extents(const From& from, std::string_view op) {
-    try {
-        return To::from_extents(from.extents(), op);
-    } catch (const shape_error&) {
-        message m;
-        m << "dimsum: " << op << ": cannot store " << from << " in ";
-        write_static_shape<To>(m);
-        throw shape_error(m);
+    auto extents = from.extents();
+    for (std::size_t i = 0; i < To::rank; ++i) {
+        if (To::axes[i].is_static() && To::axes[i].extent != extents[i]) {
+            throw_cannot_store(op, {From::axes.data(), extents.data(), From::rank}, {To::axes.data(), nullptr, To::rank});
+        }
     }
+    return To::from_extents(extents, op);
 }
 
 }  // namespace dimsum::detail

@@ -22,6 +22,24 @@ constexpr message matmul_error() {
     return broadcast<slice_t<SA, 0, SA::rank - 2>, slice_t<SB, 0, SB::rank - 2>>::error("matmul batch axes");
 }
 
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_contracted(shape_ref a, shape_ref b) {
+    message m;
+    m << "dimsum: matmul: contracted axes differ: ";
+    write_axis(m, a.axes[a.rank - 1], a.extents[a.rank - 1]) << " vs ";
+    write_axis(m, b.axes[b.rank - 2], b.extents[b.rank - 2]) << " in " << a << " x " << b;
+    throw shape_error(m);
+}
+
+// The run-time extents of matmul(a, b) into out (batch..., m, n).
+inline void matmul_extents(shape_ref a, shape_ref b, std::size_t* out) {
+    if (a.extents[a.rank - 1] != b.extents[b.rank - 2]) throw_contracted(a, b);
+    shape_ref batch_a{a.axes, a.extents, a.rank - 2}, batch_b{b.axes, b.extents, b.rank - 2};
+    broadcast_extents("matmul batch axes", batch_a, batch_b, out);
+    std::size_t batch_rank = a.rank > b.rank ? a.rank - 2 : b.rank - 2;
+    out[batch_rank] = a.extents[a.rank - 2];
+    out[batch_rank + 1] = b.extents[b.rank - 1];
+}
+
 // Only to be used once matmul_error<SA, SB>() is empty.
 template <class SA, class SB>
 struct matmul_shape {
@@ -33,25 +51,10 @@ struct matmul_shape {
                                 typename SB::template axis_at<SB::rank - 1>>>;
 
     static type extents(const SA& a, const SB& b) {
-        std::size_t k_a = a.extent(SA::rank - 1), k_b = b.extent(SB::rank - 2);
-        if (k_a != k_b) {
-            message m;
-            m << "dimsum: matmul: contracted axes differ: ";
-            write_axis(m, SA::axes[SA::rank - 1], k_a) << " vs ";
-            write_axis(m, SB::axes[SB::rank - 2], k_b) << " in " << a << " x " << b;
-            throw shape_error(m);
-        }
-        std::array<std::size_t, SA::rank - 2> batch_positions_a{};
-        std::array<std::size_t, SB::rank - 2> batch_positions_b{};
-        for (std::size_t i = 0; i < SA::rank - 2; ++i) batch_positions_a[i] = i;
-        for (std::size_t i = 0; i < SB::rank - 2; ++i) batch_positions_b[i] = i;
-        auto batch_extents = batch::extents(gather_extents<batch_a>(a, batch_positions_a, "matmul"),
-                                            gather_extents<batch_b>(b, batch_positions_b, "matmul"),
-                                            "matmul batch axes");
+        auto ea = a.extents();
+        auto eb = b.extents();
         std::array<std::size_t, type::rank> out{};
-        for (std::size_t i = 0; i + 2 < type::rank; ++i) out[i] = batch_extents.extent(i);
-        out[type::rank - 2] = a.extent(SA::rank - 2);
-        out[type::rank - 1] = b.extent(SB::rank - 1);
+        matmul_extents({SA::axes.data(), ea.data(), SA::rank}, {SB::axes.data(), eb.data(), SB::rank}, out.data());
         return type::from_extents(out, "matmul");
     }
 };

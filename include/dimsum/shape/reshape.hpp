@@ -76,32 +76,42 @@ constexpr message reshape_error() {
     return m;
 }
 
-// Only to be used once reshape_error<From, To>() is empty.
-template <class From, class To>
-To reshape_extents(const From& from) {
-    constexpr auto source = reshape_sources<From, To>();
-    std::array<std::size_t, To::rank> out{};
-    std::size_t known = 1, unknown_position = no_source;
-    for (std::size_t i = 0; i < To::rank; ++i) {
-        if (To::axes[i].is_static()) out[i] = To::axes[i].extent;
-        else if (source[i] != no_source) out[i] = from.extent(source[i]);
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_reshape(shape_ref from, std::size_t total, shape_ref to,
+                                                                 std::size_t known, bool inferred) {
+    message m;
+    m << "dimsum: view: sizes do not multiply out: " << from << " has " << total << " elements, ";
+    m << to << " would have ";
+    if (inferred) m << "a multiple of ";
+    m << known;
+    throw shape_error(m);
+}
+
+// The run-time extents of the result of a view into out; source[i] as from reshape_sources.
+inline void reshape_extents(shape_ref from, shape_ref to, const std::size_t* source, std::size_t* out) {
+    std::size_t known = 1, unknown_position = no_source, total = 1;
+    for (std::size_t i = 0; i < from.rank; ++i) total = checked_multiply(total, from.extents[i], "view");
+    for (std::size_t i = 0; i < to.rank; ++i) {
+        if (to.axes[i].is_static()) out[i] = to.axes[i].extent;
+        else if (source[i] != no_source) out[i] = from.extents[source[i]];
         else {
             unknown_position = i;
             continue;
         }
         known = checked_multiply(known, out[i], "view");
     }
-    std::size_t total = from.size();
     if (unknown_position != no_source) out[unknown_position] = known == 0 ? 0 : total / known;
     std::size_t result_total = unknown_position == no_source ? known : known * out[unknown_position];
-    if (result_total != total) {
-        message m;
-        m << "dimsum: view: sizes do not multiply out: " << from << " has " << total << " elements, ";
-        write_static_shape<To>(m) << " would have ";
-        if (unknown_position == no_source) m << known;
-        else m << "a multiple of " << known;
-        throw shape_error(m);
-    }
+    if (result_total != total) throw_reshape(from, total, {to.axes, nullptr, to.rank}, known, unknown_position != no_source);
+}
+
+// Only to be used once reshape_error<From, To>() is empty.
+template <class From, class To>
+To reshape_extents(const From& from) {
+    static constexpr auto source = reshape_sources<From, To>();
+    auto from_extents = from.extents();
+    std::array<std::size_t, To::rank> out{};
+    reshape_extents({From::axes.data(), from_extents.data(), From::rank}, {To::axes.data(), nullptr, To::rank},
+                    source.data(), out.data());
     return To::from_extents(out, "view");
 }
 

@@ -12,6 +12,32 @@
 
 namespace dimsum {
 
+// A shape as plain data, for code that need not know its type: errors, kernels.
+struct shape_ref {
+    const axis_desc* axes;
+    const std::size_t* extents;  // null: print what the type says (`seq=?`)
+    std::size_t rank;
+};
+
+constexpr message& operator<<(message& m, shape_ref s) {
+    m << '(';
+    for (std::size_t i = 0; i < s.rank; ++i) {
+        m << (i ? ", " : "");
+        if (s.extents) write_axis(m, s.axes[i], s.extents[i]);
+        else m << s.axes[i];
+    }
+    return m << ')';
+}
+
+namespace detail {
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_given_extent(std::string_view op, axis_desc a,
+                                                                      std::size_t given) {
+    message m;
+    m << "dimsum: " << op << ": axis " << a << " given extent " << given;
+    throw shape_error(m);
+}
+}  // namespace detail
+
 template <axis_type... Axes>
 class shape {
 public:
@@ -44,12 +70,7 @@ public:
         std::size_t d = 0;
         for (std::size_t i = 0; i < rank; ++i) {
             if (axes[i].is_static()) {
-                if (all[i] != axes[i].extent) {
-                    message m;
-                    m << "dimsum: " << op << ": axis ";
-                    m << axes[i] << " given extent " << all[i];
-                    throw shape_error(m);
-                }
+                if (all[i] != axes[i].extent) detail::throw_given_extent(op, axes[i], all[i]);
             } else {
                 s.dynamic_[d++] = all[i];
             }
@@ -98,18 +119,14 @@ struct is_shape<shape<A...>> : std::true_type {};
 // `(batch=?, seq=?, model=768)`: what the type alone says.
 template <class S>
 constexpr message& write_static_shape(message& m) {
-    m << '(';
-    for (std::size_t i = 0; i < S::rank; ++i) m << (i ? ", " : "") << S::axes[i];
-    return m << ')';
+    return m << shape_ref{S::axes.data(), nullptr, S::rank};
 }
 
 // `(batch=2, seq=10, model=768)`: with the run-time extents.
 template <class... A>
-constexpr message& operator<<(message& m, const shape<A...>& s) {
-    using S = shape<A...>;
-    m << '(';
-    for (std::size_t i = 0; i < S::rank; ++i) write_axis(m << (i ? ", " : ""), S::axes[i], s.extent(i));
-    return m << ')';
+message& operator<<(message& m, const shape<A...>& s) {
+    auto extents = s.extents();
+    return m << shape_ref{shape<A...>::axes.data(), extents.data(), sizeof...(A)};
 }
 
 template <class... A>

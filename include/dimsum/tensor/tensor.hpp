@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "dimsum/core/concepts.hpp"
 #include "dimsum/shape/conform.hpp"
 #include "dimsum/tensor/aligned_buffer.hpp"
 #include "dimsum/tensor/tensor_view.hpp"
@@ -54,7 +55,7 @@ public:
     explicit tensor(const shape_type& s) : shape_(s), buffer_(s.size()) { (void)row_major_strides(s); }
 
     // `tensor<...> y = formula;` evaluates the formula.
-    template <class E>
+    template <operand E>
         requires(!std::is_same_v<std::remove_cvref_t<E>, tensor>)
     tensor(const E& e) {
         if constexpr (!is_invalid<E>) {
@@ -75,7 +76,7 @@ public:
 
     // `y = formula;` evaluates it, correctly even when the formula reads y; y takes the
     // formula's run-time extents.
-    template <class E>
+    template <operand E>
         requires(!std::is_same_v<std::remove_cvref_t<E>, tensor>)
     tensor& operator=(const E& e) {
         if constexpr (!is_invalid<E>) {

@@ -7,8 +7,9 @@
 #include <span>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 
-#include "dimsum/core/static_error.hpp"
+#include "dimsum/core/concepts.hpp"
 #include "dimsum/shape/shape.hpp"
 
 namespace dimsum {
@@ -25,9 +26,43 @@ strides_t<S::rank> row_major_strides(const S& s) {
         strides[i] = static_cast<std::ptrdiff_t>(step);
         step = detail::checked_multiply(step, s.extent(i), "strides");
     }
-    if (step > static_cast<std::size_t>(PTRDIFF_MAX)) throw shape_error("dimsum: strides: size overflows");
+    if (step > static_cast<std::size_t>(PTRDIFF_MAX)) detail::throw_overflow(step, 1, "strides");
     return strides;
 }
+
+namespace detail {
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_index(long long given, axis_desc a, std::size_t extent) {
+    message m;
+    m << "dimsum: index ";
+    if (given < 0) m << '-' << static_cast<std::size_t>(-(given + 1)) + 1;
+    else m << static_cast<std::size_t>(given);
+    m << " out of range for axis ";
+    write_axis(m, a, extent);
+    throw std::out_of_range(m.str());
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_outside(shape_ref s, std::size_t memory_size) {
+    message m;
+    m << "dimsum: tensor_view: " << s << " with these strides reaches outside the " << memory_size
+      << " elements given";
+    throw shape_error(m);
+}
+
+// The lowest and one past the highest element offset a strided layout reaches; {0, 0} when
+// it holds no element.
+inline std::pair<std::ptrdiff_t, std::ptrdiff_t> reach(const std::size_t* extents, const std::ptrdiff_t* strides,
+                                                       std::size_t rank) {
+    std::ptrdiff_t low = 0, high = 0;
+    for (std::size_t i = 0; i < rank; ++i) {
+        if (extents[i] == 0) return {0, 0};
+        std::ptrdiff_t r = static_cast<std::ptrdiff_t>(extents[i] - 1) * strides[i];
+        (r < 0 ? low : high) += r;
+    }
+    return {low, high + 1};
+}
+
+}  // namespace detail
 
 // Declared here, defined with the evaluator (backend/default.hpp): tensors and views assign
 // expressions through it.
@@ -67,7 +102,7 @@ public:
         assign(*this, other);
         return *this;
     }
-    template <class E>
+    template <operand E>
     tensor_view& operator=(const E& e) requires(!std::is_const_v<T>) {
         assign(*this, e);
         return *this;
@@ -89,14 +124,7 @@ public:
         std::array<std::size_t, rank> at{static_cast<std::size_t>(index)...};
         std::array<long long, rank> given{static_cast<long long>(index)...};
         for (std::size_t i = 0; i < rank; ++i) {
-            if (given[i] < 0 || at[i] >= shape_.extent(i)) {
-                message m;
-                m << "dimsum: index " << (given[i] < 0 ? std::string_view("negative") : std::string_view(""));
-                if (given[i] >= 0) m << at[i];
-                m << " out of range for axis ";
-                write_axis(m, shape_type::axes[i], shape_.extent(i));
-                throw std::out_of_range(m.str());
-            }
+            if (given[i] < 0 || at[i] >= shape_.extent(i)) detail::throw_index(given[i], shape_type::axes[i], shape_.extent(i));
         }
         return data_[offset(at)];
     }
@@ -110,17 +138,10 @@ public:
 
 private:
     void check_within(std::size_t memory_size) const {
-        if (shape_.size() == 0) return;
-        std::ptrdiff_t low = 0, high = 0;
-        for (std::size_t i = 0; i < rank; ++i) {
-            std::ptrdiff_t reach = static_cast<std::ptrdiff_t>(shape_.extent(i) - 1) * strides_[i];
-            (reach < 0 ? low : high) += reach;
-        }
-        if (low < 0 || high >= static_cast<std::ptrdiff_t>(memory_size)) {
-            message m;
-            m << "dimsum: tensor_view: " << shape_ << " with these strides reaches outside the "
-              << memory_size << " elements given";
-            throw shape_error(m);
+        auto extents = shape_.extents();
+        auto [low, high] = detail::reach(extents.data(), strides_.data(), rank);
+        if (low < 0 || high > static_cast<std::ptrdiff_t>(memory_size)) {
+            detail::throw_outside({shape_type::axes.data(), extents.data(), rank}, memory_size);
         }
     }
 

@@ -5,7 +5,6 @@
 
 #include <array>
 #include <cstddef>
-#include <memory>
 #include <stdexcept>
 
 #include "dimsum/tensor/tensor_view.hpp"
@@ -75,12 +74,5 @@ void for_each_index(const std::array<std::size_t, max_rank>& extents, std::size_
         }
     }
 }
-
-// A strided value and whatever keeps its memory alive (nothing for the user's tensors).
-template <class T>
-struct materialized {
-    strided<const T> value;
-    std::shared_ptr<const void> owner;
-};
 
 }  // namespace dimsum::backend::reference

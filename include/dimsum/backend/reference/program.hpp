@@ -1,0 +1,38 @@
+#pragma once
+// A formula lowered to plain data: a tree of steps over one element type T, which the
+// interpreter (interpreter.hpp) evaluates. Lowering is the only part of the reference backend
+// compiled once per formula type, and it is small: everything that loops is compiled once
+// per element type. Booleans (masks) travel as T: 1 for true, 0 for false.
+
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "dimsum/backend/reference/strided.hpp"
+
+namespace dimsum::backend::reference {
+
+enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshape, select, matmul, softmax, sum, max, mean };
+
+inline constexpr std::size_t max_operands = 3;  // where(condition, a, b)
+
+template <class T>
+struct step {
+    step_kind kind;
+    std::size_t rank = 0;
+    std::array<std::size_t, max_rank> extents{};  // of this step's value
+    std::array<std::size_t, max_operands> operands{};
+    std::size_t operand_count = 0;
+
+    strided<const T> tensor{};                // tensor: the user's memory
+    T number{};                               // number
+    T (*function)(const T*) = nullptr;        // elementwise: f(operand values)
+    std::array<std::size_t, max_rank> order{};  // permute: result axis i is operand axis order[i]
+    std::size_t axis = 0;                     // select, softmax, reductions
+    std::size_t index = 0;                    // select
+};
+
+template <class T>
+using program = std::vector<step<T>>;
+
+}  // namespace dimsum::backend::reference
