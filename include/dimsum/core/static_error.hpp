@@ -35,18 +35,13 @@ consteval auto to_fixed_string() {
     return s;
 }
 
-template <fixed_string Message>
-constexpr invalid_expression report() {
-    (void)sizeof(static_shape_error<Message>);
-    return {};
-}
-
 }  // namespace detail
 
 // Used as `return fail<check.error>();` in the branch where a static check failed.
 template <message M>
 constexpr invalid_expression fail() {
-    return detail::report<detail::to_fixed_string<M>()>();
+    (void)sizeof(static_shape_error<detail::to_fixed_string<M>()>);
+    return {};
 }
 
 template <class T>

@@ -16,7 +16,7 @@ namespace detail {
 // A scalar argument becomes a rank-0 expression of the element type `T`.
 template <class T, class A>
 auto as_operand(A&& a) {
-    if constexpr (arithmetic<A>) return expr::scalar<T>{static_cast<T>(a)};
+    if constexpr (arithmetic<A>) return expr::scalar<T>{static_cast<T>(a), {}};
     else return expr::hold(std::forward<A>(a));
 }
 
@@ -60,7 +60,8 @@ auto make_elementwise(Operands&&... operands) {
 
 template <class A, class B>
 auto common_element() {
-    if constexpr (arithmetic<A>) return value_type_of<B>{};
+    if constexpr (arithmetic<A> && arithmetic<B>) return std::common_type_t<std::remove_cvref_t<A>, std::remove_cvref_t<B>>{};
+    else if constexpr (arithmetic<A>) return value_type_of<B>{};
     else return value_type_of<A>{};
 }
 // The element type of an operation between A and B, one of which may be a number.
@@ -119,9 +120,9 @@ template <operand A> auto sqrt(A&& a) { return detail::unary<fn::sqrt>(std::forw
 template <operand A> auto tanh(A&& a) { return detail::unary<fn::tanh>(std::forward<A>(a)); }
 template <operand A> auto abs(A&& a) { return detail::unary<fn::abs>(std::forward<A>(a)); }
 
-// where(condition, a, b): a where the boolean condition holds, else b; a or b may be numbers.
+// where(condition, a, b): a where the boolean condition holds, else b; a and b may be numbers.
 template <operand C, class A, class B>
-    requires binary_operands<A, B>
+    requires (operand<A> || arithmetic<A>) && (operand<B> || arithmetic<B>)
 auto where(C&& condition, A&& a, B&& b) {
     if constexpr (any_invalid<C, A, B>) {
         return invalid_expression{};

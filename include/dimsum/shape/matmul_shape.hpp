@@ -10,16 +10,17 @@ namespace dimsum::detail {
 template <class SA, class SB>
 constexpr message matmul_error() {
     message m;
-    if (SA::rank < 2 || SB::rank < 2) {
+    if constexpr (SA::rank < 2 || SB::rank < 2) {
         m << "dimsum: matmul: both operands need two or more axes: ";
         write_static_shape<SA>(m) << " x ";
         return write_static_shape<SB>(m);
+    } else {
+        axis_desc k_a = SA::axes[SA::rank - 1], k_b = SB::axes[SB::rank - 2];
+        if (!names_match(k_a, k_b) || (k_a.is_static() && k_b.is_static() && k_a.extent != k_b.extent)) {
+            return m << "dimsum: matmul: contracted axes differ: " << k_a << " vs " << k_b;
+        }
+        return broadcast<slice_t<SA, 0, SA::rank - 2>, slice_t<SB, 0, SB::rank - 2>>::error("matmul batch axes");
     }
-    axis_desc k_a = SA::axes[SA::rank - 1], k_b = SB::axes[SB::rank - 2];
-    if (!names_match(k_a, k_b) || (k_a.is_static() && k_b.is_static() && k_a.extent != k_b.extent)) {
-        return m << "dimsum: matmul: contracted axes differ: " << k_a << " vs " << k_b;
-    }
-    return broadcast<slice_t<SA, 0, SA::rank - 2>, slice_t<SB, 0, SB::rank - 2>>::error("matmul batch axes");
 }
 
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_contracted(shape_ref a, shape_ref b) {

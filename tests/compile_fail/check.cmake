@@ -1,0 +1,43 @@
+# Builds one compile-fail case as its good twin (TWIN=ok: must compile cleanly) or as the
+# mistake (TWIN=ko, with -DDIMSUM_KO: must fail, and the first error line must contain the
+# text after `// expect:` in the source). A `// max-lines: N` line also bounds the whole
+# compiler output, as a user would see it.
+file(STRINGS ${SOURCE} expect_line REGEX "^// expect: ")
+string(REGEX REPLACE "^// expect: " "" expected "${expect_line}")
+file(STRINGS ${SOURCE} max_lines_line REGEX "^// max-lines: ")
+string(REGEX REPLACE "^// max-lines: " "" max_lines "${max_lines_line}")
+
+set(command ${COMPILER} ${FLAGS} ${SOURCE})
+if(TWIN STREQUAL "ko")
+    list(APPEND command -DDIMSUM_KO)
+endif()
+execute_process(COMMAND ${command} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(output "${out}${err}")
+
+if(TWIN STREQUAL "ok")
+    if(NOT result EQUAL 0 OR output MATCHES "error")
+        message(FATAL_ERROR "the good twin of ${SOURCE} does not compile:\n${output}")
+    endif()
+    return()
+endif()
+
+if(result EQUAL 0)
+    message(FATAL_ERROR "${SOURCE} compiled, but its mistake should not")
+endif()
+if(expected STREQUAL "")
+    message(FATAL_ERROR "${SOURCE} has no `// expect:` line")
+endif()
+string(REGEX MATCH "[^\n]*error:[^\n]*" first_error "${output}")
+string(FIND "${first_error}" "${expected}" found)
+if(found EQUAL -1)
+    message(FATAL_ERROR "first error line of ${SOURCE}:\n${first_error}\ndoes not contain:\n${expected}\n\nwhole output:\n${output}")
+endif()
+if(NOT max_lines STREQUAL "")
+    string(REGEX MATCHALL "\n" newlines "${output}")
+    list(LENGTH newlines lines)
+    if(lines GREATER max_lines)
+        message(FATAL_ERROR "${SOURCE}: ${lines} lines of compiler output, more than ${max_lines}:\n${output}")
+    endif()
+    message(STATUS "${lines} lines of compiler output")
+endif()
+message(STATUS "first error line: ${first_error}")

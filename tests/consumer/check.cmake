@@ -1,0 +1,22 @@
+# Builds and runs tests/consumer against dimsum, by add_subdirectory or, after a
+# `cmake --install` of dimsum into a fresh prefix, by find_package.
+file(REMOVE_RECURSE ${WORK_DIR})
+function(run)
+    execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT result EQUAL 0)
+        message(FATAL_ERROR "failed: ${ARGN}\n${out}\n${err}")
+    endif()
+endfunction()
+
+set(consumer_args -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/consumer -DMODE=${MODE} -DCMAKE_BUILD_TYPE=Release)
+if(MODE STREQUAL "add_subdirectory")
+    list(APPEND consumer_args -DDIMSUM_SOURCE_DIR=${SOURCE_DIR})
+else()
+    run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/dimsum -DDIMSUM_BUILD_TESTS=OFF -DDIMSUM_BUILD_EXAMPLES=OFF)
+    run(${CMAKE_COMMAND} --install ${WORK_DIR}/dimsum --prefix ${WORK_DIR}/prefix)
+    list(APPEND consumer_args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+endif()
+run(${CMAKE_COMMAND} ${consumer_args})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
+run(${WORK_DIR}/consumer/consumer)
+message(STATUS "consumer built with ${MODE} and ran")

@@ -1,0 +1,45 @@
+#!/usr/bin/python3
+"""Every C++ code block in README.md and docs/*.md must be quoted from a file ctest builds.
+
+A block is preceded by a line `<!-- snippet: PATH -->` naming that file (examples/ or
+tests/compile_fail/); its lines must appear, in order and together, in the file.
+"""
+import pathlib
+import re
+import sys
+
+BUILT = ("examples/", "tests/compile_fail/")
+
+
+def blocks(text):
+    """(snippet path or None, code, line number) for each ```cpp block."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.strip() == "```cpp":
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            tag = re.match(r"<!-- snippet: (\S+) -->", lines[i - 1].strip()) if i > 0 else None
+            yield (tag.group(1) if tag else None), lines[i + 1:end], i + 1
+
+
+def main(root):
+    root = pathlib.Path(root)
+    problems, count = [], 0
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for source, code, line in blocks(doc.read_text()):
+            count += 1
+            where = f"{doc.relative_to(root)}:{line}"
+            if source is None or not source.startswith(BUILT) or not (root / source).is_file():
+                problems.append(f"{where}: no `<!-- snippet: FILE -->` naming a file that ctest builds")
+                continue
+            lines = [l.rstrip() for l in (root / source).read_text().split("\n")]
+            code = [l.rstrip() for l in code]
+            if not any(lines[k:k + len(code)] == code for k in range(len(lines) - len(code) + 1)):
+                problems.append(f"{where}: this block is not a verbatim excerpt of {source}")
+    for p in problems:
+        print(p)
+    print(f"{count} code blocks checked, {len(problems)} problems")
+    return 1 if problems or count == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,80 @@
+// Test helpers: independent copies of dimsum tensors into xtensor, and comparisons.
+#pragma once
+
+#include <dimsum/dimsum.hpp>
+
+#include <catch2/catch.hpp>
+#include <xtensor/xarray.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace test {
+
+namespace ds = dimsum;
+
+// The sizes every shape test walks through: 1, small odd sizes, and one past a power of two.
+inline constexpr std::size_t odd_sizes[] = {1, 3, 7, 17, 65};
+
+template <class T, class... A>
+ds::tensor_view<const T, A...> as_view(const ds::tensor<T, A...>& t) { return t.view(); }
+template <class T, class... A>
+ds::tensor_view<const T, A...> as_view(const ds::tensor_view<T, A...>& v) { return v; }
+
+// An xtensor copy, read element by element through the view's own pointer and strides: it
+// shares no code with dimsum's evaluation.
+template <class V>
+xt::xarray<double> to_xt(const V& source) {
+    auto v = as_view(source);
+    constexpr std::size_t rank = decltype(v)::rank;
+    std::vector<std::size_t> shape(rank);
+    for (std::size_t i = 0; i < rank; ++i) shape[i] = v.extent(i);
+    xt::xarray<double> out(shape);
+    std::array<std::size_t, rank> index{};
+    for (std::size_t k = 0; k < out.size(); ++k) {
+        out.data()[k] = static_cast<double>(v.data()[v.offset(index)]);
+        for (std::size_t i = rank; i-- > 0;) {
+            if (++index[i] < v.extent(i)) break;
+            index[i] = 0;
+        }
+    }
+    return out;
+}
+
+// Compares every element: |got - want| <= atol + rtol |want|, NaN matching NaN and
+// infinities matching exactly. On failure, says where.
+template <class V>
+void require_close(const V& got_source, const xt::xarray<double>& want, double rtol = 1e-5, double atol = 1e-6) {
+    xt::xarray<double> got = to_xt(got_source);
+    REQUIRE(std::vector<std::size_t>(got.shape().begin(), got.shape().end()) ==
+            std::vector<std::size_t>(want.shape().begin(), want.shape().end()));
+    std::size_t bad = 0, first_bad = 0;
+    for (std::size_t k = 0; k < got.size(); ++k) {
+        double g = got.data()[k], w = want.data()[k];
+        bool ok = (std::isnan(g) && std::isnan(w)) || (std::isinf(w) && g == w) ||
+                  std::abs(g - w) <= atol + rtol * std::abs(w);
+        if (!ok && bad++ == 0) first_bad = k;
+    }
+    if (bad != 0) {
+        INFO(bad << " of " << got.size() << " elements differ; first at flat index " << first_bad << ": got "
+                  << got.data()[first_bad] << ", want " << want.data()[first_bad]);
+        REQUIRE(bad == 0);
+    }
+}
+
+// The message of the shape_error (or other exception) that f throws, or "" if none.
+template <class F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace test

@@ -1,0 +1,116 @@
+// Elementwise arithmetic, functions, broadcasting, scalars, masks: against xtensor.
+#include "support.hpp"
+
+#include <xtensor/xmath.hpp>
+#include <xtensor/xoperation.hpp>
+#include <xtensor/xview.hpp>
+
+#include <limits>
+
+namespace ds = dimsum;
+
+using Batch = ds::axis<"batch">;
+using Rows = ds::axis<"rows">;
+using Cols = ds::axis<"cols">;
+
+TEMPLATE_TEST_CASE("binary arithmetic between tensors of odd sizes", "", float, double) {
+    for (std::size_t rows : test::odd_sizes) {
+        for (std::size_t cols : {std::size_t{1}, std::size_t{7}, std::size_t{65}}) {
+            ds::tensor<TestType, Rows, Cols> a(Rows{rows}, Cols{cols}), b(Rows{rows}, Cols{cols});
+            ds::fill_uniform(a, rows * 100 + cols);
+            ds::fill_uniform(b, rows * 100 + cols + 1, 0.5, 2.0);
+            auto xa = test::to_xt(a), xb = test::to_xt(b);
+            double tol = std::is_same_v<TestType, float> ? 1e-6 : 1e-14;
+            test::require_close(ds::eval(a + b), xa + xb, tol);
+            test::require_close(ds::eval(a - b), xa - xb, tol, tol);
+            test::require_close(ds::eval(a * b), xa * xb, tol);
+            test::require_close(ds::eval(a / b), xa / xb, tol);
+            test::require_close(ds::eval(ds::max(a, b)), xt::maximum(xa, xb), tol);
+            test::require_close(ds::eval(ds::min(a, b)), xt::minimum(xa, xb), tol);
+        }
+    }
+}
+
+TEST_CASE("unary functions and scalars") {
+    ds::tensor<double, Rows, Cols> a(Rows{17}, Cols{7});
+    ds::fill_uniform(a, 3, -4.0, 4.0);
+    auto xa = test::to_xt(a);
+    test::require_close(ds::eval(ds::exp(a)), xt::exp(xa), 1e-14);
+    test::require_close(ds::eval(ds::log(ds::abs(a) + 1.0)), xt::log(xt::abs(xa) + 1.0), 1e-14);
+    test::require_close(ds::eval(ds::sqrt(ds::abs(a))), xt::sqrt(xt::abs(xa)), 1e-14);
+    test::require_close(ds::eval(ds::tanh(a)), xt::tanh(xa), 1e-14);
+    test::require_close(ds::eval(-a), -xa, 1e-14);
+    test::require_close(ds::eval(2 * a - 1.5), 2.0 * xa - 1.5, 1e-14);
+    test::require_close(ds::eval(1.0 / (a * a + 1)), 1.0 / (xa * xa + 1.0), 1e-14);
+    test::require_close(ds::eval(ds::max(a, 0.0)), xt::maximum(xa, 0.0), 1e-14);  // relu
+}
+
+TEST_CASE("broadcasting: missing leading axes, extent-1 axes, unnamed axes") {
+    for (std::size_t n : test::odd_sizes) {
+        ds::tensor<float, Batch, Rows, Cols> x(Batch{3}, Rows{n}, Cols{7});
+        ds::tensor<float, Cols> bias(Cols{7});
+        ds::tensor<float, Batch, Rows, Cols> row(Batch{1}, Rows{n}, Cols{7});  // batch extent 1 at run time
+        ds::tensor<float, ds::dim<>, ds::dim<1>> column(ds::dim<>{n});           // unnamed axes
+        ds::fill_uniform(x, n);
+        ds::fill_uniform(bias, n + 1);
+        ds::fill_uniform(row, n + 2);
+        ds::fill_uniform(column, n + 3);
+        auto xx = test::to_xt(x);
+        test::require_close(ds::eval(x + bias), xx + test::to_xt(bias), 1e-6);
+        test::require_close(ds::eval(x * row), xx * test::to_xt(row), 1e-6);
+        test::require_close(ds::eval(x - column), xx - test::to_xt(column), 1e-6, 1e-6);
+    }
+}
+
+TEST_CASE("strided and transposed operands") {
+    ds::tensor<float, Cols, Rows> t(Cols{7}, Rows{17});
+    ds::tensor<float, Rows, Cols> a(Rows{17}, Cols{7});
+    ds::fill_uniform(t, 1);
+    ds::fill_uniform(a, 2);
+    auto xt_t = xt::xarray<double>(xt::transpose(test::to_xt(t)));
+    test::require_close(ds::eval(a + ds::transpose(t)), test::to_xt(a) + xt_t, 1e-6);
+
+    // Every third element of the user's memory, as a (rows=17, cols=7) view.
+    std::vector<float> memory(17 * 7 * 3);
+    for (std::size_t i = 0; i < memory.size(); ++i) memory[i] = static_cast<float>(i % 11) - 5.0f;
+    ds::tensor_view<float, Rows, Cols> strided(std::span<float>(memory), ds::shape<Rows, Cols>(Rows{17}, Cols{7}),
+                                               {21, 3});
+    xt::xarray<double> want = test::to_xt(a) * test::to_xt(strided);
+    test::require_close(ds::eval(a * strided), want, 1e-6);
+}
+
+TEST_CASE("where, masked_fill and the causal mask") {
+    using Q = ds::axis<"q">;
+    using K = ds::axis<"k">;
+    for (std::size_t queries : {std::size_t{1}, std::size_t{3}, std::size_t{7}}) {
+        for (std::size_t keys : {std::size_t{1}, std::size_t{7}, std::size_t{17}}) {
+            ds::tensor<double, Batch, Q, K> scores(Batch{2}, Q{queries}, K{keys});
+            ds::fill_uniform(scores, queries * keys);
+            double inf = std::numeric_limits<double>::infinity();
+            auto got = ds::eval(ds::masked_fill(scores, ds::causal_mask(Q{queries}, K{keys}), -inf));
+            xt::xarray<double> want = test::to_xt(scores);
+            for (std::size_t b = 0; b < 2; ++b) {
+                for (std::size_t q = 0; q < queries; ++q) {
+                    for (std::size_t k = 0; k < keys; ++k) {
+                        // the last query sees every key; each earlier one, one key fewer
+                        if (k + queries > q + keys) want(b, q, k) = -inf;
+                    }
+                }
+            }
+            test::require_close(got, want, 0, 0);
+        }
+    }
+    // where picks a where the condition holds, else b.
+    ds::tensor<float, Q, K> a(Q{7}, K{7}), b(Q{7}, K{7});
+    ds::fill_uniform(a, 1);
+    ds::fill_uniform(b, 2);
+    xt::xarray<double> xa = test::to_xt(a), xb = test::to_xt(b), want = xb;
+    for (std::size_t q = 0; q < 7; ++q) {
+        for (std::size_t k = q + 1; k < 7; ++k) want(q, k) = xa(q, k);
+    }
+    test::require_close(ds::eval(ds::where(ds::causal_mask(Q{7}, K{7}), a, b)), want, 0, 0);
+
+    // A single query against many keys (decoding) sees every key.
+    auto none = ds::eval(ds::where(ds::causal_mask(ds::dim<1>{}, K{65}), 1.0f, 0.0f));  // (1, k=65)
+    test::require_close(none, xt::xarray<double>(xt::zeros<double>({1, 65})), 0, 0);
+}

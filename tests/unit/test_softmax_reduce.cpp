@@ -1,0 +1,67 @@
+// softmax and the reductions sum, max and mean, along any axis: against xtensor.
+#include "support.hpp"
+
+#include <xtensor/xmath.hpp>
+#include <xtensor/xmanipulation.hpp>
+
+#include <limits>
+
+namespace ds = dimsum;
+
+using Batch = ds::axis<"batch">;
+using Rows = ds::axis<"rows">;
+using Cols = ds::axis<"cols">;
+
+xt::xarray<double> xt_softmax(const xt::xarray<double>& x, std::size_t axis) {
+    xt::xarray<double> shifted = x - xt::amax(x, {axis}, xt::keep_dims);
+    xt::xarray<double> e = xt::exp(shifted);
+    return e / xt::sum(e, {axis}, xt::keep_dims);
+}
+
+TEMPLATE_TEST_CASE("softmax along the last axis and along a named one", "", float, double) {
+    for (std::size_t rows : test::odd_sizes) {
+        for (std::size_t cols : test::odd_sizes) {
+            ds::tensor<TestType, Batch, Rows, Cols> x(Batch{2}, Rows{rows}, Cols{cols});
+            ds::fill_uniform(x, rows * 100 + cols, -30.0, 30.0);
+            auto xx = test::to_xt(x);
+            double tol = std::is_same_v<TestType, float> ? 1e-5 : 1e-13;
+            test::require_close(ds::eval(ds::softmax(x)), xt_softmax(xx, 2), tol, tol);
+            test::require_close(ds::eval(ds::softmax<Rows>(x)), xt_softmax(xx, 1), tol, tol);
+            test::require_close(ds::eval(ds::softmax<Batch>(x)), xt_softmax(xx, 0), tol, tol);
+        }
+    }
+}
+
+TEST_CASE("softmax is stable for large logits and keeps -infinity as weight 0") {
+    ds::tensor<double, Rows, Cols> x(Rows{3}, Cols{4});
+    double inf = std::numeric_limits<double>::infinity();
+    double values[] = {1000, 1001, 1002, 999, -1e4, 0, 1e4, 0, -inf, 0, -inf, 1};
+    std::copy(std::begin(values), std::end(values), x.data());
+    auto w = ds::eval(ds::softmax(x));
+    xt::xarray<double> want = xt_softmax(test::to_xt(x), 1);
+    test::require_close(w, want, 1e-14, 1e-300);
+    REQUIRE(w(2, 0) == 0.0);
+    REQUIRE(w(1, 2) == Approx(1.0));
+}
+
+TEST_CASE("softmax of a transposed operand") {
+    ds::tensor<float, Cols, Rows> t(Cols{17}, Rows{7});
+    ds::fill_uniform(t, 9, -5, 5);
+    xt::xarray<double> xt_t = xt::transpose(test::to_xt(t));
+    test::require_close(ds::eval(ds::softmax(ds::transpose(t))), xt_softmax(xt_t, 1), 1e-6, 1e-7);
+}
+
+TEMPLATE_TEST_CASE("sum, max and mean along each axis", "", float, double) {
+    for (std::size_t n : test::odd_sizes) {
+        ds::tensor<TestType, Batch, Rows, Cols> x(Batch{3}, Rows{n}, Cols{7});
+        ds::fill_uniform(x, n, -10, 10);
+        auto xx = test::to_xt(x);
+        double tol = std::is_same_v<TestType, float> ? 1e-5 : 1e-12;
+        test::require_close(ds::eval(ds::sum<Rows>(x)), xt::sum(xx, {1}), tol, tol);
+        test::require_close(ds::eval(ds::sum<Batch>(x)), xt::sum(xx, {0}), tol, tol);
+        test::require_close(ds::eval(ds::max<Cols>(x)), xt::amax(xx, {2}), 0, 0);
+        test::require_close(ds::eval(ds::mean<Cols>(x)), xt::mean(xx, {2}), tol, tol);
+        auto sums = ds::eval(ds::sum<Rows>(x));
+        STATIC_REQUIRE(std::is_same_v<decltype(sums), ds::tensor<TestType, Batch, Cols>>);
+    }
+}

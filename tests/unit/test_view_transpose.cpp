@@ -1,0 +1,108 @@
+// view, transpose, permute, select and rename: free for tensors, correct for formulas.
+#include "support.hpp"
+
+#include <xtensor/xmanipulation.hpp>
+#include <xtensor/xstrided_view.hpp>
+#include <xtensor/xview.hpp>
+
+#include <dimsum/backend/reference/reshape_strides.hpp>
+
+namespace ds = dimsum;
+
+using Batch = ds::axis<"batch">;
+using Seq = ds::axis<"seq">;
+using Model = ds::axis<"model", 12>;
+using Heads = ds::axis<"heads", 3>;
+using Head = ds::axis<"head", 4>;
+
+TEST_CASE("view and transpose of a tensor are views of the same memory") {
+    ds::tensor<float, Batch, Seq, Model> x(Batch{2}, Seq{5});
+    ds::fill_uniform(x, 1);
+    auto split = ds::view<Batch, Seq, Heads, Head>(x);
+    STATIC_REQUIRE(std::is_same_v<decltype(split), ds::tensor_view<float, Batch, Seq, Heads, Head>>);
+    REQUIRE(split.data() == x.data());
+    auto heads_first = ds::transpose<Seq, Heads>(split);
+    STATIC_REQUIRE(std::is_same_v<decltype(heads_first), ds::tensor_view<float, Batch, Heads, Seq, Head>>);
+    REQUIRE(heads_first.data() == x.data());
+    REQUIRE(heads_first.strides() == std::array<std::ptrdiff_t, 4>{60, 4, 12, 1});
+    REQUIRE(heads_first(1, 2, 3, 1) == x(1, 3, 2 * 4 + 1));
+
+    // Writing through a view writes the tensor.
+    ds::transpose(ds::view<Batch, Seq, Heads, Head>(x))(0, 0, 1, 2) = 42.0f;
+    REQUIRE(x(0, 2, 1 * 4 + 1) == 42.0f);
+
+    const auto& constant = x;
+    auto read_only = ds::transpose(constant);
+    STATIC_REQUIRE(std::is_same_v<decltype(read_only), ds::tensor_view<const float, Batch, Model, Seq>>);
+}
+
+TEST_CASE("permute by position and by name against xtensor") {
+    ds::tensor<double, Batch, Seq, Model> x(Batch{3}, Seq{7});
+    ds::fill_uniform(x, 2);
+    auto xx = test::to_xt(x);
+    test::require_close(ds::permute<2, 0, 1>(x), xt::transpose(xx, {2, 0, 1}), 0, 0);
+    test::require_close(ds::permute<Model, Batch, Seq>(x), xt::transpose(xx, {2, 0, 1}), 0, 0);
+    test::require_close(ds::transpose(x), xt::transpose(xx, {0, 2, 1}), 0, 0);
+    // Of a formula: a lazy node the evaluator reads through strides.
+    test::require_close(ds::eval(ds::permute<1, 2, 0>(x * 2.0)), xt::transpose(2.0 * xx, {1, 2, 0}), 0, 0);
+}
+
+TEST_CASE("views of formulas and of strided views, copy-free where the layout allows") {
+    ds::tensor<double, Batch, Seq, Model> x(Batch{2}, Seq{7});
+    ds::fill_uniform(x, 3);
+    auto xx = test::to_xt(x);
+    xt::xarray<double> split = xt::reshape_view(xx, {2, 7, 3, 4});
+    test::require_close(ds::eval(ds::view<Batch, Seq, Heads, Head>(x + 0.0)), split, 0, 0);
+
+    // (batch, heads, seq, head) back to (batch, seq, model): needs a copy, which the evaluator makes.
+    auto heads_first = ds::transpose<Seq, Heads>(ds::view<Batch, Seq, Heads, Head>(x));
+    auto merged = ds::eval(ds::view<Batch, Seq, Model>(ds::transpose<Heads, Seq>(heads_first)));
+    test::require_close(merged, xx, 0, 0);
+    auto flattened = ds::eval(ds::view<ds::axis<"flat">>(heads_first));
+    xt::xarray<double> want = xt::flatten(xt::xarray<double>(xt::transpose(split, {0, 2, 1, 3})));
+    test::require_close(flattened, want, 0, 0);
+}
+
+TEST_CASE("the copy-free reshape test agrees with what a copy gives") {
+    namespace ref = dimsum::backend::reference;
+    ref::extents_t extents{2, 3, 4};
+    ref::strides_array contiguous{12, 4, 1}, transposed{1, 2, 6}, padded{24, 8, 1};
+    // Merging the last two axes of a row-major array: copy-free.
+    auto merged = ref::reshape_strides(extents, contiguous, 3, {2, 12}, 2);
+    REQUIRE(merged);
+    REQUIRE((*merged)[0] == 12);
+    REQUIRE((*merged)[1] == 1);
+    // Merging axes that are not laid out together: needs a copy.
+    REQUIRE(!ref::reshape_strides(extents, transposed, 3, {6, 4}, 2));
+    // Padded rows still split and merge within a row.
+    auto within = ref::reshape_strides(extents, padded, 3, {2, 3, 2, 2}, 4);
+    REQUIRE(within);
+    REQUIRE(*within == ref::strides_array{24, 8, 2, 1});
+    REQUIRE(!ref::reshape_strides(extents, padded, 3, {6, 4}, 2));
+    // Extents of 1 constrain nothing.
+    REQUIRE(ref::reshape_strides({1, 5}, {999, 3}, 2, {5, 1}, 2));
+}
+
+TEST_CASE("select takes one slice along a named axis") {
+    using Part = ds::axis<"part", 3>;
+    ds::tensor<float, Seq, Part, Model> qkv(Seq{5});
+    ds::fill_uniform(qkv, 4);
+    auto xq = test::to_xt(qkv);
+    for (std::size_t part = 0; part < 3; ++part) {
+        auto slice = ds::select<Part>(qkv, part);
+        STATIC_REQUIRE(std::is_same_v<decltype(slice), ds::tensor_view<float, Seq, Model>>);
+        xt::xarray<double> want = xt::view(xq, xt::all(), part, xt::all());
+        test::require_close(slice, want, 0, 0);
+        test::require_close(ds::eval(ds::select<Part>(qkv * 1.0f, part)), want, 0, 0);
+    }
+    REQUIRE(test::error_of([&] { ds::select<Part>(qkv, 3); }) == "dimsum: index 3 out of range for axis part=3");
+}
+
+TEST_CASE("rename gives an axis another name, at no cost") {
+    using Key = ds::axis<"key">;
+    ds::tensor<float, Seq, Model> k(Seq{5});
+    auto keys = ds::rename<Seq, Key>(k);
+    STATIC_REQUIRE(std::is_same_v<decltype(keys), ds::tensor_view<float, Key, Model>>);
+    REQUIRE(keys.data() == k.data());
+    REQUIRE(keys.extent(0) == 5);
+}
