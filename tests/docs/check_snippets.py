@@ -1,21 +1,22 @@
 #!/usr/bin/python3
-"""Every C++ code block in README.md and docs/*.md must be quoted from a file ctest builds.
+"""Every code block in README.md and docs/*.md must be quoted from a file ctest builds.
 
-A block is preceded by a line `<!-- snippet: PATH -->` naming that file (examples/ or
-tests/compile_fail/); its lines must appear, in order and together, in the file.
+A ```cpp or ```cmake block is preceded by a line `<!-- snippet: PATH -->` naming that file
+(under examples/ or tests/); its lines must appear, in order and together, in the file.
+Blocks of shell commands or program output (```sh, ```text) are not code and not checked.
 """
 import pathlib
 import re
 import sys
 
-BUILT = ("examples/", "tests/compile_fail/")
+BUILT = ("examples/", "tests/compile_fail/", "tests/unit/", "tests/consumer/")
 
 
 def blocks(text):
-    """(snippet path or None, code, line number) for each ```cpp block."""
+    """(snippet path or None, code, line number) for each ```cpp and ```cmake block."""
     lines = text.split("\n")
     for i, line in enumerate(lines):
-        if line.strip() == "```cpp":
+        if line.strip() in ("```cpp", "```cmake"):
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
             tag = re.match(r"<!-- snippet: (\S+) -->", lines[i - 1].strip()) if i > 0 else None
             yield (tag.group(1) if tag else None), lines[i + 1:end], i + 1

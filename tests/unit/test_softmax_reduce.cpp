@@ -12,10 +12,13 @@ using Batch = ds::axis<"batch">;
 using Rows = ds::axis<"rows">;
 using Cols = ds::axis<"cols">;
 
+// Each reduction is evaluated into an array first: xtensor 0.24 broadcasts a lazy keep_dims
+// reducer wrongly (x - amax(x, {1}, keep_dims) gives wrong numbers).
 xt::xarray<double> xt_softmax(const xt::xarray<double>& x, std::size_t axis) {
-    xt::xarray<double> shifted = x - xt::amax(x, {axis}, xt::keep_dims);
-    xt::xarray<double> e = xt::exp(shifted);
-    return e / xt::sum(e, {axis}, xt::keep_dims);
+    xt::xarray<double> top = xt::amax(x, {axis}, xt::keep_dims);
+    xt::xarray<double> e = xt::exp(x - top);
+    xt::xarray<double> total = xt::sum(e, {axis}, xt::keep_dims);
+    return e / total;
 }
 
 TEMPLATE_TEST_CASE("softmax along the last axis and along a named one", "", float, double) {
