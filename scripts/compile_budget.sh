@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 cxx=${CXX:-g++}
 flags=(-std=c++20 -O2 -march=native -Iinclude -Iexamples)
 runs=${RUNS:-5}
+extra=()
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
@@ -17,7 +18,7 @@ time_compile() {
     for _ in $(seq "$runs"); do
         local start end
         start=$(date +%s.%N)
-        "$cxx" "${flags[@]}" -c "$1" -o "$scratch/out.o"
+        "$cxx" "${flags[@]}" "${extra[@]}" -c "$1" -o "$scratch/out.o" || { echo "does not compile"; return 1; }
         end=$(date +%s.%N)
         times+=("$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')")
     done
@@ -35,6 +36,9 @@ echo "flags: ${flags[*]}"
 echo
 echo "examples/multi_head.cpp:      $(time_compile examples/multi_head.cpp)"
 echo "examples/single_head.cpp:     $(time_compile examples/single_head.cpp)"
+extra=(-mtune=generic -march=x86-64)
+echo "examples/multi_head.cpp, -march=x86-64 instead of native: $(time_compile examples/multi_head.cpp)"
+extra=()
 echo
 echo "headers alone (an empty main):"
 printf '#include <iostream>\nint main() {}\n' > "$scratch/iostream.cpp"
