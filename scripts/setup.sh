@@ -10,10 +10,11 @@ packages=(
     libboost-dev                # Boost.Hana (headers)
     libomp-dev                  # OpenMP (g++ brings its own libgomp; clang needs this)
     catch2                      # Catch2 v2, the unit tests
-    python3 python3-numpy       # the docs check and reference data
+    python3                     # the docs check
 )
-# Optional: only tests/reference/generate.py needs it, to remake the committed reference data.
-optional=(python3-torch)
+# Optional (DIMSUM_WITH_TORCH=1): only tests/reference/generate.py needs them, to remake the
+# committed reference data.
+optional=(python3-torch python3-numpy)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -68,3 +68,20 @@ TEMPLATE_TEST_CASE("sum, max and mean along each axis", "", float, double) {
         STATIC_REQUIRE(std::is_same_v<decltype(sums), ds::tensor<TestType, Batch, Cols>>);
     }
 }
+
+TEST_CASE("reductions of transposed and strided operands, and of formulas") {
+    ds::tensor<double, Cols, Rows> t(Cols{7}, Rows{17});
+    ds::fill_uniform(t, 10);
+    xt::xarray<double> xt_t = xt::transpose(test::to_xt(t));  // (rows, cols)
+    test::require_close(ds::eval(ds::sum<Cols>(ds::transpose(t))), xt::sum(xt_t, {1}), 1e-13, 1e-13);
+    test::require_close(ds::eval(ds::max<Rows>(ds::transpose(t))), xt::amax(xt_t, {0}), 0, 0);
+    test::require_close(ds::eval(ds::mean<Rows>(t * t)), xt::mean(xt_t * xt_t, {0}), 1e-13, 1e-13);
+}
+
+TEST_CASE("the reference backend can be asked for by name") {
+    ds::tensor<float, Rows, Cols> x(Rows{3}, Cols{5});
+    ds::fill_uniform(x, 11);
+    auto by_default = ds::eval(ds::softmax(x));
+    auto by_name = ds::eval(ds::softmax(x), ds::backend::reference::evaluator{});
+    REQUIRE(std::equal(by_default.data(), by_default.data() + by_default.size(), by_name.data()));
+}

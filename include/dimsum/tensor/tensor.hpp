@@ -52,7 +52,9 @@ public:
         }
     }
 
-    explicit tensor(const shape_type& s) : shape_(s), buffer_(s.size()) { (void)row_major_strides(s); }
+    explicit tensor(const shape_type& s) : shape_(s), buffer_(s.size()) {
+        (void)row_major_strides(s);  // a shape_error, now, if offsets would overflow ptrdiff_t
+    }
 
     // `tensor<...> y = formula;` evaluates the formula.
     template <operand E>

@@ -16,15 +16,6 @@ namespace dimsum::backend::reference {
 
 namespace detail {
 
-template <class T> inline constexpr bool is_permute = false;
-template <class S, auto O, class X> inline constexpr bool is_permute<expr::permute<S, O, X>> = true;
-template <class T> inline constexpr bool is_softmax = false;
-template <std::size_t I, class X> inline constexpr bool is_softmax<expr::softmax<I, X>> = true;
-
-template <class T> struct node_traits;  // the functor of an elementwise or reduce node
-template <class S, class F, class... X> struct node_traits<expr::elementwise<S, F, X...>> { using function = F; };
-template <class S, class F, std::size_t I, class X> struct node_traits<expr::reduce<S, F, I, X>> { using function = F; };
-
 // f applied to an array of N values, each passed as f's parameter type (bool for masks).
 template <class F, class T, std::size_t... I>
 T apply(const T* arguments, std::index_sequence<I...>) {
@@ -36,52 +27,74 @@ T apply_to(const T* arguments) {
     return apply<F, T>(arguments, std::make_index_sequence<N>{});
 }
 
-template <class T, class E>
-std::size_t lower(const E& e, program<T>& p);
+// What each kind of node becomes: one overload per node type.
+template <class T, class... A>
+void describe(step<T>& s, const tensor<T, A...>& t) {
+    s.kind = step_kind::tensor;
+    s.tensor = to_strided(t.view());
+}
+template <class T, class U, class... A>
+void describe(step<T>& s, const tensor_view<U, A...>& v) {
+    s.kind = step_kind::tensor;
+    s.tensor = to_strided(tensor_view<const T, A...>(v));
+}
+template <class T>
+void describe(step<T>& s, const expr::scalar<T>& number) {
+    s.kind = step_kind::number;
+    s.number = number.value;
+}
+template <class T, class Q, class K>
+void describe(step<T>& s, const expr::causal_mask<Q, K>&) {
+    s.kind = step_kind::causal_mask;
+}
+template <class T, class S, class F, class... X>
+void describe(step<T>& s, const expr::elementwise<S, F, X...>&) {
+    s.kind = step_kind::elementwise;
+    s.function = &apply_to<F, T, sizeof...(X)>;
+}
+template <class T, class S, auto Order, class X>
+void describe(step<T>& s, const expr::permute<S, Order, X>&) {
+    s.kind = step_kind::permute;
+    for (std::size_t i = 0; i < Order.size(); ++i) s.order[i] = Order[i];
+}
+template <class T, class S, class X>
+void describe(step<T>& s, const expr::reshape<S, X>&) {
+    s.kind = step_kind::reshape;
+}
+template <class T, class S, std::size_t Axis, class X>
+void describe(step<T>& s, const expr::select<S, Axis, X>& node) {
+    s.kind = step_kind::select;
+    s.axis = Axis;
+    s.index = node.index;
+}
+template <class T, class S, class L, class R>
+void describe(step<T>& s, const expr::matmul<S, L, R>&) {
+    s.kind = step_kind::matmul;
+}
+template <class T, std::size_t Axis, class X>
+void describe(step<T>& s, const expr::softmax<Axis, X>&) {
+    s.kind = step_kind::softmax;
+    s.axis = Axis;
+}
+template <class T, class S, class F, std::size_t Axis, class X>
+void describe(step<T>& s, const expr::reduce<S, F, Axis, X>&) {
+    s.kind = std::is_same_v<F, fn::sum> ? step_kind::sum : std::is_same_v<F, fn::max> ? step_kind::max : step_kind::mean;
+    s.axis = Axis;
+}
 
 template <class T>
 void link(program<T>& p, std::size_t id, std::size_t operand) {
     p[id].operands[p[id].operand_count++] = operand;
 }
 
-// Appends the steps of e to p; returns the index of e's step.
+// Appends the steps of e to p, operands after it; returns the index of e's step.
 template <class T, class E>
 std::size_t lower(const E& e, program<T>& p) {
     step<T> s{};
     auto extents = e.shape().extents();
     s.rank = extents.size();
     for (std::size_t i = 0; i < s.rank; ++i) s.extents[i] = extents[i];
-    if constexpr (is_tensor<E>::value || is_tensor_view<E>::value) {
-        s.kind = step_kind::tensor;
-        if constexpr (is_tensor<E>::value) s.tensor = to_strided(e.view());
-        else s.tensor = to_strided(view_of_shape_t<const T, shape_of<E>>(e));
-    } else if constexpr (requires { e.value; }) {
-        s.kind = step_kind::number;
-        s.number = e.value;
-    } else if constexpr (std::is_same_v<value_type_of<E>, bool> && decltype(e.operands)::size == 0) {
-        s.kind = step_kind::causal_mask;
-    } else if constexpr (requires { typename node_traits<E>::function; } && !requires { E::axis; }) {
-        s.kind = step_kind::elementwise;
-        s.function = &apply_to<typename node_traits<E>::function, T, decltype(e.operands)::size>;
-    } else if constexpr (is_permute<E>) {
-        s.kind = step_kind::permute;
-        for (std::size_t i = 0; i < s.rank; ++i) s.order[i] = E::order[i];
-    } else if constexpr (requires { e.index; }) {
-        s.kind = step_kind::select;
-        s.axis = E::axis;
-        s.index = e.index;
-    } else if constexpr (is_softmax<E>) {
-        s.kind = step_kind::softmax;
-        s.axis = E::axis;
-    } else if constexpr (requires { E::axis; }) {
-        using F = typename node_traits<E>::function;
-        s.kind = std::is_same_v<F, fn::sum> ? step_kind::sum : std::is_same_v<F, fn::max> ? step_kind::max : step_kind::mean;
-        s.axis = E::axis;
-    } else if constexpr (decltype(e.operands)::size == 2) {
-        s.kind = step_kind::matmul;
-    } else {
-        s.kind = step_kind::reshape;
-    }
+    describe(s, e);
     std::size_t id = p.size();
     p.push_back(s);
     if constexpr (requires { e.operands.first; }) link(p, id, lower<T>(e.operands.first, p));
