@@ -2,6 +2,9 @@
 # mistake (TWIN=ko, with -DDIMSUM_KO: must fail, and the first error line must contain the
 # text after `// expect:` in the source). A `// max-lines: N` line also bounds the whole
 # compiler output, as a user would see it.
+if(NOT DEFINED CHECK_MESSAGE)
+    set(CHECK_MESSAGE ON)
+endif()
 file(STRINGS ${SOURCE} expect_line REGEX "^// expect: ")
 string(REGEX REPLACE "^// expect: " "" expected "${expect_line}")
 file(STRINGS ${SOURCE} max_lines_line REGEX "^// max-lines: ")
@@ -28,11 +31,14 @@ if(expected STREQUAL "")
     message(FATAL_ERROR "${SOURCE} has no `// expect:` line")
 endif()
 string(REGEX MATCH "[^\n]*error:[^\n]*" first_error "${output}")
+if(NOT CHECK_MESSAGE)
+    set(expected "static_shape_error")  # the message itself is unreadable with this compiler
+endif()
 string(FIND "${first_error}" "${expected}" found)
 if(found EQUAL -1)
     message(FATAL_ERROR "first error line of ${SOURCE}:\n${first_error}\ndoes not contain:\n${expected}\n\nwhole output:\n${output}")
 endif()
-if(NOT max_lines STREQUAL "")
+if(NOT max_lines STREQUAL "" AND CHECK_MESSAGE)
     string(REGEX MATCHALL "\n" newlines "${output}")
     list(LENGTH newlines lines)
     if(lines GREATER max_lines)
