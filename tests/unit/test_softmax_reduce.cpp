@@ -85,3 +85,10 @@ TEST_CASE("the reference backend can be asked for by name") {
     auto by_name = ds::eval(ds::softmax(x), ds::backend::reference::evaluator{});
     REQUIRE(std::equal(by_default.data(), by_default.data() + by_default.size(), by_name.data()));
 }
+
+TEST_CASE("reducing the only axis gives a rank-0 tensor") {
+    ds::tensor<double, Rows> v(Rows{65});
+    ds::fill_uniform(v, 12);
+    ds::tensor<double> total = ds::sum<Rows>(v * 2.0);
+    REQUIRE(total() == Approx(2.0 * xt::sum(test::to_xt(v))()).epsilon(1e-13));
+}
