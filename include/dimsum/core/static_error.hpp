@@ -3,9 +3,9 @@
 //
 // C++20's static_assert takes only a literal message, which cannot name extents. Instead a
 // failed check instantiates `sizeof` of an incomplete class whose template argument is the
-// formatted message, so the compiler's first error line reads, e.g.
+// formatted message, so g++'s first error line reads, e.g.
 //   invalid application of 'sizeof' to incomplete type 'dimsum::static_shape_error<
-//   fixed_string<58>{"dimsum: matmul: contracted axes differ: head=64 vs model=768"}>'
+//   dimsum::fixed_string<62>{"dimsum: matmul: contracted axes differ: model=768 vs heads=12"}>'
 // The operation that failed returns `invalid_expression`, which every later operation and
 // tensor accepts silently, so one mistake gives one error rather than a cascade.
 

@@ -7,7 +7,7 @@
 
 #include <string_view>
 
-#include "dimsum/shape/select.hpp"
+#include "dimsum/shape/pick.hpp"
 
 namespace dimsum::detail {
 

@@ -5,7 +5,7 @@
 #include <array>
 
 #include "dimsum/shape/find_axis.hpp"
-#include "dimsum/shape/select.hpp"
+#include "dimsum/shape/pick.hpp"
 
 namespace dimsum::detail {
 
@@ -86,7 +86,7 @@ constexpr permutation_plan<S::rank> order_by_name() {
 }
 
 template <class S, auto Order>
-using permute_t = select_array_t<S, Order>;
+using permute_t = pick_array_t<S, Order>;
 
 template <class Result, class S, std::size_t R>
 Result permute_extents(const S& s, const std::array<std::size_t, R>& order) {

@@ -7,7 +7,7 @@
 // source axis, and its extent is inferred from the element count. When both sides have the
 // same run-time axes, the static extents must multiply out, which the compiler checks.
 
-#include "dimsum/shape/select.hpp"
+#include "dimsum/shape/pick.hpp"
 
 namespace dimsum::detail {
 

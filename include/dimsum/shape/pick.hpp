@@ -10,24 +10,24 @@
 namespace dimsum::detail {
 
 template <class S, class Indices>
-struct select;
+struct pick;
 template <class S, std::size_t... I>
-struct select<S, std::index_sequence<I...>> {
+struct pick<S, std::index_sequence<I...>> {
     using type = shape<typename S::template axis_at<I>...>;
 };
 // The axes of S at the positions Indices, in that order.
 template <class S, class Indices>
-using select_t = typename select<S, Indices>::type;
+using pick_t = typename pick<S, Indices>::type;
 
 template <class S, auto Positions, class = std::make_index_sequence<Positions.size()>>
-struct select_array;
+struct pick_array;
 template <class S, auto Positions, std::size_t... I>
-struct select_array<S, Positions, std::index_sequence<I...>> {
+struct pick_array<S, Positions, std::index_sequence<I...>> {
     using type = shape<typename S::template axis_at<Positions[I]>...>;
 };
 // The same, with the positions given as a constexpr std::array.
 template <class S, auto Positions>
-using select_array_t = typename select_array<S, Positions>::type;
+using pick_array_t = typename pick_array<S, Positions>::type;
 
 template <std::size_t Offset, class Seq>
 struct offset_sequence;
@@ -38,7 +38,7 @@ struct offset_sequence<Offset, std::index_sequence<I...>> {
 
 // Axes [First, First + Count) of S.
 template <class S, std::size_t First, std::size_t Count>
-using slice_t = select_t<S, typename offset_sequence<First, std::make_index_sequence<Count>>::type>;
+using slice_t = pick_t<S, typename offset_sequence<First, std::make_index_sequence<Count>>::type>;
 
 template <class A, class B>
 struct concat;
