@@ -6,8 +6,9 @@
 // which writes the formula's value into a view of exactly the formula's shape that the
 // formula does not read.
 
-#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <utility>
 
 #include "dimsum/core/element_type.hpp"
 #include "dimsum/expr/nodes.hpp"
