@@ -5,6 +5,7 @@
 #include "dimsum/expr/functors.hpp"
 #include "dimsum/ops/common.hpp"
 #include "dimsum/shape/find_axis.hpp"
+#include "dimsum/shape/pick.hpp"
 
 namespace dimsum {
 
@@ -35,10 +36,7 @@ auto make_reduce(E&& e) {
             return fail<found.error>();
         } else {
             using result_shape = remove_t<S, found.position>;
-            std::array<std::size_t, S::rank - 1> kept{};
-            for (std::size_t i = 0, k = 0; i < S::rank; ++i) {
-                if (i != found.position) kept[k++] = i;
-            }
+            constexpr auto kept = positions_without<S::rank>(found.position);
             auto extents = gather_extents<result_shape>(e.shape(), kept, Reduction::name);
             return expr::reduce<result_shape, Reduction, found.position, expr::held_t<E>>{
                 {expr::hold(std::forward<E>(e))}, extents};

@@ -7,6 +7,7 @@
 
 #include "dimsum/ops/common.hpp"
 #include "dimsum/shape/find_axis.hpp"
+#include "dimsum/shape/pick.hpp"
 #include "dimsum/shape/reshape.hpp"
 
 namespace dimsum {
@@ -77,10 +78,7 @@ auto select(E&& e, std::size_t index) {
             if (index >= e.shape().extent(axis)) {
                 detail::throw_index(static_cast<long long>(index), S::axes[axis], e.shape().extent(axis));
             }
-            std::array<std::size_t, S::rank - 1> kept{};
-            for (std::size_t i = 0, k = 0; i < S::rank; ++i) {
-                if (i != axis) kept[k++] = i;
-            }
+            constexpr auto kept = detail::positions_without<S::rank>(axis);
             auto extents = detail::gather_extents<result_shape>(e.shape(), kept, "select");
             if constexpr (detail::is_strided_leaf<E>) {
                 auto v = detail::leaf_view(std::forward<E>(e));

@@ -49,6 +49,16 @@ struct concat<shape<A...>, shape<B...>> {
 template <class A, class B>
 using concat_t = typename concat<A, B>::type;
 
+// The positions 0 .. R-1 but `axis`, in order.
+template <std::size_t R>
+constexpr std::array<std::size_t, R - 1> positions_without(std::size_t axis) {
+    std::array<std::size_t, R - 1> kept{};
+    for (std::size_t i = 0, k = 0; i < R; ++i) {
+        if (i != axis) kept[k++] = i;
+    }
+    return kept;
+}
+
 // S without the axis at position I.
 template <class S, std::size_t I>
 using remove_t = concat_t<slice_t<S, 0, I>, slice_t<S, I + 1, S::rank - I - 1>>;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <numbers>
 
+#include "dimsum/core/next_index.hpp"
 #include "dimsum/tensor/tensor.hpp"
 
 namespace dimsum {
@@ -29,13 +30,11 @@ constexpr double unit_uniform(std::uint64_t seed, std::uint64_t i) {
 template <class T, class... A, class Draw>
 void fill_each(const tensor_view<T, A...>& v, Draw draw) {
     std::array<std::size_t, sizeof...(A)> index{};
+    auto extents = v.shape().extents();
     std::size_t n = v.size();
     for (std::size_t i = 0; i < n; ++i) {
         v.data()[v.offset(index)] = static_cast<T>(draw(i));
-        for (std::size_t axis = sizeof...(A); axis-- > 0;) {
-            if (++index[axis] < v.extent(axis)) break;
-            index[axis] = 0;
-        }
+        next_index(index.data(), extents.data(), extents.size());
     }
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <stdexcept>
 
+#include "dimsum/core/next_index.hpp"
 #include "dimsum/tensor/tensor_view.hpp"
 
 namespace dimsum::backend::reference {
@@ -63,16 +64,9 @@ void for_each_index(const std::array<std::size_t, max_rank>& extents, std::size_
         if (extents[i] == 0) return;
     }
     std::array<std::size_t, max_rank> index{};
-    while (true) {
+    do {
         f(index.data());
-        std::size_t i = rank;
-        while (true) {
-            if (i == 0) return;
-            --i;
-            if (++index[i] < extents[i]) break;
-            index[i] = 0;
-        }
-    }
+    } while (dimsum::detail::next_index(index.data(), extents.data(), rank));
 }
 
 }  // namespace dimsum::backend::reference
