@@ -17,16 +17,28 @@ namespace dimsum {
 template <std::size_t Rank>
 using strides_t = std::array<std::ptrdiff_t, Rank>;
 
+namespace detail {
+
+// Writes the row-major strides of `extents` into `strides` and returns the element count;
+// throws shape_error where an offset would overflow ptrdiff_t.
+inline std::size_t row_major(const std::size_t* extents, std::size_t rank, std::ptrdiff_t* strides) {
+    std::size_t step = 1;
+    for (std::size_t i = rank; i-- > 0;) {
+        strides[i] = static_cast<std::ptrdiff_t>(step);
+        step = checked_multiply(step, extents[i], "strides");
+    }
+    if (step > static_cast<std::size_t>(PTRDIFF_MAX)) throw_overflow(step, 1, "strides");
+    return step;
+}
+
+}  // namespace detail
+
 // Row-major strides of a shape; throws shape_error where the size overflows.
 template <class S>
 strides_t<S::rank> row_major_strides(const S& s) {
     strides_t<S::rank> strides{};
-    std::size_t step = 1;
-    for (std::size_t i = S::rank; i-- > 0;) {
-        strides[i] = static_cast<std::ptrdiff_t>(step);
-        step = detail::checked_multiply(step, s.extent(i), "strides");
-    }
-    if (step > static_cast<std::size_t>(PTRDIFF_MAX)) detail::throw_overflow(step, 1, "strides");
+    auto extents = s.extents();
+    detail::row_major(extents.data(), S::rank, strides.data());
     return strides;
 }
 

@@ -127,12 +127,8 @@ private:
     // A new row-major array, owned by the interpreter until it is done.
     strided<T> fresh(std::size_t rank, const std::array<std::size_t, max_rank>& extents) {
         strided<T> s{nullptr, rank, extents, {}};
-        std::ptrdiff_t step = 1;
-        for (std::size_t i = rank; i-- > 0;) {
-            s.strides[i] = step;
-            step *= static_cast<std::ptrdiff_t>(extents[i]);
-        }
-        buffers_.emplace_back(new T[static_cast<std::size_t>(step)]());
+        std::size_t size = dimsum::detail::row_major(extents.data(), rank, s.strides.data());
+        buffers_.emplace_back(new T[size]());
         s.data = buffers_.back().get();
         return s;
     }
