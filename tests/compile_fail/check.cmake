@@ -5,10 +5,11 @@
 if(NOT DEFINED CHECK_MESSAGE)
     set(CHECK_MESSAGE ON)
 endif()
-file(STRINGS ${SOURCE} expect_line REGEX "^// expect: ")
-string(REGEX REPLACE "^// expect: " "" expected "${expect_line}")
-file(STRINGS ${SOURCE} max_lines_line REGEX "^// max-lines: ")
-string(REGEX REPLACE "^// max-lines: " "" max_lines "${max_lines_line}")
+file(READ ${SOURCE} source_text)  # not file(STRINGS): that would split a message at ';'
+string(REGEX MATCH "// expect: ([^\n]*)" expect_line "${source_text}")
+set(expected "${CMAKE_MATCH_1}")
+string(REGEX MATCH "// max-lines: ([0-9]+)" max_lines_line "${source_text}")
+set(max_lines "${CMAKE_MATCH_1}")
 
 set(command ${COMPILER} ${FLAGS} ${SOURCE})
 if(TWIN STREQUAL "ko")

@@ -23,6 +23,14 @@ TEST_CASE("an owning tensor is row-major, 64-byte aligned and zero-filled") {
     REQUIRE(d.size() == 9);
 }
 
+TEST_CASE("a tensor is sized by its run-time axes, or by all its axes") {
+    ds::tensor<float, Rows, Three, Cols> a(Rows{2}, Cols{5});
+    ds::tensor<float, Rows, Three, Cols> b(Rows{2}, Three{}, Cols{5});
+    REQUIRE(a.shape() == b.shape());
+    REQUIRE(a.shape().extents() == std::array<std::size_t, 3>{2, 3, 5});
+    REQUIRE_THROWS_AS(Three{4}, ds::shape_error);
+}
+
 TEST_CASE("element access is bounds-checked") {
     ds::tensor<float, Rows, Three> t(Rows{2});
     REQUIRE(test::error_of([&] { t(2, 0); }) == "dimsum: index 2 out of range for axis rows=2");

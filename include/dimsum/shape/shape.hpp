@@ -55,13 +55,21 @@ public:
     constexpr explicit shape(const std::array<std::size_t, dynamic_count>& dynamic_extents)
         : dynamic_(dynamic_extents) {}
 
-    // From axis values, e.g. `shape<Batch, Seq, Model>(Batch{2}, Seq{10})`: one per dynamic
-    // axis, in order, each of that axis's type.
+    // From axis values, e.g. `shape<Batch, Seq, Model>(Batch{2}, Seq{10})`: one per run-time
+    // axis, or one per axis, in order, each of that axis's type.
     template <axis_type... Given>
-        requires(sizeof...(Given) == dynamic_count && dynamic_count > 0)
-    constexpr explicit shape(Given... given) : dynamic_{given.extent...} {
-        static_assert(std::is_same_v<std::tuple<Given...>, dynamic_axes>,
-                      "dimsum: shape: give one value per run-time axis, in order");
+        requires(sizeof...(Given) > 0)
+    constexpr explicit shape(Given... given) {
+        constexpr message error = given_axes_error<Given...>();
+        if constexpr (error.length != 0) {
+            fail<error>();
+        } else {
+            std::array<std::size_t, sizeof...(Given)> values{given.extent...};
+            for (std::size_t i = 0, d = 0; i < values.size(); ++i) {
+                if (values.size() == dynamic_count) dynamic_[i] = values[i];
+                else if (!axes[i].is_static()) dynamic_[d++] = values[i];
+            }
+        }
     }
 
     // From every extent; a static axis given another extent is a shape_error.
@@ -96,10 +104,28 @@ public:
     friend constexpr bool operator==(const shape&, const shape&) = default;
 
 private:
-    template <class... A>
-    static auto keep_dynamic(std::tuple<A...>*) -> decltype(std::tuple_cat(
-        std::declval<std::conditional_t<A::is_static, std::tuple<>, std::tuple<A>>>()...));
-    using dynamic_axes = decltype(keep_dynamic(static_cast<std::tuple<Axes...>*>(nullptr)));
+    // Empty when Given are the run-time axes, or all the axes, in order.
+    template <class... Given>
+    static constexpr message given_axes_error() {
+        constexpr axis_desc given[] = {describe_axis<Given>...};
+        constexpr std::size_t count = sizeof...(Given);
+        bool ok = count == rank || count == dynamic_count;
+        for (std::size_t i = 0, d = 0; ok && i < rank; ++i) {
+            if (count == rank) ok = given[i].name == axes[i].name && given[i].extent == axes[i].extent;
+            else if (!axes[i].is_static()) ok = given[d].name == axes[i].name && given[d++].extent == dynamic;
+        }
+        message m;
+        if (!ok) {
+            m << "dimsum: shape: ";
+            write_static(m) << " is sized by its run-time axes or by all its axes, in order, not by (";
+            for (std::size_t i = 0; i < count; ++i) m << (i ? ", " : "") << given[i];
+            m << ')';
+        }
+        return m;
+    }
+    static constexpr message& write_static(message& m) {
+        return m << shape_ref{axes.data(), nullptr, rank};
+    }
 
     static constexpr std::array<std::size_t, rank> dynamic_position = [] {
         std::array<std::size_t, rank> pos{};
