@@ -36,10 +36,11 @@ template <class E>
 bool reads(const E& e, const byte_range& target) {
     if constexpr (is_tensor_view<E>::value) return reach_of(e).overlaps(target);
     else if constexpr (is_tensor<E>::value) return reach_of(e.view()).overlaps(target);
-    else if constexpr (decltype(e.operands)::size == 0) return false;
-    else if constexpr (decltype(e.operands)::size == 1) return reads(e.operands.first, target);
-    else if constexpr (decltype(e.operands)::size == 2) return reads(e.operands.first, target) || reads(e.operands.second, target);
-    else return reads(e.operands.first, target) || reads(e.operands.second, target) || reads(e.operands.third, target);
+    bool hit = false;  // the operands walked as the reference lowering walks them
+    if constexpr (requires { e.operands.first; }) hit = hit || reads(e.operands.first, target);
+    if constexpr (requires { e.operands.second; }) hit = hit || reads(e.operands.second, target);
+    if constexpr (requires { e.operands.third; }) hit = hit || reads(e.operands.third, target);
+    return hit;
 }
 
 template <class Backend, class E>
