@@ -112,6 +112,18 @@ struct softmax {
     shape_type shape() const { return extents; }
 };
 
+// (x - mean) / sqrt(variance + epsilon) along axis Axis, the biased variance.
+template <std::size_t Axis, class Operand>
+struct layer_norm {
+    using shape_type = shape_of<Operand>;
+    using value_type = value_type_of<Operand>;
+    static constexpr std::size_t axis = Axis;
+    expr::operands<Operand> operands;
+    shape_type extents;
+    double epsilon;
+    shape_type shape() const { return extents; }
+};
+
 // Reduction (fn::sum, fn::max, fn::mean) along operand axis Axis, which the result drops.
 template <class Shape, class Reduction, std::size_t Axis, class Operand>
 struct reduce {

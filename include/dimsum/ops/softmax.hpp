@@ -1,5 +1,5 @@
 #pragma once
-// softmax along the last axis, or along a named one; and the reductions sum, max and mean
+// softmax and layer_norm along the last axis, or along a named one; and the reductions sum, max and mean
 // along a named axis, which the result drops.
 
 #include "dimsum/expr/functors.hpp"
@@ -23,6 +23,12 @@ template <axis_lookup Found, class E>
 auto make_softmax(E&& e) {
     if constexpr (Found.error.length != 0) return fail<Found.error>();
     else return expr::softmax<Found.position, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, e.shape()};
+}
+
+template <axis_lookup Found, class E>
+auto make_layer_norm(E&& e, double epsilon) {
+    if constexpr (Found.error.length != 0) return fail<Found.error>();
+    else return expr::layer_norm<Found.position, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, e.shape(), epsilon};
 }
 
 template <class Reduction, class Axis, class E>
@@ -57,6 +63,20 @@ template <axis_type Axis, operand E>
 auto softmax(E&& e) {
     if constexpr (is_invalid<E>) return invalid_expression{};
     else return detail::make_softmax<detail::find_axis<shape_of<E>>("softmax", describe_axis<Axis>)>(std::forward<E>(e));
+}
+
+// (x - mean) / sqrt(variance + epsilon) along the last axis, as torch.nn.LayerNorm without its
+// scale and shift (multiply and add those as formulas: layer_norm(x) * gamma + beta).
+template <operand E>
+auto layer_norm(E&& e, double epsilon = 1e-5) {
+    if constexpr (is_invalid<E>) return invalid_expression{};
+    else return detail::make_layer_norm<detail::last_axis<shape_of<E>>("layer_norm")>(std::forward<E>(e), epsilon);
+}
+
+template <axis_type Axis, operand E>
+auto layer_norm(E&& e, double epsilon = 1e-5) {
+    if constexpr (is_invalid<E>) return invalid_expression{};
+    else return detail::make_layer_norm<detail::find_axis<shape_of<E>>("layer_norm", describe_axis<Axis>)>(std::forward<E>(e), epsilon);
 }
 
 template <axis_type Axis, operand E>

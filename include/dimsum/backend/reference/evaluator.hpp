@@ -76,6 +76,12 @@ void describe(step<T>& s, const expr::softmax<Axis, X>&) {
     s.kind = step_kind::softmax;
     s.axis = Axis;
 }
+template <class T, std::size_t Axis, class X>
+void describe(step<T>& s, const expr::layer_norm<Axis, X>& node) {
+    s.kind = step_kind::layer_norm;
+    s.axis = Axis;
+    s.number = static_cast<T>(node.epsilon);
+}
 template <class T, class S, class F, std::size_t Axis, class X>
 void describe(step<T>& s, const expr::reduce<S, F, Axis, X>&) {
     s.kind = std::is_same_v<F, fn::sum> ? step_kind::sum : std::is_same_v<F, fn::max> ? step_kind::max : step_kind::mean;

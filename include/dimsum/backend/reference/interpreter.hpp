@@ -1,7 +1,7 @@
 #pragma once
 // Evaluates a lowered formula (program.hpp) with plain loops. A step's value is either read
 // element by element (tensors, numbers, masks, elementwise steps) or materialised once into
-// a strided array (matmul, softmax, reductions; permute, reshape and select, which only
+// a strided array (matmul, softmax, layer_norm, reductions; permute, reshape and select, which only
 // change strides where the layout allows).
 
 #include <memory>
@@ -29,6 +29,7 @@ public:
                 return;
             }
             case step_kind::softmax: softmax<T>(value(s.operands[0]), dst, s.axis); return;
+            case step_kind::layer_norm: layer_norm<T>(value(s.operands[0]), dst, s.axis, s.number); return;
             case step_kind::sum: reduce<fn::sum, T>(value(s.operands[0]), dst, s.axis); return;
             case step_kind::max: reduce<fn::max, T>(value(s.operands[0]), dst, s.axis); return;
             case step_kind::mean: reduce<fn::mean, T>(value(s.operands[0]), dst, s.axis); return;

@@ -65,6 +65,29 @@ void softmax(strided<const T> x, strided<T> out, std::size_t axis) {
     });
 }
 
+// out = (x - mean) / sqrt(variance + epsilon) along axis, the biased variance taken about
+// the mean.
+template <class T>
+void layer_norm(strided<const T> x, strided<T> out, std::size_t axis, T epsilon) {
+    using acc = accumulator_t<T>;
+    std::size_t n = x.extents[axis];
+    for_each_line(x.extents, x.rank, axis, [&](const std::size_t* first) {
+        std::array<std::size_t, max_rank> index{};
+        std::copy_n(first, x.rank, index.begin());
+        auto element = [&](std::size_t j) -> acc { index[axis] = j; return x.at(index.data()); };
+        acc mean = 0, variance = 0;
+        for (std::size_t j = 0; j < n; ++j) mean += element(j);
+        mean /= static_cast<acc>(n);
+        for (std::size_t j = 0; j < n; ++j) variance += (element(j) - mean) * (element(j) - mean);
+        variance /= static_cast<acc>(n);
+        acc inverse = 1 / std::sqrt(variance + static_cast<acc>(epsilon));
+        for (std::size_t j = 0; j < n; ++j) {
+            acc normal = (element(j) - mean) * inverse;
+            out.at(index.data()) = static_cast<T>(normal);
+        }
+    });
+}
+
 // out = reduction of x along axis; out has x's axes without it.
 template <class Reduction, class T>
 void reduce(strided<const T> x, strided<T> out, std::size_t axis) {

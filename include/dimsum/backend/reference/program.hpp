@@ -12,7 +12,7 @@
 
 namespace dimsum::backend::reference {
 
-enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshape, select, matmul, softmax, sum, max, mean };
+enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshape, select, matmul, softmax, layer_norm, sum, max, mean };
 
 inline constexpr std::size_t max_operands = 3;  // where(condition, a, b)
 
@@ -25,10 +25,10 @@ struct step {
     std::size_t operand_count = 0;
 
     strided<const T> tensor{};                // tensor: the user's memory
-    T number{};                               // number
+    T number{};                               // number; layer_norm: epsilon
     T (*function)(const T*) = nullptr;        // elementwise: f(operand values)
     std::array<std::size_t, max_rank> order{};  // permute: result axis i is operand axis order[i]
-    std::size_t axis = 0;                     // select, softmax, reductions
+    std::size_t axis = 0;                     // select, softmax, layer_norm, reductions
     std::size_t index = 0;                    // select
 };
 
