@@ -1,13 +1,14 @@
 #pragma once
-// Which backend evaluates formulas, and the user-facing eval and assign that use it.
-// Today the reference backend; the fast CPU backend takes its place here.
+// Which backend evaluates formulas, and the user-facing eval and assign that use it: the CPU
+// backend (SIMD and OpenMP). The reference backend stays selectable, e.g.
+// `ds::eval(formula, ds::backend::reference::evaluator{})`.
 
-#include "dimsum/backend/reference/evaluator.hpp"
+#include "dimsum/backend/cpu/evaluator.hpp"
 #include "dimsum/evaluation/assign.hpp"
 
 namespace dimsum {
 
-using default_backend = backend::reference::evaluator;
+using default_backend = backend::cpu::evaluator;
 
 // The value of a formula as a new tensor, e.g. `auto y = ds::eval(ds::matmul(x, w));`.
 template <operand E>

@@ -1,0 +1,74 @@
+#pragma once
+// The elementwise functions (expr/functors.hpp) applied to blocks of values with xsimd. A
+// block function computes out[i] = f(in[0][i], ..., in[N-1][i]) for i < n; it is the only
+// code compiled per function, and the fused pass (fused.hpp) chains them block by block.
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+
+#include "dimsum/backend/cpu/simd.hpp"
+#include "dimsum/expr/functors.hpp"
+
+DIMSUM_SIMD_CODE_BEGIN
+
+namespace dimsum::backend::cpu {
+
+template <class T>
+using block_function = void (*)(std::size_t n, const T* const* in, T* out);
+
+namespace detail {
+
+// f on SIMD batches. The generic functors work on batches as they are; those written with
+// the conditional operator need xsimd::select instead. Booleans (masks) arrive as 1 or 0.
+template <class F>
+struct on_batches {
+    template <class... B>
+    auto operator()(B... b) const { return F{}(b...); }
+};
+template <>
+struct on_batches<fn::maximum> {
+    template <class B>
+    B operator()(B a, B b) const {  // NaN from either side wins, as in fn::maximum
+        return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::select(a < b, b, a)));
+    }
+};
+template <>
+struct on_batches<fn::minimum> {
+    template <class B>
+    B operator()(B a, B b) const {
+        return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::select(b < a, b, a)));
+    }
+};
+template <>
+struct on_batches<fn::select> {
+    template <class B>
+    B operator()(B condition, B a, B b) const { return xsimd::select(condition != B(0), a, b); }
+};
+
+template <class F, class T, std::size_t... I>
+void apply_block(std::size_t n, const T* const* in, T* out, std::index_sequence<I...>) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    on_batches<F> f;
+    std::size_t i = 0;
+    for (; i + width <= n; i += width) f(batch::load_unaligned(in[I] + i)...).store_unaligned(out + i);
+    if (i == n) return;
+    // the tail: one more batch, padded with ones (a harmless argument for every function)
+    alignas(64) T tail[sizeof...(I) + 1][width];
+    std::size_t live = n - i;
+    ((std::fill(std::copy(in[I] + i, in[I] + n, tail[I]), tail[I] + width, T(1))), ...);
+    f(batch::load_aligned(tail[I])...).store_aligned(tail[sizeof...(I)]);
+    std::copy(tail[sizeof...(I)], tail[sizeof...(I)] + live, out + i);
+}
+
+}  // namespace detail
+
+template <class F, class T, std::size_t N>
+void apply_to_block(std::size_t n, const T* const* in, T* out) {
+    detail::apply_block<F, T>(n, in, out, std::make_index_sequence<N>{});
+}
+
+}  // namespace dimsum::backend::cpu
+
+DIMSUM_SIMD_CODE_END

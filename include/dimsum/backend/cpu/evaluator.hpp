@@ -1,0 +1,293 @@
+#pragma once
+// The CPU backend: SIMD kernels run in parallel with OpenMP.
+//
+// run(formula, destination) lowers the formula exactly as the reference backend does (a
+// program of plain steps, reference/program.hpp), then runs each step with a fast kernel:
+//   matmul                    -> gemm (gemm.hpp), and when the matmul sits inside an
+//                                elementwise formula of its own shape, that formula becomes the
+//                                GEMM's epilogue, applied to each block of C while it is in cache;
+//   softmax, layer_norm,
+//   sum, max, mean            -> the line kernels (rowwise.hpp);
+//   elementwise steps         -> one fused pass (fused.hpp) over the result, whose inputs are
+//                                tensors, views of them, and the values of the steps above;
+//   permute, reshape, select  -> new strides over their operand's value, no copy where the
+//                                layout allows.
+// Values that must exist in memory live in this thread's temporaries (workspace.hpp), kept
+// from one evaluation to the next, so a formula evaluated in a loop allocates nothing after
+// its first evaluation.
+
+#include <cstddef>
+#include <vector>
+
+#include "dimsum/backend/cpu/elementwise.hpp"
+#include "dimsum/backend/cpu/fused.hpp"
+#include "dimsum/backend/cpu/gemm.hpp"
+#include "dimsum/backend/cpu/rowwise.hpp"
+#include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/backend/reference/evaluator.hpp"
+
+namespace dimsum::backend::cpu {
+
+using reference::program;
+using reference::step;
+using reference::step_kind;
+
+namespace detail {
+
+// The block function of each step, in the order the lowering numbers the steps (each node,
+// then its operands); null for steps that are not elementwise.
+template <class T, class E>
+block_function<T> block_of(const E&) {
+    return nullptr;
+}
+template <class T, class S, class F, class... X>
+block_function<T> block_of(const expr::elementwise<S, F, X...>&) {
+    return &apply_to_block<F, T, sizeof...(X)>;
+}
+template <class T, class E>
+void collect_block_functions(const E& e, std::vector<block_function<T>>& out) {
+    out.push_back(block_of<T>(e));
+    if constexpr (requires { e.operands.first; }) collect_block_functions<T>(e.operands.first, out);
+    if constexpr (requires { e.operands.second; }) collect_block_functions<T>(e.operands.second, out);
+    if constexpr (requires { e.operands.third; }) collect_block_functions<T>(e.operands.third, out);
+}
+
+// Everything one evaluation needs, kept per thread and element type so that it is allocated
+// once: the lowered program, the values of its steps, and the temporaries that hold them.
+template <class T>
+struct plan {
+    program<T> steps;
+    std::vector<block_function<T>> blocks;
+    std::vector<strided<const T>> values;
+    std::vector<char> computed;
+    std::vector<std::size_t> leaves;
+    fused_program<T> fused;
+    temporaries memory;
+
+    static plan& of_this_thread() {
+        thread_local plan p;
+        return p;
+    }
+};
+
+template <class T>
+class executor {
+public:
+    explicit executor(plan<T>& p) : p_(p) {
+        p_.values.assign(p_.steps.size(), strided<const T>{});
+        p_.computed.assign(p_.steps.size(), 0);
+    }
+
+    // Writes the value of step `id` into dst, which has that step's extents.
+    void write(std::size_t id, const strided<T>& dst) {
+        const step<T>& s = p_.steps[id];
+        switch (s.kind) {
+            case step_kind::matmul: return multiply(id, dst, nullptr);
+            case step_kind::softmax: return cpu::softmax<T>(value(s.operands[0]), dst, s.axis);
+            case step_kind::layer_norm: return cpu::layer_norm<T>(value(s.operands[0]), dst, s.axis, s.number);
+            case step_kind::sum: return cpu::reduce<fn::sum, T>(value(s.operands[0]), dst, s.axis);
+            case step_kind::max: return cpu::reduce<fn::max, T>(value(s.operands[0]), dst, s.axis);
+            case step_kind::mean: return cpu::reduce<fn::mean, T>(value(s.operands[0]), dst, s.axis);
+            case step_kind::causal_mask: return causal_mask(s, dst);
+            default: return write_fused(id, dst);
+        }
+    }
+
+private:
+    // The value of step `id` as a strided array, computed once.
+    const strided<const T>& value(std::size_t id) {
+        if (!p_.computed[id]) {
+            p_.values[id] = compute(id);
+            p_.computed[id] = 1;
+        }
+        return p_.values[id];
+    }
+
+    strided<const T> compute(std::size_t id) {
+        const step<T>& s = p_.steps[id];
+        switch (s.kind) {
+            case step_kind::tensor: return s.tensor;
+            case step_kind::permute: {
+                strided<const T> from = value(s.operands[0]), m = from;
+                for (std::size_t i = 0; i < s.rank; ++i) {
+                    m.extents[i] = from.extents[s.order[i]];
+                    m.strides[i] = from.strides[s.order[i]];
+                }
+                return m;
+            }
+            case step_kind::select: {
+                strided<const T> from = value(s.operands[0]), m = from;
+                m.data += static_cast<std::ptrdiff_t>(s.index) * from.strides[s.axis];
+                m.rank = s.rank;
+                for (std::size_t i = s.axis; i < s.rank; ++i) {
+                    m.extents[i] = from.extents[i + 1];
+                    m.strides[i] = from.strides[i + 1];
+                }
+                return m;
+            }
+            case step_kind::reshape: {
+                strided<const T> m = value(s.operands[0]);
+                if (m.size() != 0) {
+                    auto strides = reference::reshape_strides(m.extents, m.strides, m.rank, s.extents, s.rank);
+                    if (!strides) {  // the layout does not allow it: copy into row-major order first
+                        strided<T> copy = fresh(m.rank, m.extents);
+                        write(s.operands[0], copy);
+                        m = {copy.data, copy.rank, copy.extents, copy.strides};
+                        strides = reference::reshape_strides(m.extents, m.strides, m.rank, s.extents, s.rank);
+                    }
+                    m.strides = *strides;
+                }
+                m.rank = s.rank;
+                m.extents = s.extents;
+                return m;
+            }
+            default: {
+                strided<T> m = fresh(s.rank, s.extents);
+                write(id, m);
+                return {m.data, m.rank, m.extents, m.strides};
+            }
+        }
+    }
+
+    // A row-major array from this evaluation's temporaries.
+    strided<T> fresh(std::size_t rank, const std::array<std::size_t, max_rank>& extents) {
+        strided<T> s{nullptr, rank, extents, {}};
+        std::size_t size = dimsum::detail::row_major(extents.data(), rank, s.strides.data());
+        s.data = p_.memory.template allocate<T>(size);
+        return s;
+    }
+
+    static void causal_mask(const step<T>& s, const strided<T>& dst) {
+        // key k lies in query q's future when k > q + (keys - queries); as in the reference
+        auto queries = static_cast<long long>(s.extents[0]), keys = static_cast<long long>(s.extents[1]);
+        for (long long q = 0; q < queries; ++q) {
+            for (long long k = 0; k < keys; ++k) {
+                dst.data[q * dst.strides[0] + k * dst.strides[1]] = k > q + keys - queries ? T(1) : T(0);
+            }
+        }
+    }
+
+    // The steps an elementwise formula rooted at `id` reads as inputs, in evaluation order.
+    void find_leaves(std::size_t id, std::vector<std::size_t>& leaves) const {
+        const step<T>& s = p_.steps[id];
+        if (s.kind == step_kind::elementwise) {
+            for (std::size_t o = 0; o < s.operand_count; ++o) find_leaves(s.operands[o], leaves);
+        } else if (s.kind != step_kind::number) {
+            leaves.push_back(id);
+        }
+    }
+
+    // Appends the fused nodes of step `id` to p_.fused; returns the index of its node. The
+    // step `in_place`, if any, reads the destination itself (the GEMM epilogue's C).
+    std::size_t add_nodes(std::size_t id, std::size_t in_place, const strided<T>& dst) {
+        const step<T>& s = p_.steps[id];
+        fused_node<T> node;
+        if (s.kind == step_kind::elementwise) {
+            node.what = fused_node<T>::kind::function;
+            node.function = p_.blocks[id];
+            node.operand_count = s.operand_count;
+            for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_nodes(s.operands[o], in_place, dst);
+        } else if (s.kind == step_kind::number) {
+            node.what = fused_node<T>::kind::constant;
+            node.value = s.number;
+        } else {
+            node.what = fused_node<T>::kind::input;
+            node.input = p_.fused.inputs.size();
+            strided<const T> v = id == in_place ? strided<const T>{dst.data, dst.rank, dst.extents, dst.strides} : value(id);
+            p_.fused.inputs.push_back(reference::broadcast_to_rank(v, dst.rank));
+        }
+        p_.fused.nodes.push_back(node);
+        return p_.fused.nodes.size() - 1;
+    }
+
+    // An elementwise formula (or a view, copied): one fused pass, or the epilogue of a matmul.
+    void write_fused(std::size_t id, const strided<T>& dst) {
+        // pass 1: the inputs' values, which may need kernels of their own
+        std::size_t first_leaf = p_.leaves.size();
+        find_leaves(id, p_.leaves);
+        std::size_t in_place = p_.steps.size();  // none
+        for (std::size_t i = first_leaf; i < p_.leaves.size(); ++i) {
+            std::size_t leaf = p_.leaves[i];
+            const step<T>& s = p_.steps[leaf];
+            if (in_place == p_.steps.size() && s.kind == step_kind::matmul && s.rank == dst.rank && s.rank >= 2 &&
+                s.extents == dst.extents && leaf != id) {
+                in_place = leaf;  // computed straight into dst, the rest of the formula its epilogue
+                value(s.operands[0]);
+                value(s.operands[1]);
+            } else {
+                value(leaf);
+            }
+        }
+        p_.leaves.resize(first_leaf);
+        // pass 2: the fused program (nothing below recurses, so p_.fused is free)
+        p_.fused.clear();
+        add_nodes(id, in_place, dst);
+        if (in_place == p_.steps.size()) run_fused<T>(p_.fused, dst, true);
+        else multiply(in_place, dst, &p_.fused);
+    }
+
+    struct epilogue_context {
+        const fused_program<T>* program;
+        strided<T> dst;
+    };
+    static void apply_epilogue(const void* context, std::size_t item, std::size_t row, std::size_t col,
+                               std::size_t rows, std::size_t cols) {
+        const auto& c = *static_cast<const epilogue_context*>(context);
+        fused_region region;
+        std::size_t r = c.dst.rank;
+        for (std::size_t axis = r - 2; axis-- > 0;) {
+            region.first[axis] = item % c.dst.extents[axis];
+            item /= c.dst.extents[axis];
+            region.extents[axis] = 1;
+        }
+        region.first[r - 2] = row;
+        region.first[r - 1] = col;
+        region.extents[r - 2] = rows;
+        region.extents[r - 1] = cols;
+        run_fused<T>(*c.program, c.dst, false, &region);
+    }
+
+    // dst = the matmul step `id`, then `epilogue` (a fused program reading dst) over it.
+    void multiply(std::size_t id, const strided<T>& dst, const fused_program<T>* epilogue) {
+        const step<T>& s = p_.steps[id];
+        const std::size_t r = s.rank;
+        strided<const T> a = reference::broadcast_to_rank(value(s.operands[0]), r);
+        strided<const T> b = reference::broadcast_to_rank(value(s.operands[1]), r);
+        gemm_problem<T> problem;
+        problem.a = {a.data, a.extents[r - 2], a.extents[r - 1], a.strides[r - 2], a.strides[r - 1]};
+        problem.b = {b.data, b.extents[r - 2], b.extents[r - 1], b.strides[r - 2], b.strides[r - 1]};
+        problem.c = {dst.data, dst.extents[r - 2], dst.extents[r - 1], dst.strides[r - 2], dst.strides[r - 1]};
+        problem.batch.rank = r - 2;
+        for (std::size_t i = 0; i + 2 < r; ++i) {
+            problem.batch.extents[i] = dst.extents[i];
+            problem.batch.a[i] = a.strides[i];
+            problem.batch.b[i] = b.strides[i];
+            problem.batch.c[i] = dst.strides[i];
+        }
+        if (!epilogue) return gemm<T>(problem);
+        epilogue_context context{epilogue, dst};
+        gemm<T>(problem, gemm_epilogue{&apply_epilogue, &context});
+    }
+
+    plan<T>& p_;
+};
+
+}  // namespace detail
+
+class evaluator {
+public:
+    // Writes the value of e into dst, a view of e's shape that e does not read.
+    template <class E, class T, class... A>
+    void run(const E& e, const tensor_view<T, A...>& dst) {
+        auto& p = detail::plan<T>::of_this_thread();
+        p.memory.reset();  // after an evaluation that threw
+        p.steps.clear();
+        p.blocks.clear();
+        std::size_t root = reference::detail::lower<T>(e, p.steps);
+        detail::collect_block_functions<T>(e, p.blocks);
+        detail::executor<T>(p).write(root, reference::to_strided(dst));
+        p.memory.reset();  // now, so that the next evaluation starts with one block of the right size
+    }
+};
+
+}  // namespace dimsum::backend::cpu

@@ -1,0 +1,211 @@
+#pragma once
+// The fused elementwise pass: a small program of block functions over strided inputs,
+// evaluated in one sweep over the result. The result is cut into blocks of a few hundred
+// values along its innermost axis; each block of every intermediate value lives in L1, so
+// a chain of operations costs one pass over memory, not one per operation. Broadcast and
+// strided inputs are gathered into the block, contiguous ones are read in place.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "dimsum/backend/cpu/elementwise.hpp"
+#include "dimsum/backend/cpu/threads.hpp"
+#include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/backend/reference/strided.hpp"
+
+namespace dimsum::backend::cpu {
+
+using reference::max_rank;
+using reference::strided;
+
+inline constexpr std::size_t max_function_operands = 3;
+
+template <class T>
+struct fused_node {
+    enum class kind { input, constant, function };
+    kind what = kind::input;
+    std::size_t input = 0;                                // input: which of the pass's inputs
+    T value{};                                            // constant
+    block_function<T> function = nullptr;                 // function, of earlier nodes:
+    std::array<std::size_t, max_function_operands> operands{};
+    std::size_t operand_count = 0;
+};
+
+// Nodes in evaluation order, each reading only earlier ones; the last is the result. Every
+// input has the result's rank (stride 0 where it broadcasts).
+template <class T>
+struct fused_program {
+    std::vector<fused_node<T>> nodes;
+    std::vector<strided<const T>> inputs;
+    void clear() {
+        nodes.clear();
+        inputs.clear();
+    }
+};
+
+// A box of the result: extents[i] values from first[i] along each axis.
+struct fused_region {
+    std::array<std::size_t, max_rank> first{}, extents{};
+};
+
+namespace detail {
+
+// Values per block: 2 KiB of float, so that a dozen intermediate blocks fit in L1.
+template <class T>
+inline constexpr std::size_t block_length = 2048 / sizeof(T);
+// Below this many values a pass runs on one thread: starting a team costs more.
+inline constexpr std::size_t parallel_elements = std::size_t(1) << 15;
+
+// The pass's arrays (the result first, then the inputs) with their axes merged wherever every
+// array is contiguous across them, and axes of extent 1 dropped; at least one axis remains.
+struct merged_layout {
+    std::size_t rank = 0, arrays = 0;
+    std::array<std::size_t, max_rank> extents{};
+    std::vector<std::array<std::ptrdiff_t, max_rank>> strides;  // per array
+    std::vector<std::ptrdiff_t> origin;                         // per array: where the region starts
+};
+
+template <class T>
+void merge_axes(const strided<T>& result, const std::vector<strided<const T>>& inputs, const fused_region* region,
+                merged_layout& out) {
+    out.arrays = inputs.size() + 1;
+    out.strides.resize(out.arrays);
+    out.origin.assign(out.arrays, 0);
+    auto stride_of = [&](std::size_t array, std::size_t axis) {
+        return array == 0 ? result.strides[axis] : inputs[array - 1].strides[axis];
+    };
+    std::array<std::size_t, max_rank> extents = result.extents;
+    if (region) {
+        extents = region->extents;
+        for (std::size_t a = 0; a < out.arrays; ++a) {
+            for (std::size_t axis = 0; axis < result.rank; ++axis) {
+                out.origin[a] += static_cast<std::ptrdiff_t>(region->first[axis]) * stride_of(a, axis);
+            }
+        }
+    }
+    out.rank = 0;
+    for (std::size_t axis = 0; axis < result.rank; ++axis) {
+        if (extents[axis] == 1) continue;
+        bool merges = out.rank > 0;
+        for (std::size_t a = 0; merges && a < out.arrays; ++a) {
+            merges = out.strides[a][out.rank - 1] == stride_of(a, axis) * static_cast<std::ptrdiff_t>(extents[axis]);
+        }
+        if (merges) {
+            out.extents[out.rank - 1] *= extents[axis];
+            for (std::size_t a = 0; a < out.arrays; ++a) out.strides[a][out.rank - 1] = stride_of(a, axis);
+        } else {
+            out.extents[out.rank] = extents[axis];
+            for (std::size_t a = 0; a < out.arrays; ++a) out.strides[a][out.rank] = stride_of(a, axis);
+            ++out.rank;
+        }
+    }
+    if (out.rank == 0) {  // a single value
+        out.rank = 1;
+        out.extents[0] = 1;
+        for (std::size_t a = 0; a < out.arrays; ++a) out.strides[a][0] = 0;
+    }
+}
+
+}  // namespace detail
+
+// Writes the program's result into `result`, or only into `region` of it (the inputs read
+// at the same positions). `parallel`: whether it may start threads.
+template <class T>
+void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel,
+               const fused_region* region = nullptr) {
+    std::size_t size = 1;
+    for (std::size_t i = 0; i < result.rank; ++i) size *= region ? region->extents[i] : result.extents[i];
+    if (size == 0) return;
+    thread_local detail::merged_layout kept;  // a repeated pass allocates nothing
+    detail::merged_layout& layout = kept;       // the caller's, also in the team's threads
+    detail::merge_axes(result, program.inputs, region, layout);
+    const std::size_t inner_axis = layout.rank - 1, length = layout.extents[inner_axis];
+    const std::size_t block = std::min(length, detail::block_length<T>);
+    const std::size_t chunks = (length + block - 1) / block;
+    std::size_t lines = 1;
+    for (std::size_t i = 0; i < inner_axis; ++i) lines *= layout.extents[i];
+    const std::size_t items = lines * chunks, nodes = program.nodes.size();
+    const auto& nodes_of = program.nodes;
+
+    auto sweep = [&](std::size_t first_item, std::size_t last_item) {
+        T* slots = scratch<T>(scratch_use::elementwise, nodes * block);
+        const T* values[64];  // per node: where this block's values are
+        std::vector<const T*> many;
+        const T** value = values;
+        if (nodes > 64) {
+            many.resize(nodes);
+            value = many.data();
+        }
+        for (std::size_t k = 0; k < nodes; ++k) {  // constants: filled once per sweep
+            if (nodes_of[k].what == fused_node<T>::kind::constant) std::fill_n(slots + k * block, block, nodes_of[k].value);
+        }
+        for (std::size_t item = first_item; item < last_item; ++item) {
+            std::size_t line = item / chunks, offset = item % chunks * block, n = std::min(block, length - offset);
+            std::array<std::ptrdiff_t, 1 + 3 * max_rank> base{};  // per array; sized for the common case
+            std::vector<std::ptrdiff_t> wide;
+            std::ptrdiff_t* at = base.data();
+            if (layout.arrays > base.size()) {
+                wide = layout.origin;
+                at = wide.data();
+            } else {
+                std::copy_n(layout.origin.data(), layout.arrays, at);
+            }
+            for (std::size_t axis = inner_axis, rest = line; axis-- > 0;) {
+                auto index = static_cast<std::ptrdiff_t>(rest % layout.extents[axis]);
+                rest /= layout.extents[axis];
+                for (std::size_t a = 0; a < layout.arrays; ++a) at[a] += index * layout.strides[a][axis];
+            }
+            for (std::size_t a = 0; a < layout.arrays; ++a) at[a] += static_cast<std::ptrdiff_t>(offset) * layout.strides[a][inner_axis];
+
+            T* out = result.data + at[0];
+            const std::ptrdiff_t out_stride = layout.strides[0][inner_axis];
+            for (std::size_t k = 0; k < nodes; ++k) {
+                const fused_node<T>& node = nodes_of[k];
+                T* slot = slots + k * block;
+                switch (node.what) {
+                    case fused_node<T>::kind::constant: value[k] = slot; break;
+                    case fused_node<T>::kind::input: {
+                        const T* from = program.inputs[node.input].data + at[node.input + 1];
+                        std::ptrdiff_t stride = layout.strides[node.input + 1][inner_axis];
+                        if (stride == 1) {
+                            value[k] = from;
+                        } else {
+                            for (std::size_t i = 0; i < n; ++i) slot[i] = from[static_cast<std::ptrdiff_t>(i) * stride];
+                            value[k] = slot;
+                        }
+                        break;
+                    }
+                    case fused_node<T>::kind::function: {
+                        const T* arguments[max_function_operands];
+                        for (std::size_t o = 0; o < node.operand_count; ++o) arguments[o] = value[node.operands[o]];
+                        T* target = k + 1 == nodes && out_stride == 1 ? out : slot;
+                        node.function(n, arguments, target);
+                        value[k] = target;
+                        break;
+                    }
+                }
+            }
+            const T* last = value[nodes - 1];
+            if (last != out) {
+                for (std::size_t i = 0; i < n; ++i) out[static_cast<std::ptrdiff_t>(i) * out_stride] = last[i];
+            }
+        }
+    };
+
+    int threads = parallel && items > 1 && size >= detail::parallel_elements ? num_threads() : 1;
+    if (threads <= 1) {
+        sweep(0, items);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        std::size_t member = std::size_t(omp_get_thread_num()), team = std::size_t(omp_get_num_threads());
+        sweep(items * member / team, items * (member + 1) / team);
+    }
+}
+
+}  // namespace dimsum::backend::cpu

@@ -1,0 +1,391 @@
+#pragma once
+// Matrix products: C = A B for every item of a batch, in the structure of BLIS (Goto's
+// algorithm). A and B are read through any strides while they are packed into contiguous
+// panels, so a transposed or permuted operand is never copied first; a register-blocked
+// micro-kernel multiplies one panel of A by one panel of B; blocks sized for the caches keep
+// each panel where the micro-kernel reads it. The caller may pass an epilogue, which is
+// applied to each finished region of C while it is still in cache.
+//
+// Two ways to use the threads: a batch of many products gives each thread whole products; a
+// few large products are each shared by all threads, which pack B together and then each
+// compute their own rows of C.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+
+#include "dimsum/backend/cpu/simd.hpp"
+#include "dimsum/backend/cpu/threads.hpp"
+#include "dimsum/backend/cpu/workspace.hpp"
+
+DIMSUM_SIMD_CODE_BEGIN
+
+namespace dimsum::backend::cpu {
+
+// A strided matrix: element (i, j) at data[i * row_stride + j * col_stride].
+template <class T>
+struct matrix {
+    T* data = nullptr;
+    std::size_t rows = 0, cols = 0;
+    std::ptrdiff_t row_stride = 0, col_stride = 0;
+};
+
+inline constexpr std::size_t max_batch_rank = 6;
+
+// The leading (batch) axes of a product and each operand's strides along them; an operand
+// that broadcasts along an axis has stride 0 there.
+struct batch_layout {
+    std::size_t rank = 0;
+    std::array<std::size_t, max_batch_rank> extents{};
+    std::array<std::ptrdiff_t, max_batch_rank> a{}, b{}, c{};
+
+    std::size_t count() const {
+        std::size_t n = 1;
+        for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
+        return n;
+    }
+    struct offsets { std::ptrdiff_t a = 0, b = 0, c = 0; };
+    // The offsets of item `flat`, the items numbered in row-major order.
+    offsets of(std::size_t flat) const {
+        offsets o;
+        for (std::size_t i = rank; i-- > 0;) {
+            auto index = static_cast<std::ptrdiff_t>(flat % extents[i]);
+            flat /= extents[i];
+            o.a += index * a[i];
+            o.b += index * b[i];
+            o.c += index * c[i];
+        }
+        return o;
+    }
+};
+
+// C = A B for each item of the batch; A, B and C hold item 0.
+template <class T>
+struct gemm_problem {
+    matrix<const T> a;  // (m, k)
+    matrix<const T> b;  // (k, n)
+    matrix<T> c;        // (m, n), not overlapping A or B
+    batch_layout batch;
+};
+
+// Called for each region of C once its values are final: rows [row, row + rows) and columns
+// [col, col + cols) of batch item `item`. It may read and rewrite that region, nothing else.
+struct gemm_epilogue {
+    void (*apply)(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
+                  std::size_t cols) = nullptr;
+    const void* context = nullptr;
+    void operator()(std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) const {
+        if (apply) apply(context, item, row, col, rows, cols);
+    }
+};
+
+// The blocking, per element type. The micro-kernel keeps an mr x nr tile of C in registers:
+// nr is two SIMD vectors, and 2 mr accumulators plus two B vectors and one broadcast A value
+// fit the register file (32 registers with AVX-512, 16 below it).
+template <class T>
+struct gemm_tiling {
+    static constexpr std::size_t width = simd<T>::size;
+    static constexpr std::size_t nr = 2 * width;
+    static constexpr std::size_t mr = width * sizeof(T) >= 64 ? 12 : 6;
+    // A micro-panel (mr x kc) and a B micro-panel (kc x nr) stay in L1 (48 KiB here) while
+    // the micro-kernel streams them: 12 + 32 KiB for float with AVX-512.
+    static constexpr std::size_t kc = 256;
+    // An A block (mc x kc) stays in L2 (2 MiB here, shared with the packed B traffic).
+    static constexpr std::size_t mc = 24 * mr;
+    // A B block (kc x nc) is shared by the threads; 1 MiB for float.
+    static constexpr std::size_t nc = 4096 / sizeof(T) * 4 / nr * nr;
+};
+
+namespace detail {
+
+constexpr std::size_t round_up(std::size_t value, std::size_t multiple) {
+    return (value + multiple - 1) / multiple * multiple;
+}
+
+// Packs rows [0, rows) and depths [0, depth) of a into panels of mr rows, each stored depth
+// by depth (mr values per depth); rows past the end are zero.
+template <class T>
+void pack_a(const matrix<const T>& a, std::size_t rows, std::size_t depth, T* out) {
+    constexpr std::size_t mr = gemm_tiling<T>::mr;
+    for (std::size_t panel = 0; panel < rows; panel += mr) {
+        std::size_t live = std::min(mr, rows - panel);
+        const T* src = a.data + static_cast<std::ptrdiff_t>(panel) * a.row_stride;
+        if (a.col_stride == 1 && live == mr) {
+            // rows of A are contiguous: read mr of them a vector at a time, transposing
+            // through a small buffer that stays in L1
+            using batch = simd<T>;
+            constexpr std::size_t width = batch::size;
+            alignas(64) T block[mr * width];
+            std::size_t p = 0;
+            for (; p + width <= depth; p += width) {
+                for (std::size_t r = 0; r < mr; ++r) {
+                    batch::load_unaligned(src + static_cast<std::ptrdiff_t>(r) * a.row_stride + static_cast<std::ptrdiff_t>(p)).store_aligned(block + r * width);
+                }
+                for (std::size_t q = 0; q < width; ++q) {
+                    for (std::size_t r = 0; r < mr; ++r) out[(p + q) * mr + r] = block[r * width + q];
+                }
+            }
+            for (; p < depth; ++p) {
+                for (std::size_t r = 0; r < mr; ++r) out[p * mr + r] = src[static_cast<std::ptrdiff_t>(r) * a.row_stride + static_cast<std::ptrdiff_t>(p)];
+            }
+            out += mr * depth;
+            continue;
+        }
+        if (a.col_stride == 1) {
+            for (std::size_t r = 0; r < live; ++r) {
+                const T* row = src + static_cast<std::ptrdiff_t>(r) * a.row_stride;
+                for (std::size_t p = 0; p < depth; ++p) out[p * mr + r] = row[p];
+            }
+        } else {
+            for (std::size_t p = 0; p < depth; ++p) {
+                const T* column = src + static_cast<std::ptrdiff_t>(p) * a.col_stride;
+                for (std::size_t r = 0; r < live; ++r) out[p * mr + r] = column[static_cast<std::ptrdiff_t>(r) * a.row_stride];
+            }
+        }
+        for (std::size_t p = 0; p < depth; ++p) {
+            for (std::size_t r = live; r < mr; ++r) out[p * mr + r] = T(0);
+        }
+        out += mr * depth;
+    }
+}
+
+// Packs one panel of nr columns of b (depths [0, depth)), depth by depth; columns past the
+// end are zero.
+template <class T>
+void pack_b_panel(const matrix<const T>& b, std::size_t cols, std::size_t depth, T* out) {
+    constexpr std::size_t nr = gemm_tiling<T>::nr;
+    if (b.col_stride == 1 && cols == nr) {
+        for (std::size_t p = 0; p < depth; ++p) {
+            std::memcpy(out + p * nr, b.data + static_cast<std::ptrdiff_t>(p) * b.row_stride, nr * sizeof(T));
+        }
+        return;
+    }
+    for (std::size_t j = 0; j < cols; ++j) {  // along the stride-1 axis of a transposed B
+        const T* column = b.data + static_cast<std::ptrdiff_t>(j) * b.col_stride;
+        for (std::size_t p = 0; p < depth; ++p) out[p * nr + j] = column[static_cast<std::ptrdiff_t>(p) * b.row_stride];
+    }
+    for (std::size_t p = 0; p < depth; ++p) {
+        for (std::size_t j = cols; j < nr; ++j) out[p * nr + j] = T(0);
+    }
+}
+
+// tile (mr x nr, row stride ldc) = or += packed a (mr x depth) x packed b (depth x nr).
+template <class T>
+void micro_kernel(std::size_t depth, const T* a, const T* b, T* tile, std::ptrdiff_t ldc, bool accumulate) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size, mr = gemm_tiling<T>::mr;
+    // The tile's rows lie far apart in C, where no hardware prefetcher follows them: ask for
+    // them now, so that they arrive while the products are computed.
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < mr; ++r) {
+        const T* row = tile + static_cast<std::ptrdiff_t>(r) * ldc;
+        __builtin_prefetch(row, 1);
+        __builtin_prefetch(row + 2 * width - 1, 1);
+    }
+    batch left[mr], right[mr];  // the tile: columns [0, width) and [width, 2 width)
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < mr; ++r) left[r] = right[r] = batch(T(0));
+#pragma GCC unroll 4
+    for (std::size_t p = 0; p < depth; ++p) {
+        batch b0 = batch::load_aligned(b), b1 = batch::load_aligned(b + width);
+#pragma GCC unroll 16
+        for (std::size_t r = 0; r < mr; ++r) {
+            batch ar(a[r]);
+            left[r] = xsimd::fma(ar, b0, left[r]);
+            right[r] = xsimd::fma(ar, b1, right[r]);
+        }
+        a += mr;
+        b += 2 * width;
+    }
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < mr; ++r) {
+        T* row = tile + static_cast<std::ptrdiff_t>(r) * ldc;
+        if (accumulate) {
+            left[r] += batch::load_unaligned(row);
+            right[r] += batch::load_unaligned(row + width);
+        }
+        left[r].store_unaligned(row);
+        right[r].store_unaligned(row + width);
+    }
+}
+
+// C block (rows x cols) = or += packed A block x packed B block.
+template <class T>
+void macro_kernel(std::size_t rows, std::size_t cols, std::size_t depth, const T* packed_a, const T* packed_b,
+                  const matrix<T>& c, bool accumulate) {
+    constexpr std::size_t mr = gemm_tiling<T>::mr, nr = gemm_tiling<T>::nr;
+    alignas(64) T edge[mr * nr];
+    for (std::size_t j = 0; j < cols; j += nr) {
+        std::size_t live_cols = std::min(nr, cols - j);
+        const T* b_panel = packed_b + j * depth;
+        for (std::size_t i = 0; i < rows; i += mr) {
+            std::size_t live_rows = std::min(mr, rows - i);
+            const T* a_panel = packed_a + i * depth;
+            T* corner = c.data + static_cast<std::ptrdiff_t>(i) * c.row_stride + static_cast<std::ptrdiff_t>(j) * c.col_stride;
+            if (live_rows == mr && live_cols == nr && c.col_stride == 1) {
+                micro_kernel<T>(depth, a_panel, b_panel, corner, c.row_stride, accumulate);
+                continue;
+            }
+            // an edge tile, or a C with strided rows: through a buffer
+            micro_kernel<T>(depth, a_panel, b_panel, edge, nr, false);
+            for (std::size_t r = 0; r < live_rows; ++r) {
+                for (std::size_t q = 0; q < live_cols; ++q) {
+                    T& out = corner[static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(q) * c.col_stride];
+                    out = accumulate ? out + edge[r * nr + q] : edge[r * nr + q];
+                }
+            }
+        }
+    }
+}
+
+template <class T>
+matrix<const T> sub(const matrix<const T>& m, std::size_t row, std::size_t col) {
+    matrix<const T> s = m;
+    s.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
+    return s;
+}
+template <class T>
+matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col) {
+    matrix<T> s = m;
+    s.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
+    return s;
+}
+
+// Rows [row_first, row_last) of one product, with columns [col_first, col_last) of each B
+// block, computed by the calling thread, which is thread `member` of `team` threads that
+// share the packed B (team 1: a thread on its own). Every member must call it.
+template <class T>
+void product_share(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t item,
+                   std::size_t row_first, std::size_t row_last, std::size_t col_panel_first,
+                   std::size_t col_panel_last, T* packed_b, int member, int team, const gemm_epilogue& epilogue) {
+    using tiling = gemm_tiling<T>;
+    constexpr std::size_t nr = tiling::nr;
+    std::size_t m = c.rows, n = c.cols, k = a.cols;
+    (void)m;
+    T* packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
+    for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
+        std::size_t block_cols = std::min(tiling::nc, n - jc);
+        std::size_t panels = (block_cols + nr - 1) / nr;
+        for (std::size_t pc = 0; pc < k; pc += tiling::kc) {
+            std::size_t depth = std::min(tiling::kc, k - pc);
+            // pass 1: the team packs this B block, panel by panel
+            for (std::size_t panel = static_cast<std::size_t>(member); panel < panels; panel += static_cast<std::size_t>(team)) {
+                std::size_t col = panel * nr;
+                pack_b_panel<T>(sub(b, pc, jc + col), std::min(nr, block_cols - col), depth, packed_b + col * depth);
+            }
+            if (team > 1) {
+#pragma omp barrier
+            }
+            // pass 2: each member multiplies its rows by its columns of the block
+            std::size_t first = std::min(col_panel_first * nr, block_cols);
+            std::size_t last = std::min(col_panel_last * nr, block_cols);
+            if (first < last) {
+                for (std::size_t ic = row_first; ic < row_last; ic += tiling::mc) {
+                    std::size_t rows = std::min(tiling::mc, row_last - ic);
+                    pack_a<T>(sub(a, ic, pc), rows, depth, packed_a);
+                    macro_kernel<T>(rows, last - first, depth, packed_a, packed_b + first * depth,
+                                    sub(c, ic, jc + first), pc != 0);
+                    if (pc + depth == k) epilogue(item, ic, jc + first, rows, last - first);
+                }
+            }
+            if (team > 1) {
+#pragma omp barrier
+            }
+        }
+    }
+}
+
+// k == 0: every element of C is an empty sum.
+template <class T>
+void zero_product(const matrix<T>& c, std::size_t item, const gemm_epilogue& epilogue) {
+    for (std::size_t i = 0; i < c.rows; ++i) {
+        for (std::size_t j = 0; j < c.cols; ++j) c.data[static_cast<std::ptrdiff_t>(i) * c.row_stride + static_cast<std::ptrdiff_t>(j) * c.col_stride] = T(0);
+    }
+    epilogue(item, 0, 0, c.rows, c.cols);
+}
+
+template <class T>
+struct item_operands {
+    matrix<const T> a, b;
+    matrix<T> c;
+};
+template <class T>
+item_operands<T> item_of(const gemm_problem<T>& p, std::size_t item) {
+    auto o = p.batch.of(item);
+    item_operands<T> r{p.a, p.b, p.c};
+    r.a.data += o.a;
+    r.b.data += o.b;
+    r.c.data += o.c;
+    return r;
+}
+
+}  // namespace detail
+
+// C = A B for every item of the batch, then the epilogue on each finished region of C.
+template <class T>
+void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue = {}) {
+    using tiling = gemm_tiling<T>;
+    constexpr std::size_t mr = tiling::mr, nr = tiling::nr;
+    std::size_t m = problem.c.rows, n = problem.c.cols, k = problem.a.cols, items = problem.batch.count();
+    if (m == 0 || n == 0 || items == 0) return;
+    std::size_t packed_b_size = tiling::kc * detail::round_up(std::min(n, tiling::nc), nr);
+    int threads = num_threads();
+    double flops_per_item = 2.0 * double(m) * double(n) * double(k);
+    // Below this, a product is not worth sharing between threads: the barriers would cost more.
+    constexpr double shared_product_flops = 4e6;
+
+    bool whole_items = threads == 1 || items % std::size_t(threads) == 0 || items >= 4 * std::size_t(threads) ||
+                       flops_per_item < shared_product_flops;
+    if (whole_items) {
+        auto one_item = [&](std::size_t item) {
+            auto [a, b, c] = detail::item_of(problem, item);
+            if (k == 0) return detail::zero_product(c, item, epilogue);
+            T* packed_b = scratch<T>(scratch_use::packed_b, packed_b_size);
+            std::size_t all_panels = (n + nr - 1) / nr;
+            detail::product_share<T>(a, b, c, item, 0, m, 0, all_panels, packed_b, 0, 1, epilogue);
+        };
+        int team = int(std::min<std::size_t>(std::size_t(threads), items));
+        if (team == 1) {
+            for (std::size_t item = 0; item < items; ++item) one_item(item);
+        } else {
+#pragma omp parallel for num_threads(team) schedule(static)
+            for (std::size_t item = 0; item < items; ++item) one_item(item);
+        }
+        return;
+    }
+
+    // A few large products: each is shared by all threads. Thread t takes a contiguous range
+    // of mr-row panels; with fewer panels than threads, threads split the columns instead.
+    T* packed_b = scratch<T>(scratch_use::packed_b, packed_b_size);
+    std::size_t row_panels = (m + mr - 1) / mr;
+    for (std::size_t item = 0; item < items; ++item) {
+        auto [a, b, c] = detail::item_of(problem, item);
+        if (k == 0) {
+            detail::zero_product(c, item, epilogue);
+            continue;
+        }
+#pragma omp parallel num_threads(threads)
+        {
+            int member = omp_get_thread_num(), team = omp_get_num_threads();
+            std::size_t row_groups = std::min<std::size_t>(std::size_t(team), row_panels);
+            std::size_t col_groups = std::size_t(team) / row_groups;
+            std::size_t row_group = std::size_t(member) % row_groups, col_group = std::size_t(member) / row_groups;
+            std::size_t first = 0, last = 0, col_first = 0, col_last = 0;
+            if (col_group < col_groups) {  // threads beyond the grid only help to pack
+                first = std::min(m, row_panels * row_group / row_groups * mr);
+                last = std::min(m, row_panels * (row_group + 1) / row_groups * mr);
+                std::size_t col_panels = (std::min(n, tiling::nc) + nr - 1) / nr;
+                col_first = col_panels * col_group / col_groups;
+                col_last = col_panels * (col_group + 1) / col_groups;
+            }
+            detail::product_share<T>(a, b, c, item, first, last, col_first, col_last, packed_b, member, team, epilogue);
+        }
+    }
+}
+
+}  // namespace dimsum::backend::cpu
+
+DIMSUM_SIMD_CODE_END

@@ -1,0 +1,193 @@
+#pragma once
+// Kernels along one axis: softmax, layer_norm and the reductions. Each works on lines (the
+// values along the axis, for one index of every other axis), in parallel over lines. A line
+// that is not contiguous is gathered into a contiguous buffer first, so the vector code sees
+// only contiguous lines.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#include "dimsum/backend/cpu/simd.hpp"
+#include "dimsum/backend/cpu/threads.hpp"
+#include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/backend/reference/strided.hpp"
+#include "dimsum/expr/functors.hpp"
+
+DIMSUM_SIMD_CODE_BEGIN
+
+namespace dimsum::backend::cpu {
+
+using reference::max_rank;
+using reference::strided;
+
+namespace detail {
+
+// The sum and the maximum of a contiguous line, with vector accumulators.
+template <class T>
+T line_sum(const T* x, std::size_t n) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    batch total(T(0));
+    std::size_t i = 0;
+    for (; i + width <= n; i += width) total += batch::load_unaligned(x + i);
+    T sum = xsimd::hadd(total);
+    for (; i < n; ++i) sum += x[i];
+    return sum;
+}
+template <class T>
+T line_max(const T* x, std::size_t n) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    constexpr T lowest = -std::numeric_limits<T>::infinity();
+    batch top(lowest);
+    bool nan = false;
+    std::size_t i = 0;
+    for (; i + width <= n; i += width) {
+        batch v = batch::load_unaligned(x + i);
+        nan = nan || xsimd::any(v != v);
+        top = xsimd::max(top, v);
+    }
+    alignas(64) T lanes[width];
+    top.store_aligned(lanes);
+    T result = lowest;
+    for (std::size_t l = 0; l < width; ++l) result = std::max(result, lanes[l]);
+    for (; i < n; ++i) result = fn::maximum{}(result, x[i]);
+    return nan ? std::numeric_limits<T>::quiet_NaN() : result;  // NaN propagates, as in fn::maximum
+}
+
+// Lines of n values: x's along `axis`, and out's (whose stride along axis may be 0, for a
+// reduction). Calls kernel(line of x, line of out) for every line, in parallel when there is
+// enough work; each line it passes is contiguous.
+template <class T, class Kernel>
+void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t axis, Kernel kernel) {
+    const std::size_t n = x.extents[axis];
+    std::size_t lines = 1;
+    for (std::size_t i = 0; i < x.rank; ++i) lines *= i == axis ? 1 : x.extents[i];
+    if (lines == 0) return;
+    const std::ptrdiff_t x_step = x.strides[axis], out_step = out.strides[axis];
+    const bool out_is_one = out_step == 0;  // a reduction writes one value per line
+
+    auto sweep = [&](std::size_t first, std::size_t last) {
+        T* buffer = scratch<T>(scratch_use::rows, 2 * std::max<std::size_t>(n, 1));
+        for (std::size_t line = first; line < last; ++line) {
+            std::ptrdiff_t x_at = 0, out_at = 0;
+            for (std::size_t i = x.rank, rest = line; i-- > 0;) {
+                if (i == axis) continue;
+                auto index = static_cast<std::ptrdiff_t>(rest % x.extents[i]);
+                rest /= x.extents[i];
+                x_at += index * x.strides[i];
+                out_at += index * out.strides[i];
+            }
+            const T* in = x.data + x_at;
+            if (x_step != 1 && n > 1) {
+                for (std::size_t j = 0; j < n; ++j) buffer[j] = in[static_cast<std::ptrdiff_t>(j) * x_step];
+                in = buffer;
+            }
+            T* target = out.data + out_at;
+            bool direct = out_is_one || out_step == 1 || n <= 1;
+            kernel(in, direct ? target : buffer + n, n);
+            if (!direct) {
+                for (std::size_t j = 0; j < n; ++j) target[static_cast<std::ptrdiff_t>(j) * out_step] = buffer[n + j];
+            }
+        }
+    };
+    constexpr std::size_t parallel_elements = std::size_t(1) << 15;
+    int threads = lines > 1 && lines * n >= parallel_elements ? num_threads() : 1;
+    if (threads <= 1) {
+        sweep(0, lines);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        std::size_t member = std::size_t(omp_get_thread_num()), team = std::size_t(omp_get_num_threads());
+        sweep(lines * member / team, lines * (member + 1) / team);
+    }
+}
+
+// y = exp(x - max) / sum(exp(x - max)) on one contiguous line; y may be x.
+template <class T>
+void softmax_line(const T* x, T* y, std::size_t n) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    // pass 1: the maximum, so that exp never overflows
+    const batch top(line_max(x, n));
+    // pass 2: the exponentials, and their sum
+    batch total(T(0));
+    std::size_t i = 0;
+    for (; i + width <= n; i += width) {
+        batch e = xsimd::exp(batch::load_unaligned(x + i) - top);
+        e.store_unaligned(y + i);
+        total += e;
+    }
+    if (i < n) {  // the tail, padded with -infinity, whose exponential adds nothing
+        alignas(64) T tail[width];
+        std::fill(std::copy(x + i, x + n, tail), tail + width, -std::numeric_limits<T>::infinity());
+        batch e = xsimd::exp(batch::load_aligned(tail) - top);
+        e.store_aligned(tail);
+        std::copy(tail, tail + (n - i), y + i);
+        total += e;
+    }
+    // pass 3: normalise
+    const T inverse = T(1) / xsimd::hadd(total);
+    for (i = 0; i + width <= n; i += width) (batch::load_unaligned(y + i) * batch(inverse)).store_unaligned(y + i);
+    for (; i < n; ++i) y[i] *= inverse;
+}
+
+// y = (x - mean) / sqrt(variance + epsilon) on one contiguous line (the biased variance, as
+// torch.nn.LayerNorm); y may be x. The variance is taken about the mean (two passes), which
+// stays accurate when the mean is large against the spread.
+template <class T>
+void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    const T mean = line_sum(x, n) / static_cast<T>(n);
+    batch squares(T(0));
+    std::size_t i = 0;
+    for (; i + width <= n; i += width) {
+        batch d = batch::load_unaligned(x + i) - batch(mean);
+        squares = xsimd::fma(d, d, squares);
+    }
+    T variance = xsimd::hadd(squares);
+    for (; i < n; ++i) variance += (x[i] - mean) * (x[i] - mean);
+    variance /= static_cast<T>(n);
+    const T inverse = T(1) / std::sqrt(variance + epsilon);
+    for (i = 0; i + width <= n; i += width) {
+        ((batch::load_unaligned(x + i) - batch(mean)) * batch(inverse)).store_unaligned(y + i);
+    }
+    for (; i < n; ++i) y[i] = (x[i] - mean) * inverse;
+}
+
+}  // namespace detail
+
+// out = softmax of x along axis; out has x's extents.
+template <class T>
+void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
+    detail::for_each_line<T>(x, out, axis, [](const T* in, T* y, std::size_t n) { detail::softmax_line(in, y, n); });
+}
+
+// out = layer_norm of x along axis (no scale or shift); out has x's extents.
+template <class T>
+void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon) {
+    detail::for_each_line<T>(x, out, axis,
+                             [epsilon](const T* in, T* y, std::size_t n) { detail::layer_norm_line(in, y, n, epsilon); });
+}
+
+// out = the reduction of x along axis; out has x's axes without it.
+template <class Reduction, class T>
+void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
+    strided<T> lines{out.data, x.rank, x.extents, {}};  // out seen at x's rank: stride 0 along axis
+    for (std::size_t i = 0, k = 0; i < x.rank; ++i) lines.strides[i] = i == axis ? 0 : out.strides[k++];
+    detail::for_each_line<T>(x, lines, axis, [](const T* in, T* y, std::size_t n) {
+        if constexpr (std::is_same_v<Reduction, fn::max>) *y = detail::line_max(in, n);
+        else if constexpr (std::is_same_v<Reduction, fn::mean>) *y = detail::line_sum(in, n) / static_cast<T>(n);
+        else *y = detail::line_sum(in, n);
+    });
+}
+
+}  // namespace dimsum::backend::cpu
+
+DIMSUM_SIMD_CODE_END

@@ -1,0 +1,116 @@
+// Parity: the CPU backend's matrix products (GEMM, batches, epilogues) against the reference
+// backend, on odd sizes (1, 3, 7, 17, 65, 257) with transposed, strided and broadcast operands,
+// and with one and two threads.
+#include "parity.hpp"
+
+using namespace parity;
+
+TEMPLATE_TEST_CASE("gemm of odd sizes, plain and transposed operands", "", float, double) {
+    with_one_and_two_threads([] {
+        for (std::size_t m : sizes) {
+            for (std::size_t n : sizes) {
+                for (std::size_t k : {std::size_t{1}, std::size_t{17}, std::size_t{257}}) {
+                    INFO("m=" << m << " n=" << n << " k=" << k);
+                    ds::tensor<TestType, M, K> a(M{m}, K{k});
+                    ds::tensor<TestType, N, K> b_rows(N{n}, K{k});  // B transposed in memory
+                    ds::tensor<TestType, K, N> b(K{k}, N{n});
+                    ds::fill_uniform(a, m * 7 + k);
+                    ds::fill_uniform(b, n * 5 + k);
+                    ds::fill_uniform(b_rows, n * 3 + k);
+                    double tol = tolerance<TestType>;
+                    require_parity(ds::matmul(a, b), tol, tol);
+                    require_parity(ds::matmul(a, ds::transpose(b_rows)), tol, tol);
+                    ds::tensor<TestType, K, M> a_columns(K{k}, M{m});
+                    ds::fill_uniform(a_columns, m + k);
+                    require_parity(ds::matmul(ds::transpose(a_columns), ds::transpose(b_rows)), tol, tol);
+                }
+            }
+        }
+    });
+}
+
+TEST_CASE("gemm of strided operands, written into a transposed destination") {
+    with_one_and_two_threads([] {
+        // a (batch, m, k) read at one batch index: rows 3 k apart; b every other column of a wider tensor
+        ds::tensor<float, Batch, M, K> a(Batch{3}, M{65}, K{70});
+        ds::tensor<float, K, N> wide(K{70}, N{2 * 33});
+        ds::fill_uniform(a, 1);
+        ds::fill_uniform(wide, 2);
+        auto a1 = ds::select<Batch>(a, 1);                                   // (m, k), strided batch
+        auto b = ds::view<K, ds::axis<"n2", 33>, ds::axis<"two", 2>>(wide);  // (k, 33, 2)
+        auto b_even = ds::select<ds::axis<"two">>(b, 0);                     // (k, 33), column stride 2
+        require_parity(ds::matmul(a1, b_even), 2e-5, 2e-5);
+
+        ds::tensor<float, ds::axis<"n2", 33>, M> out_t(M{65});
+        ds::assign(ds::transpose(out_t), ds::matmul(a1, b_even));  // C with column stride 65
+        auto want = ds::eval(ds::matmul(a1, b_even), ds::backend::reference::evaluator{});
+        test::require_close(ds::transpose(out_t), test::to_xt(want), 2e-5, 2e-5);
+    });
+}
+
+TEST_CASE("an empty contraction gives zeros, through the epilogue too") {
+    ds::tensor<float, M, K> a(M{5}, K{0});
+    ds::tensor<float, K, N> b(K{0}, N{7});
+    ds::tensor<float, N> bias(N{7});
+    ds::fill_uniform(bias, 3);
+    require_parity(ds::matmul(a, b), 0, 0);
+    require_parity(ds::matmul(a, b) + bias, 0, 0);
+}
+
+TEST_CASE("batched gemm: many small products, few large ones, broadcast batch axes") {
+    with_one_and_two_threads([] {
+        double tol = 2e-5;
+        // 96 products of 128 x 128 x 64 with B transposed: whole products per thread
+        ds::tensor<float, Batch, M, K> q(Batch{96}, M{128}, K{64});
+        ds::tensor<float, Batch, N, K> keys(Batch{96}, N{128}, K{64});
+        ds::fill_uniform(q, 4);
+        ds::fill_uniform(keys, 5);
+        require_parity(ds::matmul(q, ds::transpose(keys)), tol, tol);
+        // 3 products of 131 x 129 x 130 (4.4 MFLOP each): each shared by the threads
+        ds::tensor<float, Batch, M, K> a(Batch{3}, M{131}, K{130});
+        ds::tensor<float, Batch, K, N> b(Batch{3}, K{130}, N{129});
+        ds::fill_uniform(a, 6);
+        ds::fill_uniform(b, 7);
+        require_parity(ds::matmul(a, b), tol, tol);
+        // (batch, heads, m, k) x (k, n): the weight broadcasts over both batch axes
+        ds::tensor<float, Batch, Heads, M, K> x(Batch{2}, Heads{3}, M{17}, K{65});
+        ds::tensor<float, K, N> w(K{65}, N{7});
+        ds::fill_uniform(x, 8);
+        ds::fill_uniform(w, 9);
+        require_parity(ds::matmul(x, w), tol, tol);
+        // (batch=1, m, k) x (batch=5, k, n): a run-time extent of 1 broadcasts
+        ds::tensor<float, Batch, M, K> y(Batch{1}, M{3}, K{17});
+        ds::tensor<float, Batch, K, N> z(Batch{5}, K{17}, N{19});
+        ds::fill_uniform(y, 10);
+        ds::fill_uniform(z, 11);
+        require_parity(ds::matmul(y, z), tol, tol);
+    });
+}
+
+TEST_CASE("gemm epilogues: scale, bias, activation, residual, and two products") {
+    with_one_and_two_threads([] {
+        for (std::size_t m : {std::size_t{1}, std::size_t{65}, std::size_t{257}}) {
+            std::size_t n = 257 - m / 2, k = 300;
+            INFO("m=" << m << " n=" << n);
+            ds::tensor<float, M, K> a(M{m}, K{k});
+            ds::tensor<float, K, N> b(K{k}, N{n});
+            ds::tensor<float, N> bias(N{n});
+            ds::tensor<float, N, M> residual_t(N{n}, M{m});  // read transposed
+            ds::fill_uniform(a, 12);
+            ds::fill_uniform(b, 13);
+            ds::fill_uniform(bias, 14);
+            ds::fill_uniform(residual_t, 15);
+            auto product = ds::matmul(a, b);
+            double tol = 5e-5;
+            require_parity(product * 0.125f, tol, tol);
+            require_parity(product / 8.0f + bias, tol, tol);
+            require_parity(ds::tanh(product + bias), tol, tol);
+            require_parity(ds::max(product + bias, 0.0f), tol, tol);
+            require_parity(product + ds::transpose(residual_t), tol, tol);
+            require_parity(2.0f * product + ds::matmul(a, b), tol, tol);
+            // the product is an operand of the elementwise formula, not its shape: no epilogue
+            require_parity(ds::sum<N>(product * bias), 1e-4, 1e-4);
+        }
+    });
+}
+

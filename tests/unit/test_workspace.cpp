@@ -1,0 +1,78 @@
+// Memory: a formula evaluated again into the same destination allocates nothing; every
+// temporary and packing buffer comes from the kept workspace. This file replaces the global
+// operator new to count allocations (dimsum allocates only through it).
+#include "support.hpp"
+
+#include "multi_head_attention.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+namespace {
+std::atomic<std::size_t> allocations{0};
+
+void* counted(std::size_t bytes, std::size_t alignment) {
+    ++allocations;
+    bytes = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
+    if (void* p = std::aligned_alloc(alignment, bytes)) return p;
+    throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t bytes) { return counted(bytes, alignof(std::max_align_t)); }
+void* operator new[](std::size_t bytes) { return counted(bytes, alignof(std::max_align_t)); }
+void* operator new(std::size_t bytes, std::align_val_t a) { return counted(bytes, std::size_t(a)); }
+void* operator new[](std::size_t bytes, std::align_val_t a) { return counted(bytes, std::size_t(a)); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace ds = dimsum;
+
+TEST_CASE("a formula evaluated again allocates nothing") {
+    using namespace mha;
+    for (int threads : {1, 2}) {
+        INFO("threads: " << threads);
+        ds::set_num_threads(threads);
+        activations x = make_input(2, 37);
+        weight w_q = make_weight(2), w_k = make_weight(3), w_v = make_weight(4), w_o = make_weight(5);
+        ds::tensor<float, Model> bias;
+        ds::fill_uniform(bias, 6);
+        activations y(Batch{2}, Seq{37});
+
+        // causal attention, a product with an epilogue, softmax of a view, and a layer norm
+        auto q = split_heads(ds::matmul(x, w_q)), k = split_heads(ds::matmul(x, w_k)), v = split_heads(ds::matmul(x, w_v));
+        auto formula = ds::layer_norm(ds::matmul(merge_heads(causal_attention(q, k, v)), w_o) + bias + x);
+        ds::assign(y, formula);  // the first evaluation sizes the workspace
+        auto first = ds::eval(formula, ds::backend::reference::evaluator{});
+        test::require_close(y, test::to_xt(first), 1e-4, 1e-5);
+
+        std::size_t before = allocations.load();
+        for (int repeat = 0; repeat < 3; ++repeat) ds::assign(y, formula);
+        REQUIRE(allocations.load() - before == 0);
+    }
+    ds::set_num_threads(0);
+}
+
+TEST_CASE("the counter sees allocations, so the test above can fail") {
+    std::size_t before = allocations.load();
+    ds::tensor<float, ds::axis<"n">> t(ds::axis<"n">{100});
+    REQUIRE(allocations.load() - before == 1);
+}
+
+TEST_CASE("the workspace can be released, and grows again on demand") {
+    ds::tensor<float, ds::axis<"m">, ds::axis<"k">> a(ds::axis<"m">{65}, ds::axis<"k">{33});
+    ds::tensor<float, ds::axis<"k">, ds::axis<"n">> b(ds::axis<"k">{33}, ds::axis<"n">{17});
+    ds::fill_uniform(a, 1);
+    ds::fill_uniform(b, 2);
+    auto before = ds::eval(ds::matmul(a, b));
+    ds::release_workspace();
+    auto after = ds::eval(ds::matmul(a, b));
+    REQUIRE(std::equal(before.data(), before.data() + before.size(), after.data()));
+}
