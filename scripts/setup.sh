@@ -11,20 +11,25 @@ packages=(
     libomp-dev                  # OpenMP (g++ brings its own libgomp; clang needs this)
     catch2                      # Catch2 v2, the unit tests
     python3                     # the docs check
+    libopenblas-dev libdnnl-dev # the baselines of src/bench.cpp, loaded at run time; the library uses neither
 )
 # Optional (DIMSUM_WITH_TORCH=1): only tests/reference/generate.py needs them, to remake the
 # committed reference data.
 optional=(python3-torch python3-numpy)
+# Optional (DIMSUM_WITH_BENCH=1): only scripts/plot_performance.py needs it, for the chart
+# of docs/performance.md; scripts/bench.sh asks for it.
+optional_bench=(python3-matplotlib)
 
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ "${DIMSUM_WITH_TORCH:-0}" = 1 ]; then
-    for p in "${optional[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-fi
+wanted=()
+if [ "${DIMSUM_WITH_TORCH:-0}" = 1 ]; then wanted+=("${optional[@]}"); fi
+if [ "${DIMSUM_WITH_BENCH:-0}" = 1 ]; then wanted+=("${optional_bench[@]}"); fi
+for p in ${wanted[@]+"${wanted[@]}"}; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi

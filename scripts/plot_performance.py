@@ -1,0 +1,74 @@
+#!/usr/bin/python3
+"""Draws the chart of docs/performance.md from the CSV that `dimsum_bench --csv` writes.
+
+One panel per yardstick (openblas, onednn, fma_peak, copy_bandwidth); in each, a group of
+bars per case and a bar per thread count, its height dimsum / yardstick. The dashed line at
+1.0 is parity with the library, or for fma_peak and copy_bandwidth the machine's limit.
+
+usage: plot_performance.py [CSV [PNG]]   (defaults: docs/performance.csv, docs/performance.png)
+Needs Debian's python3-matplotlib (scripts/setup.sh installs it with DIMSUM_WITH_BENCH=1).
+"""
+import csv
+import pathlib
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # a file, no display
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TITLES = {
+    "openblas": "GEMM: dimsum / OpenBLAS cblas_sgemm (GFLOP/s)",
+    "onednn": "GEMM: dimsum / oneDNN dnnl_sgemm (GFLOP/s)",
+    "fma_peak": "GEMM: dimsum / the FMA peak measured in the same run (GFLOP/s)",
+    "copy_bandwidth": "softmax and elementwise: dimsum / memcpy (GB/s, bytes read + written)",
+}
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row["threads"] = int(row["threads"])
+        row["ratio"] = float(row["ratio"])
+    return rows
+
+
+def main(csv_path, png_path):
+    rows = read_rows(csv_path)
+    if not rows:
+        print(f"{csv_path}: no rows", file=sys.stderr)
+        return 1
+    yardsticks = list(dict.fromkeys(row["baseline_name"] for row in rows))  # in the CSV's order
+    threads = sorted({row["threads"] for row in rows})
+    width = 0.8 / len(threads)
+
+    fig, axes = plt.subplots(len(yardsticks), 1, figsize=(11, 3.0 * len(yardsticks)), squeeze=False)
+    for ax, yardstick in zip(axes[:, 0], yardsticks):
+        mine = [row for row in rows if row["baseline_name"] == yardstick]
+        cases = list(dict.fromkeys(row["name"] for row in mine))
+        for i, count in enumerate(threads):
+            ratio = {row["name"]: row["ratio"] for row in mine if row["threads"] == count}
+            offset = (i - (len(threads) - 1) / 2) * width
+            xs = [x + offset for x, case in enumerate(cases) if case in ratio]
+            bars = ax.bar(xs, [ratio[case] for case in cases if case in ratio], width,
+                          label=f"{count} thread{'s' if count > 1 else ''}")
+            ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(cases)), cases, fontsize=8)
+        ax.set_ylabel(f"dimsum / {yardstick}", fontsize=9)
+        ax.set_title(TITLES.get(yardstick, yardstick), fontsize=10)
+        ax.margins(y=0.15)  # room for the labels above the bars
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    print(f"wrote {png_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    csv_path = args[0] if args else ROOT / "docs" / "performance.csv"
+    png_path = args[1] if len(args) > 1 else ROOT / "docs" / "performance.png"
+    sys.exit(main(csv_path, png_path))
