@@ -54,9 +54,9 @@ struct fused_region {
 
 namespace detail {
 
-// Values per block: 2 KiB of float, so that a dozen intermediate blocks fit in L1.
+// Values per block: 4 KiB, so that the blocks of a few intermediate values stay in L1.
 template <class T>
-inline constexpr std::size_t block_length = 2048 / sizeof(T);
+inline constexpr std::size_t block_length = 4096 / sizeof(T);
 // Below this many values a pass runs on one thread: starting a team costs more.
 inline constexpr std::size_t parallel_elements = std::size_t(1) << 15;
 
@@ -130,6 +130,9 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
     for (std::size_t i = 0; i < inner_axis; ++i) lines *= layout.extents[i];
     const std::size_t items = lines * chunks, nodes = program.nodes.size();
     const auto& nodes_of = program.nodes;
+    // A large contiguous result is written around the caches (simd.hpp); a GEMM epilogue
+    // (a region) rewrites C while it is in cache, and keeps it there.
+    const bool stream = !region && size * sizeof(T) >= streaming_bytes && layout.strides[0][inner_axis] == 1;
 
     auto sweep = [&](std::size_t first_item, std::size_t last_item) {
         T* slots = scratch<T>(scratch_use::elementwise, nodes * block);
@@ -143,26 +146,41 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
         for (std::size_t k = 0; k < nodes; ++k) {  // constants: filled once per sweep
             if (nodes_of[k].what == fused_node<T>::kind::constant) std::fill_n(slots + k * block, block, nodes_of[k].value);
         }
-        for (std::size_t item = first_item; item < last_item; ++item) {
-            std::size_t line = item / chunks, offset = item % chunks * block, n = std::min(block, length - offset);
-            std::array<std::ptrdiff_t, 1 + 3 * max_rank> base{};  // per array; sized for the common case
-            std::vector<std::ptrdiff_t> wide;
-            std::ptrdiff_t* at = base.data();
-            if (layout.arrays > base.size()) {
-                wide = layout.origin;
-                at = wide.data();
-            } else {
-                std::copy_n(layout.origin.data(), layout.arrays, at);
-            }
-            for (std::size_t axis = inner_axis, rest = line; axis-- > 0;) {
+        // where item's block starts in each array (the result first, then the inputs)
+        auto place = [&](std::size_t item, std::ptrdiff_t* at) {
+            std::copy_n(layout.origin.data(), layout.arrays, at);
+            for (std::size_t axis = inner_axis, rest = item / chunks; axis-- > 0;) {
                 auto index = static_cast<std::ptrdiff_t>(rest % layout.extents[axis]);
                 rest /= layout.extents[axis];
                 for (std::size_t a = 0; a < layout.arrays; ++a) at[a] += index * layout.strides[a][axis];
             }
-            for (std::size_t a = 0; a < layout.arrays; ++a) at[a] += static_cast<std::ptrdiff_t>(offset) * layout.strides[a][inner_axis];
+            auto offset = static_cast<std::ptrdiff_t>(item % chunks * block);
+            for (std::size_t a = 0; a < layout.arrays; ++a) at[a] += offset * layout.strides[a][inner_axis];
+        };
+        thread_local std::vector<std::ptrdiff_t> here_kept, ahead_kept;  // reused: no allocation once sized
+        std::vector<std::ptrdiff_t>& here = here_kept;
+        std::vector<std::ptrdiff_t>& ahead = ahead_kept;
+        here.resize(layout.arrays);
+        ahead.resize(layout.arrays);
+        if (first_item < last_item) place(first_item, ahead.data());
+        for (std::size_t item = first_item; item < last_item; ++item) {
+            std::size_t offset = item % chunks * block, n = std::min(block, length - offset);
+            std::swap(here, ahead);  // `ahead` held this item's offsets; now find the next one's
+            std::ptrdiff_t* at = here.data();
+            if (item + 1 < last_item) {
+                place(item + 1, ahead.data());
+                // ask for the next item's contiguous inputs now: memory works while we compute
+                for (std::size_t k = 0; k < program.inputs.size(); ++k) {
+                    if (layout.strides[k + 1][inner_axis] != 1) continue;
+                    const T* next = program.inputs[k].data + ahead[k + 1];
+                    std::size_t next_n = std::min(block, length - (item + 1) % chunks * block);
+                    for (std::size_t i = 0; i < next_n; i += 64 / sizeof(T)) __builtin_prefetch(next + i);
+                }
+            }
 
             T* out = result.data + at[0];
             const std::ptrdiff_t out_stride = layout.strides[0][inner_axis];
+            const bool in_place_result = out_stride == 1 && !stream;  // the last function writes out itself
             for (std::size_t k = 0; k < nodes; ++k) {
                 const fused_node<T>& node = nodes_of[k];
                 T* slot = slots + k * block;
@@ -182,7 +200,7 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
                     case fused_node<T>::kind::function: {
                         const T* arguments[max_function_operands];
                         for (std::size_t o = 0; o < node.operand_count; ++o) arguments[o] = value[node.operands[o]];
-                        T* target = k + 1 == nodes && out_stride == 1 ? out : slot;
+                        T* target = k + 1 == nodes && in_place_result ? out : slot;
                         node.function(n, arguments, target);
                         value[k] = target;
                         break;
@@ -191,9 +209,11 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
             }
             const T* last = value[nodes - 1];
             if (last != out) {
-                for (std::size_t i = 0; i < n; ++i) out[static_cast<std::ptrdiff_t>(i) * out_stride] = last[i];
+                if (stream) copy_streaming(last, out, n);
+                else for (std::size_t i = 0; i < n; ++i) out[static_cast<std::ptrdiff_t>(i) * out_stride] = last[i];
             }
         }
+        if (stream) streaming_fence();
     };
 
     int threads = parallel && items > 1 && size >= detail::parallel_elements ? num_threads() : 1;

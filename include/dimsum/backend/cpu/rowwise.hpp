@@ -44,11 +44,11 @@ T line_max(const T* x, std::size_t n) {
     constexpr std::size_t width = batch::size;
     constexpr T lowest = -std::numeric_limits<T>::infinity();
     batch top(lowest);
-    bool nan = false;
+    auto nan = top != top;
     std::size_t i = 0;
     for (; i + width <= n; i += width) {
         batch v = batch::load_unaligned(x + i);
-        nan = nan || xsimd::any(v != v);
+        nan = nan || (v != v);
         top = xsimd::max(top, v);
     }
     alignas(64) T lanes[width];
@@ -56,12 +56,13 @@ T line_max(const T* x, std::size_t n) {
     T result = lowest;
     for (std::size_t l = 0; l < width; ++l) result = std::max(result, lanes[l]);
     for (; i < n; ++i) result = fn::maximum{}(result, x[i]);
-    return nan ? std::numeric_limits<T>::quiet_NaN() : result;  // NaN propagates, as in fn::maximum
+    return xsimd::any(nan) ? std::numeric_limits<T>::quiet_NaN() : result;  // NaN propagates, as in fn::maximum
 }
 
 // Lines of n values: x's along `axis`, and out's (whose stride along axis may be 0, for a
-// reduction). Calls kernel(line of x, line of out) for every line, in parallel when there is
-// enough work; each line it passes is contiguous.
+// reduction). Calls kernel(line of x, line of out, n, work, next) for every line, in parallel
+// when there is enough work: both lines contiguous, `work` n values of scratch, and `next`
+// the next line of x when it can be prefetched (else null).
 template <class T, class Kernel>
 void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t axis, Kernel kernel) {
     const std::size_t n = x.extents[axis];
@@ -71,29 +72,39 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
     const std::ptrdiff_t x_step = x.strides[axis], out_step = out.strides[axis];
     const bool out_is_one = out_step == 0;  // a reduction writes one value per line
 
+    auto start_of = [&](std::size_t line, std::ptrdiff_t& x_at, std::ptrdiff_t& out_at) {
+        x_at = out_at = 0;
+        for (std::size_t i = x.rank, rest = line; i-- > 0;) {
+            if (i == axis) continue;
+            auto index = static_cast<std::ptrdiff_t>(rest % x.extents[i]);
+            rest /= x.extents[i];
+            x_at += index * x.strides[i];
+            out_at += index * out.strides[i];
+        }
+    };
     auto sweep = [&](std::size_t first, std::size_t last) {
-        T* buffer = scratch<T>(scratch_use::rows, 2 * std::max<std::size_t>(n, 1));
+        T* buffer = scratch<T>(scratch_use::rows, 3 * std::max<std::size_t>(n, 1));
+        T* work = buffer + 2 * std::max<std::size_t>(n, 1);
+        std::ptrdiff_t x_at, out_at, next_x_at, next_out_at;
+        start_of(first, next_x_at, next_out_at);
         for (std::size_t line = first; line < last; ++line) {
-            std::ptrdiff_t x_at = 0, out_at = 0;
-            for (std::size_t i = x.rank, rest = line; i-- > 0;) {
-                if (i == axis) continue;
-                auto index = static_cast<std::ptrdiff_t>(rest % x.extents[i]);
-                rest /= x.extents[i];
-                x_at += index * x.strides[i];
-                out_at += index * out.strides[i];
-            }
+            x_at = next_x_at;
+            out_at = next_out_at;
+            if (line + 1 < last) start_of(line + 1, next_x_at, next_out_at);
             const T* in = x.data + x_at;
+            const T* next = line + 1 < last && x_step == 1 ? x.data + next_x_at : nullptr;
             if (x_step != 1 && n > 1) {
                 for (std::size_t j = 0; j < n; ++j) buffer[j] = in[static_cast<std::ptrdiff_t>(j) * x_step];
                 in = buffer;
             }
             T* target = out.data + out_at;
             bool direct = out_is_one || out_step == 1 || n <= 1;
-            kernel(in, direct ? target : buffer + n, n);
+            kernel(in, direct ? target : buffer + n, n, work, next);
             if (!direct) {
                 for (std::size_t j = 0; j < n; ++j) target[static_cast<std::ptrdiff_t>(j) * out_step] = buffer[n + j];
             }
         }
+        streaming_fence();
     };
     constexpr std::size_t parallel_elements = std::size_t(1) << 15;
     int threads = lines > 1 && lines * n >= parallel_elements ? num_threads() : 1;
@@ -108,19 +119,23 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
     }
 }
 
-// y = exp(x - max) / sum(exp(x - max)) on one contiguous line; y may be x.
+// y = exp(x - max) / sum(exp(x - max)) on one contiguous line. With `stream`, y is written
+// once, around the caches, from the exponentials kept in `work`; the next line is fetched
+// while the exponentials are computed, so memory and arithmetic overlap.
 template <class T>
-void softmax_line(const T* x, T* y, std::size_t n) {
+void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* next, bool stream) {
     using batch = simd<T>;
-    constexpr std::size_t width = batch::size;
+    constexpr std::size_t width = batch::size, line = 64 / sizeof(T);
     // pass 1: the maximum, so that exp never overflows
     const batch top(line_max(x, n));
     // pass 2: the exponentials, and their sum
+    T* e_out = stream ? work : y;
     batch total(T(0));
     std::size_t i = 0;
     for (; i + width <= n; i += width) {
+        if (next && i % line == 0) __builtin_prefetch(next + i);
         batch e = xsimd::exp(batch::load_unaligned(x + i) - top);
-        e.store_unaligned(y + i);
+        e.store_unaligned(e_out + i);
         total += e;
     }
     if (i < n) {  // the tail, padded with -infinity, whose exponential adds nothing
@@ -128,11 +143,12 @@ void softmax_line(const T* x, T* y, std::size_t n) {
         std::fill(std::copy(x + i, x + n, tail), tail + width, -std::numeric_limits<T>::infinity());
         batch e = xsimd::exp(batch::load_aligned(tail) - top);
         e.store_aligned(tail);
-        std::copy(tail, tail + (n - i), y + i);
+        std::copy(tail, tail + (n - i), e_out + i);
         total += e;
     }
     // pass 3: normalise
     const T inverse = T(1) / xsimd::hadd(total);
+    if (stream) return scale_streaming(work, y, n, inverse);
     for (i = 0; i + width <= n; i += width) (batch::load_unaligned(y + i) * batch(inverse)).store_unaligned(y + i);
     for (; i < n; ++i) y[i] *= inverse;
 }
@@ -166,14 +182,18 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
 // out = softmax of x along axis; out has x's extents.
 template <class T>
 void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
-    detail::for_each_line<T>(x, out, axis, [](const T* in, T* y, std::size_t n) { detail::softmax_line(in, y, n); });
+    const bool large = x.size() * sizeof(T) >= streaming_bytes && out.strides[axis] == 1;
+    detail::for_each_line<T>(x, out, axis, [large](const T* in, T* y, std::size_t n, T* work, const T* next) {
+        detail::softmax_line(in, y, n, work, next, large);
+    });
 }
 
 // out = layer_norm of x along axis (no scale or shift); out has x's extents.
 template <class T>
 void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon) {
-    detail::for_each_line<T>(x, out, axis,
-                             [epsilon](const T* in, T* y, std::size_t n) { detail::layer_norm_line(in, y, n, epsilon); });
+    detail::for_each_line<T>(x, out, axis, [epsilon](const T* in, T* y, std::size_t n, T*, const T*) {
+        detail::layer_norm_line(in, y, n, epsilon);
+    });
 }
 
 // out = the reduction of x along axis; out has x's axes without it.
@@ -181,7 +201,7 @@ template <class Reduction, class T>
 void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
     strided<T> lines{out.data, x.rank, x.extents, {}};  // out seen at x's rank: stride 0 along axis
     for (std::size_t i = 0, k = 0; i < x.rank; ++i) lines.strides[i] = i == axis ? 0 : out.strides[k++];
-    detail::for_each_line<T>(x, lines, axis, [](const T* in, T* y, std::size_t n) {
+    detail::for_each_line<T>(x, lines, axis, [](const T* in, T* y, std::size_t n, T*, const T*) {
         if constexpr (std::is_same_v<Reduction, fn::max>) *y = detail::line_max(in, n);
         else if constexpr (std::is_same_v<Reduction, fn::mean>) *y = detail::line_sum(in, n) / static_cast<T>(n);
         else *y = detail::line_sum(in, n);

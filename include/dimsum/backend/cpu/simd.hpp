@@ -2,12 +2,74 @@
 // The SIMD vocabulary of the CPU kernels: xsimd batches of the widest instruction set the
 // compiler was told it may use (-march), chosen by xsimd at compile time.
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #include <xsimd/xsimd.hpp>
+
+#include <cstddef>
+#include <cstdint>
 
 namespace dimsum::backend::cpu {
 
 template <class T>
 using simd = xsimd::batch<T>;
+
+// Outputs larger than this go around the caches (non-temporal stores): a normal store first
+// reads the line it writes, which costs a third of the bandwidth of a copy, and a result this
+// large would not stay in cache anyway.
+inline constexpr std::size_t streaming_bytes = std::size_t(8) << 20;
+
+// Stores v at `to`, which is aligned to the batch's size, without reading the line first
+// where the instruction set has such a store (xsimd has none); a normal store elsewhere.
+template <class T>
+void store_streaming(T* to, const simd<T>& v) {
+    constexpr std::size_t bytes = simd<T>::size * sizeof(T);
+#if defined(__AVX512F__)
+    if constexpr (bytes == 64) {
+        if constexpr (sizeof(T) == 4) _mm512_stream_ps(to, v);
+        else _mm512_stream_pd(to, v);
+        return;
+    }
+#endif
+#if defined(__AVX__)
+    if constexpr (bytes == 32) {
+        if constexpr (sizeof(T) == 4) _mm256_stream_ps(to, v);
+        else _mm256_stream_pd(to, v);
+        return;
+    }
+#endif
+    v.store_aligned(to);
+}
+
+// Makes the streaming stores of this thread visible before what follows.
+inline void streaming_fence() {
+#if defined(__SSE__) && (defined(__x86_64__) || defined(__i386__))
+    _mm_sfence();
+#endif
+}
+
+// to[0, n) = from[0, n) * scale (or a plain copy without scale), streaming the aligned
+// middle part.
+template <class T, bool scaled = true>
+void scale_streaming(const T* from, T* to, std::size_t n, T scale = T(1)) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    std::size_t i = 0;
+    while (i < n && reinterpret_cast<std::uintptr_t>(to + i) % (width * sizeof(T)) != 0) {
+        to[i] = scaled ? from[i] * scale : from[i];
+        ++i;
+    }
+    for (; i + width <= n; i += width) {
+        batch v = batch::load_unaligned(from + i);
+        store_streaming(to + i, scaled ? v * batch(scale) : v);
+    }
+    for (; i < n; ++i) to[i] = scaled ? from[i] * scale : from[i];
+}
+template <class T>
+void copy_streaming(const T* from, T* to, std::size_t n) {
+    scale_streaming<T, false>(from, to, n);
+}
 
 }  // namespace dimsum::backend::cpu
 
