@@ -138,8 +138,13 @@ template <class T, std::size_t width>
 void pack_panel(const T* src, std::ptrdiff_t line_stride, std::ptrdiff_t depth_stride, std::size_t lines,
                 std::size_t depth, T* out) {
     if (depth_stride == 1) return pack_lines<T, width>(src, line_stride, lines, depth, out);
-    if (line_stride == 1 && lines == width) {  // already laid out as the panel wants, depth by depth
-        for (std::size_t p = 0; p < depth; ++p) std::memcpy(out + p * width, src + static_cast<std::ptrdiff_t>(p) * depth_stride, width * sizeof(T));
+    if (line_stride == 1 && lines == width && width % simd<T>::size == 0) {  // laid out as the panel wants
+        using batch = simd<T>;
+        for (std::size_t p = 0; p < depth; ++p) {
+            const T* from = src + static_cast<std::ptrdiff_t>(p) * depth_stride;
+#pragma GCC unroll 4
+            for (std::size_t l = 0; l < width; l += batch::size) batch::load_unaligned(from + l).store_aligned(out + p * width + l);
+        }
         return;
     }
     for (std::size_t p = 0; p < depth; ++p) {
@@ -247,9 +252,10 @@ matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col) {
     return s;
 }
 
-// Rows [row_first, row_last) of one product, with columns [col_first, col_last) of each B
-// block, computed by the calling thread, which is thread `member` of `team` threads that
-// share the packed B (team 1: a thread on its own). Every member must call it.
+// Rows [row_first, row_last) of one product, with the column panels [col_panel_first,
+// col_panel_last) of each B block, computed by the calling thread. It is thread `member` of
+// `team` threads that pack B together into the shared `packed_b` (every member must call
+// it); or, with a team of 1, a thread that packs only the panels it uses.
 template <class T>
 void product_share(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t item,
                    std::size_t row_first, std::size_t row_last, std::size_t col_panel_first,
@@ -265,7 +271,9 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
         for (std::size_t pc = 0; pc < k; pc += tiling::kc) {
             std::size_t depth = std::min(tiling::kc, k - pc);
             // pass 1: the team packs this B block, panel by panel
-            for (std::size_t panel = static_cast<std::size_t>(member); panel < panels; panel += static_cast<std::size_t>(team)) {
+            std::size_t first_panel = team > 1 ? std::size_t(member) : std::min(col_panel_first, panels);
+            std::size_t last_panel = team > 1 ? panels : std::min(col_panel_last, panels);
+            for (std::size_t panel = first_panel; panel < last_panel; panel += static_cast<std::size_t>(team)) {
                 std::size_t col = panel * nr;
                 pack_b_panel<T>(sub(b, pc, jc + col), std::min(nr, block_cols - col), depth, packed_b + col * depth);
             }
@@ -350,14 +358,26 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue = {}) {
         return;
     }
 
-    // A few large products: each is shared by all threads. Thread t takes a contiguous range
-    // of mr-row panels; with fewer panels than threads, threads split the columns instead.
+    // A few large products: each is shared by all threads. When C is wider than tall, each
+    // thread takes a range of columns and packs only its part of B, with no need to wait for
+    // the others. Otherwise each takes a range of mr-row panels, and they pack B together.
     T* packed_b = scratch<T>(scratch_use::packed_b, packed_b_size);
-    std::size_t row_panels = (m + mr - 1) / mr;
+    std::size_t row_panels = (m + mr - 1) / mr, col_panels = (std::min(n, tiling::nc) + nr - 1) / nr;
+    bool split_columns = m < n && col_panels >= std::size_t(threads);
     for (std::size_t item = 0; item < items; ++item) {
         auto [a, b, c] = detail::item_of(problem, item);
         if (k == 0) {
             detail::zero_product(c, item, epilogue);
+            continue;
+        }
+        if (split_columns) {
+#pragma omp parallel num_threads(threads)
+            {
+                std::size_t member = std::size_t(omp_get_thread_num()), team = std::size_t(omp_get_num_threads());
+                T* own_b = scratch<T>(scratch_use::packed_b, packed_b_size);
+                detail::product_share<T>(a, b, c, item, 0, m, col_panels * member / team,
+                                         col_panels * (member + 1) / team, own_b, 0, 1, epilogue);
+            }
             continue;
         }
 #pragma omp parallel num_threads(threads)
