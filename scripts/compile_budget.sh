@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cxx=${CXX:-g++}
-flags=(-std=c++20 -O2 -march=native -Iinclude -Iexamples)
+flags=(-std=c++20 -O2 -march=native -fopenmp -Iinclude -Iexamples)
 runs=${RUNS:-5}
 extra=()
 scratch=$(mktemp -d)
@@ -36,6 +36,8 @@ echo "flags: ${flags[*]}"
 echo
 echo "examples/multi_head.cpp:      $(time_compile examples/multi_head.cpp)"
 echo "examples/single_head.cpp:     $(time_compile examples/single_head.cpp)"
+extra=(-DDIMSUM_PRECOMPILED_KERNELS)
+echo "examples/multi_head.cpp, with the kernels from dimsum::kernels: $(time_compile examples/multi_head.cpp)"
 extra=(-mtune=generic -march=x86-64)
 echo "examples/multi_head.cpp, -march=x86-64 instead of native: $(time_compile examples/multi_head.cpp)"
 extra=()
@@ -44,6 +46,11 @@ echo "headers alone (an empty main):"
 printf '#include <iostream>\nint main() {}\n' > "$scratch/iostream.cpp"
 header_cost iostream
 header_cost dimsum/dimsum.hpp
+extra=(-DDIMSUM_PRECOMPILED_KERNELS)
+printf '  %-28s ' "(with dimsum::kernels)"
+printf '#include <dimsum/dimsum.hpp>\nint main() {}\n' > "$scratch/header.cpp"
+time_compile "$scratch/header.cpp"
+extra=()
 header_cost xsimd/xsimd.hpp
 header_cost boost/hana.hpp
 header_cost xtensor/xtensor.hpp

@@ -7,15 +7,13 @@
 #include <cstddef>
 #include <utility>
 
+#include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/expr/functors.hpp"
 
 DIMSUM_SIMD_CODE_BEGIN
 
 namespace dimsum::backend::cpu {
-
-template <class T>
-using block_function = void (*)(std::size_t n, const T* const* in, T* out);
 
 namespace detail {
 

@@ -19,12 +19,17 @@
 #include <cstddef>
 #include <vector>
 
+#include "dimsum/backend/cpu/kernels.hpp"
+#include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/backend/reference/evaluator.hpp"
+
+// The kernels' definitions, unless they come compiled from dimsum::kernels (kernels.hpp).
+#ifndef DIMSUM_PRECOMPILED_KERNELS
 #include "dimsum/backend/cpu/elementwise.hpp"
 #include "dimsum/backend/cpu/fused.hpp"
 #include "dimsum/backend/cpu/gemm.hpp"
 #include "dimsum/backend/cpu/rowwise.hpp"
-#include "dimsum/backend/cpu/workspace.hpp"
-#include "dimsum/backend/reference/evaluator.hpp"
+#endif
 
 namespace dimsum::backend::cpu {
 

@@ -12,45 +12,13 @@
 #include <cstddef>
 #include <vector>
 
-#include "dimsum/backend/cpu/elementwise.hpp"
+#include "dimsum/backend/cpu/kernels.hpp"
+#include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
 #include "dimsum/backend/reference/strided.hpp"
 
 namespace dimsum::backend::cpu {
-
-using reference::max_rank;
-using reference::strided;
-
-inline constexpr std::size_t max_function_operands = 3;
-
-template <class T>
-struct fused_node {
-    enum class kind { input, constant, function };
-    kind what = kind::input;
-    std::size_t input = 0;                                // input: which of the pass's inputs
-    T value{};                                            // constant
-    block_function<T> function = nullptr;                 // function, of earlier nodes:
-    std::array<std::size_t, max_function_operands> operands{};
-    std::size_t operand_count = 0;
-};
-
-// Nodes in evaluation order, each reading only earlier ones; the last is the result. Every
-// input has the result's rank (stride 0 where it broadcasts).
-template <class T>
-struct fused_program {
-    std::vector<fused_node<T>> nodes;
-    std::vector<strided<const T>> inputs;
-    void clear() {
-        nodes.clear();
-        inputs.clear();
-    }
-};
-
-// A box of the result: extents[i] values from first[i] along each axis.
-struct fused_region {
-    std::array<std::size_t, max_rank> first{}, extents{};
-};
 
 namespace detail {
 
@@ -112,11 +80,9 @@ void merge_axes(const strided<T>& result, const std::vector<strided<const T>>& i
 
 }  // namespace detail
 
-// Writes the program's result into `result`, or only into `region` of it (the inputs read
-// at the same positions). `parallel`: whether it may start threads.
+// (kernels.hpp)
 template <class T>
-void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel,
-               const fused_region* region = nullptr) {
+void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel, const fused_region* region) {
     std::size_t size = 1;
     for (std::size_t i = 0; i < result.rank; ++i) size *= region ? region->extents[i] : result.extents[i];
     if (size == 0) return;

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
@@ -24,63 +25,6 @@
 DIMSUM_SIMD_CODE_BEGIN
 
 namespace dimsum::backend::cpu {
-
-// A strided matrix: element (i, j) at data[i * row_stride + j * col_stride].
-template <class T>
-struct matrix {
-    T* data = nullptr;
-    std::size_t rows = 0, cols = 0;
-    std::ptrdiff_t row_stride = 0, col_stride = 0;
-};
-
-inline constexpr std::size_t max_batch_rank = 6;
-
-// The leading (batch) axes of a product and each operand's strides along them; an operand
-// that broadcasts along an axis has stride 0 there.
-struct batch_layout {
-    std::size_t rank = 0;
-    std::array<std::size_t, max_batch_rank> extents{};
-    std::array<std::ptrdiff_t, max_batch_rank> a{}, b{}, c{};
-
-    std::size_t count() const {
-        std::size_t n = 1;
-        for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
-        return n;
-    }
-    struct offsets { std::ptrdiff_t a = 0, b = 0, c = 0; };
-    // The offsets of item `flat`, the items numbered in row-major order.
-    offsets of(std::size_t flat) const {
-        offsets o;
-        for (std::size_t i = rank; i-- > 0;) {
-            auto index = static_cast<std::ptrdiff_t>(flat % extents[i]);
-            flat /= extents[i];
-            o.a += index * a[i];
-            o.b += index * b[i];
-            o.c += index * c[i];
-        }
-        return o;
-    }
-};
-
-// C = A B for each item of the batch; A, B and C hold item 0.
-template <class T>
-struct gemm_problem {
-    matrix<const T> a;  // (m, k)
-    matrix<const T> b;  // (k, n)
-    matrix<T> c;        // (m, n), not overlapping A or B
-    batch_layout batch;
-};
-
-// Called for each region of C once its values are final: rows [row, row + rows) and columns
-// [col, col + cols) of batch item `item`. It may read and rewrite that region, nothing else.
-struct gemm_epilogue {
-    void (*apply)(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
-                  std::size_t cols) = nullptr;
-    const void* context = nullptr;
-    void operator()(std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) const {
-        if (apply) apply(context, item, row, col, rows, cols);
-    }
-};
 
 // The blocking, per element type. The micro-kernel keeps an mr x nr tile of C in registers:
 // nr is two SIMD vectors, and 2 mr accumulators plus two B vectors and one broadcast A value
@@ -325,9 +269,9 @@ item_operands<T> item_of(const gemm_problem<T>& p, std::size_t item) {
 
 }  // namespace detail
 
-// C = A B for every item of the batch, then the epilogue on each finished region of C.
+// (kernels.hpp)
 template <class T>
-void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue = {}) {
+void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t mr = tiling::mr, nr = tiling::nr;
     std::size_t m = problem.c.rows, n = problem.c.cols, k = problem.a.cols, items = problem.batch.count();

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <limits>
 
+#include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
@@ -20,9 +21,6 @@
 DIMSUM_SIMD_CODE_BEGIN
 
 namespace dimsum::backend::cpu {
-
-using reference::max_rank;
-using reference::strided;
 
 namespace detail {
 
@@ -179,7 +177,7 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
 
 }  // namespace detail
 
-// out = softmax of x along axis; out has x's extents.
+// (kernels.hpp)
 template <class T>
 void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
     const bool large = x.size() * sizeof(T) >= streaming_bytes && out.strides[axis] == 1;
@@ -188,7 +186,7 @@ void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis)
     });
 }
 
-// out = layer_norm of x along axis (no scale or shift); out has x's extents.
+// (kernels.hpp)
 template <class T>
 void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon) {
     detail::for_each_line<T>(x, out, axis, [epsilon](const T* in, T* y, std::size_t n, T*, const T*) {
@@ -196,7 +194,7 @@ void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t ax
     });
 }
 
-// out = the reduction of x along axis; out has x's axes without it.
+// (kernels.hpp)
 template <class Reduction, class T>
 void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
     strided<T> lines{out.data, x.rank, x.extents, {}};  // out seen at x's rank: stride 0 along axis

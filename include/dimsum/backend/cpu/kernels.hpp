@@ -1,0 +1,141 @@
+#pragma once
+// What the CPU kernels take and the calls they answer, without their definitions: the one
+// header the CPU evaluator needs. The definitions (gemm.hpp, fused.hpp, rowwise.hpp,
+// elementwise.hpp) need xsimd and are compiled into every translation unit that evaluates a
+// formula, unless the program defines DIMSUM_PRECOMPILED_KERNELS and links dimsum::kernels
+// (src/kernels.cpp), which holds them compiled once for float and double.
+
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "dimsum/backend/reference/strided.hpp"
+
+namespace dimsum::backend::cpu {
+
+using reference::max_rank;
+using reference::strided;
+
+// ---- matrix products (gemm.hpp)
+
+// A strided matrix: element (i, j) at data[i * row_stride + j * col_stride].
+template <class T>
+struct matrix {
+    T* data = nullptr;
+    std::size_t rows = 0, cols = 0;
+    std::ptrdiff_t row_stride = 0, col_stride = 0;
+};
+
+inline constexpr std::size_t max_batch_rank = 6;
+
+// The leading (batch) axes of a product and each operand's strides along them; an operand
+// that broadcasts along an axis has stride 0 there.
+struct batch_layout {
+    std::size_t rank = 0;
+    std::array<std::size_t, max_batch_rank> extents{};
+    std::array<std::ptrdiff_t, max_batch_rank> a{}, b{}, c{};
+
+    std::size_t count() const {
+        std::size_t n = 1;
+        for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
+        return n;
+    }
+    struct offsets { std::ptrdiff_t a = 0, b = 0, c = 0; };
+    // The offsets of item `flat`, the items numbered in row-major order.
+    offsets of(std::size_t flat) const {
+        offsets o;
+        for (std::size_t i = rank; i-- > 0;) {
+            auto index = static_cast<std::ptrdiff_t>(flat % extents[i]);
+            flat /= extents[i];
+            o.a += index * a[i];
+            o.b += index * b[i];
+            o.c += index * c[i];
+        }
+        return o;
+    }
+};
+
+// C = A B for each item of the batch; A, B and C hold item 0.
+template <class T>
+struct gemm_problem {
+    matrix<const T> a;  // (m, k)
+    matrix<const T> b;  // (k, n)
+    matrix<T> c;        // (m, n), not overlapping A or B
+    batch_layout batch;
+};
+
+// Called for each region of C once its values are final: rows [row, row + rows) and columns
+// [col, col + cols) of batch item `item`. It may read and rewrite that region, nothing else.
+struct gemm_epilogue {
+    void (*apply)(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
+                  std::size_t cols) = nullptr;
+    const void* context = nullptr;
+    void operator()(std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) const {
+        if (apply) apply(context, item, row, col, rows, cols);
+    }
+};
+
+// C = A B for every item of the batch, then the epilogue on each finished region of C.
+template <class T>
+void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue = {});
+
+// ---- the fused elementwise pass (fused.hpp) and its block functions (elementwise.hpp)
+
+// out[i] = f(in[0][i], ..., in[N-1][i]) for i < n.
+template <class T>
+using block_function = void (*)(std::size_t n, const T* const* in, T* out);
+
+template <class F, class T, std::size_t N>
+void apply_to_block(std::size_t n, const T* const* in, T* out);
+
+inline constexpr std::size_t max_function_operands = 3;
+
+template <class T>
+struct fused_node {
+    enum class kind { input, constant, function };
+    kind what = kind::input;
+    std::size_t input = 0;                                // input: which of the pass's inputs
+    T value{};                                            // constant
+    block_function<T> function = nullptr;                 // function, of earlier nodes:
+    std::array<std::size_t, max_function_operands> operands{};
+    std::size_t operand_count = 0;
+};
+
+// Nodes in evaluation order, each reading only earlier ones; the last is the result. Every
+// input has the result's rank (stride 0 where it broadcasts).
+template <class T>
+struct fused_program {
+    std::vector<fused_node<T>> nodes;
+    std::vector<strided<const T>> inputs;
+    void clear() {
+        nodes.clear();
+        inputs.clear();
+    }
+};
+
+// A box of the result: extents[i] values from first[i] along each axis.
+struct fused_region {
+    std::array<std::size_t, max_rank> first{}, extents{};
+};
+
+// Writes the program's result into `result`, or only into `region` of it (the inputs read
+// at the same positions). `parallel`: whether it may start threads.
+template <class T>
+void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel,
+               const fused_region* region = nullptr);
+
+// ---- kernels along one axis (rowwise.hpp)
+
+// out = softmax of x along axis; out has x's extents.
+template <class T>
+void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis);
+
+// out = layer_norm of x along axis (no scale or shift); out has x's extents.
+template <class T>
+void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon);
+
+// out = the reduction (fn::sum, fn::max, fn::mean) of x along axis; out has x's axes without it.
+template <class Reduction, class T>
+void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis);
+
+}  // namespace dimsum::backend::cpu

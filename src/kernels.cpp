@@ -1,0 +1,39 @@
+// The CPU kernels compiled once, for float and double: the dimsum::kernels library. A program
+// that defines DIMSUM_PRECOMPILED_KERNELS (linking dimsum::kernels does) sees only their
+// declarations (backend/cpu/kernels.hpp), and its formulas compile without xsimd. The
+// instruction set is the one this file was compiled for.
+#include "dimsum/backend/cpu/elementwise.hpp"
+#include "dimsum/backend/cpu/fused.hpp"
+#include "dimsum/backend/cpu/gemm.hpp"
+#include "dimsum/backend/cpu/rowwise.hpp"
+
+namespace dimsum::backend::cpu {
+
+#define DIMSUM_KERNELS_FOR(T)                                                                                   \
+    template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                        \
+    template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const fused_region*);          \
+    template void softmax<T>(const strided<const T>&, const strided<T>&, std::size_t);                           \
+    template void layer_norm<T>(const strided<const T>&, const strided<T>&, std::size_t, T);                     \
+    template void reduce<fn::sum, T>(const strided<const T>&, const strided<T>&, std::size_t);                   \
+    template void reduce<fn::max, T>(const strided<const T>&, const strided<T>&, std::size_t);                   \
+    template void reduce<fn::mean, T>(const strided<const T>&, const strided<T>&, std::size_t);                  \
+    template void apply_to_block<fn::negate, T, 1>(std::size_t, const T* const*, T*);                            \
+    template void apply_to_block<fn::exp, T, 1>(std::size_t, const T* const*, T*);                               \
+    template void apply_to_block<fn::log, T, 1>(std::size_t, const T* const*, T*);                               \
+    template void apply_to_block<fn::sqrt, T, 1>(std::size_t, const T* const*, T*);                              \
+    template void apply_to_block<fn::tanh, T, 1>(std::size_t, const T* const*, T*);                              \
+    template void apply_to_block<fn::abs, T, 1>(std::size_t, const T* const*, T*);                               \
+    template void apply_to_block<fn::add, T, 2>(std::size_t, const T* const*, T*);                               \
+    template void apply_to_block<fn::subtract, T, 2>(std::size_t, const T* const*, T*);                          \
+    template void apply_to_block<fn::multiply, T, 2>(std::size_t, const T* const*, T*);                          \
+    template void apply_to_block<fn::divide, T, 2>(std::size_t, const T* const*, T*);                            \
+    template void apply_to_block<fn::maximum, T, 2>(std::size_t, const T* const*, T*);                           \
+    template void apply_to_block<fn::minimum, T, 2>(std::size_t, const T* const*, T*);                           \
+    template void apply_to_block<fn::select, T, 3>(std::size_t, const T* const*, T*);
+
+DIMSUM_KERNELS_FOR(float)
+DIMSUM_KERNELS_FOR(double)
+
+#undef DIMSUM_KERNELS_FOR
+
+}  // namespace dimsum::backend::cpu
