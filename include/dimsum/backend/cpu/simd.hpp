@@ -9,11 +9,23 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace dimsum::backend::cpu {
 
+// xsimd's default: the widest instruction set enabled, with one exception. xsimd 8.1's
+// AVX512BW code does not compile with g++ at -O0 (it casts its batch classes in intrinsics
+// that are macros there, e.g. in log); the kernels need nothing of AVX512BW (byte and word
+// integers), so they use AVX512DQ, the same 512-bit registers.
+#if defined(__AVX512DQ__)
+using simd_arch = std::conditional_t<std::is_same_v<xsimd::default_arch, xsimd::avx512bw>, xsimd::avx512dq,
+                                     xsimd::default_arch>;
+#else
+using simd_arch = xsimd::default_arch;
+#endif
+
 template <class T>
-using simd = xsimd::batch<T>;
+using simd = xsimd::batch<T, simd_arch>;
 
 // Outputs larger than this go around the caches (non-temporal stores): a normal store first
 // reads the line it writes, which costs a third of the bandwidth of a copy, and a result this
