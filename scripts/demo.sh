@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j2 --target single_head multi_head
+cmake --build build -j2 --target single_head multi_head backends
 ./build/examples/single_head
 ./build/examples/multi_head
+./build/examples/backends
