@@ -114,9 +114,11 @@ void pack_b_panel(const matrix<const T>& b, std::size_t cols, std::size_t depth,
     pack_panel<T, gemm_tiling<T>::nr>(b.data, b.col_stride, b.row_stride, cols, depth, out);
 }
 
-// tile (mr x nr, row stride ldc) = or += packed a (mr x depth) x packed b (depth x nr).
+// tile (mr x nr, row stride ldc) = or += packed a (mr x depth) x b (depth x nr, rows b_step
+// apart: nr when packed).
 template <class T>
-void micro_kernel(std::size_t depth, const T* a, const T* b, T* tile, std::ptrdiff_t ldc, bool accumulate) {
+void micro_kernel(std::size_t depth, const T* a, const T* b, std::ptrdiff_t b_step, T* tile, std::ptrdiff_t ldc,
+                  bool accumulate) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size, mr = gemm_tiling<T>::mr;
     // The tile's rows lie far apart in C, where no hardware prefetcher follows them: ask for
@@ -132,7 +134,7 @@ void micro_kernel(std::size_t depth, const T* a, const T* b, T* tile, std::ptrdi
     for (std::size_t r = 0; r < mr; ++r) left[r] = right[r] = batch(T(0));
 #pragma GCC unroll 4
     for (std::size_t p = 0; p < depth; ++p) {
-        batch b0 = batch::load_aligned(b), b1 = batch::load_aligned(b + width);
+        batch b0 = batch::load_unaligned(b), b1 = batch::load_unaligned(b + width);
 #pragma GCC unroll 16
         for (std::size_t r = 0; r < mr; ++r) {
             batch ar(a[r]);
@@ -140,7 +142,7 @@ void micro_kernel(std::size_t depth, const T* a, const T* b, T* tile, std::ptrdi
             right[r] = xsimd::fma(ar, b1, right[r]);
         }
         a += mr;
-        b += 2 * width;
+        b += b_step;
     }
 #pragma GCC unroll 16
     for (std::size_t r = 0; r < mr; ++r) {
@@ -154,25 +156,28 @@ void micro_kernel(std::size_t depth, const T* a, const T* b, T* tile, std::ptrdi
     }
 }
 
-// C block (rows x cols) = or += packed A block x packed B block.
+// C block (rows x cols) = or += packed A block x B block: its full panels read in place
+// from `direct_b` (rows ldb apart) when given, else packed.
 template <class T>
 void macro_kernel(std::size_t rows, std::size_t cols, std::size_t depth, const T* packed_a, const T* packed_b,
-                  const matrix<T>& c, bool accumulate) {
+                  const T* direct_b, std::ptrdiff_t ldb, const matrix<T>& c, bool accumulate) {
     constexpr std::size_t mr = gemm_tiling<T>::mr, nr = gemm_tiling<T>::nr;
     alignas(64) T edge[mr * nr];
     for (std::size_t j = 0; j < cols; j += nr) {
         std::size_t live_cols = std::min(nr, cols - j);
-        const T* b_panel = packed_b + j * depth;
+        bool in_place = direct_b && live_cols == nr;
+        const T* b_panel = in_place ? direct_b + j : packed_b + j * depth;
+        std::ptrdiff_t b_step = in_place ? ldb : static_cast<std::ptrdiff_t>(nr);
         for (std::size_t i = 0; i < rows; i += mr) {
             std::size_t live_rows = std::min(mr, rows - i);
             const T* a_panel = packed_a + i * depth;
             T* corner = c.data + static_cast<std::ptrdiff_t>(i) * c.row_stride + static_cast<std::ptrdiff_t>(j) * c.col_stride;
             if (live_rows == mr && live_cols == nr && c.col_stride == 1) {
-                micro_kernel<T>(depth, a_panel, b_panel, corner, c.row_stride, accumulate);
+                micro_kernel<T>(depth, a_panel, b_panel, b_step, corner, c.row_stride, accumulate);
                 continue;
             }
             // an edge tile, or a C with strided rows: through a buffer
-            micro_kernel<T>(depth, a_panel, b_panel, edge, nr, false);
+            micro_kernel<T>(depth, a_panel, b_panel, b_step, edge, nr, false);
             for (std::size_t r = 0; r < live_rows; ++r) {
                 for (std::size_t q = 0; q < live_cols; ++q) {
                     T& out = corner[static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(q) * c.col_stride];
@@ -199,11 +204,13 @@ matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col) {
 // Rows [row_first, row_last) of one product, with the column panels [col_panel_first,
 // col_panel_last) of each B block, computed by the calling thread. It is thread `member` of
 // `team` threads that pack B together into the shared `packed_b` (every member must call
-// it); or, with a team of 1, a thread that packs only the panels it uses.
+// it); or, with a team of 1, a thread that packs only the panels it uses. With `direct_b`,
+// B's full panels are read in place and only a last, partial one is packed.
 template <class T>
 void product_share(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t item,
                    std::size_t row_first, std::size_t row_last, std::size_t col_panel_first,
-                   std::size_t col_panel_last, T* packed_b, int member, int team, const gemm_epilogue& epilogue) {
+                   std::size_t col_panel_last, T* packed_b, int member, int team, bool direct_b,
+                   const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
     std::size_t m = c.rows, n = c.cols, k = a.cols;
@@ -219,6 +226,7 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
             std::size_t last_panel = team > 1 ? panels : std::min(col_panel_last, panels);
             for (std::size_t panel = first_panel; panel < last_panel; panel += static_cast<std::size_t>(team)) {
                 std::size_t col = panel * nr;
+                if (direct_b && col + nr <= block_cols) continue;
                 pack_b_panel<T>(sub(b, pc, jc + col), std::min(nr, block_cols - col), depth, packed_b + col * depth);
             }
             if (team > 1) {
@@ -231,8 +239,9 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
                 for (std::size_t ic = row_first; ic < row_last; ic += tiling::mc) {
                     std::size_t rows = std::min(tiling::mc, row_last - ic);
                     pack_a<T>(sub(a, ic, pc), rows, depth, packed_a);
-                    macro_kernel<T>(rows, last - first, depth, packed_a, packed_b + first * depth,
-                                    sub(c, ic, jc + first), pc != 0);
+                    const T* in_place = direct_b ? sub(b, pc, jc + first).data : nullptr;
+                    macro_kernel<T>(rows, last - first, depth, packed_a, packed_b + first * depth, in_place,
+                                    b.row_stride, sub(c, ic, jc + first), pc != 0);
                     if (pc + depth == k) epilogue(item, ic, jc + first, rows, last - first);
                 }
             }
@@ -281,6 +290,11 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     double flops_per_item = 2.0 * double(m) * double(n) * double(k);
     // Below this, a product is not worth sharing between threads: the barriers would cost more.
     constexpr double shared_product_flops = 4e6;
+    // A row-major B multiplying few rows, on one thread, is read in place: each of its
+    // elements serves only m rows, so packing it is a large share of the work (128 x 768 x 768:
+    // 6% faster). With more rows, or with B shared by threads, packing measured faster.
+    constexpr std::size_t direct_b_rows = tiling::mc;
+    const bool direct_b = problem.b.col_stride == 1 && m <= direct_b_rows;
 
     bool whole_items = threads == 1 || items % std::size_t(threads) == 0 || items >= 4 * std::size_t(threads) ||
                        flops_per_item < shared_product_flops;
@@ -290,7 +304,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             if (k == 0) return detail::zero_product(c, item, epilogue);
             T* packed_b = scratch<T>(scratch_use::packed_b, packed_b_size);
             std::size_t all_panels = (n + nr - 1) / nr;
-            detail::product_share<T>(a, b, c, item, 0, m, 0, all_panels, packed_b, 0, 1, epilogue);
+            detail::product_share<T>(a, b, c, item, 0, m, 0, all_panels, packed_b, 0, 1, direct_b, epilogue);
         };
         int team = int(std::min<std::size_t>(std::size_t(threads), items));
         if (team == 1) {
@@ -320,7 +334,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
                 std::size_t member = std::size_t(omp_get_thread_num()), team = std::size_t(omp_get_num_threads());
                 T* own_b = scratch<T>(scratch_use::packed_b, packed_b_size);
                 detail::product_share<T>(a, b, c, item, 0, m, col_panels * member / team,
-                                         col_panels * (member + 1) / team, own_b, 0, 1, epilogue);
+                                         col_panels * (member + 1) / team, own_b, 0, 1, false, epilogue);
             }
             continue;
         }
@@ -338,7 +352,8 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
                 col_first = col_panels * col_group / col_groups;
                 col_last = col_panels * (col_group + 1) / col_groups;
             }
-            detail::product_share<T>(a, b, c, item, first, last, col_first, col_last, packed_b, member, team, epilogue);
+            detail::product_share<T>(a, b, c, item, first, last, col_first, col_last, packed_b, member, team, false,
+                                     epilogue);
         }
     }
 }
