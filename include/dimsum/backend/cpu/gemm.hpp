@@ -114,11 +114,11 @@ void pack_b_panel(const matrix<const T>& b, std::size_t cols, std::size_t depth,
     pack_panel<T, gemm_tiling<T>::nr>(b.data, b.col_stride, b.row_stride, cols, depth, out);
 }
 
-// tile (mr x nr, row stride ldc) = or += packed a (mr x depth) x b (depth x nr, rows b_step
-// apart: nr when packed).
-template <class T>
-void micro_kernel(std::size_t depth, const T* a, const T* b, std::ptrdiff_t b_step, T* tile, std::ptrdiff_t ldc,
-                  bool accumulate) {
+// tile (mr x nr, row stride ldc) = or += a (mr x depth) x b (depth x nr, rows b_step apart:
+// nr when packed). A is packed (mr values per depth), or with packed_a false, rows lda apart.
+template <class T, bool packed_a = true>
+void micro_kernel(std::size_t depth, const T* a, std::ptrdiff_t lda, const T* b, std::ptrdiff_t b_step, T* tile,
+                  std::ptrdiff_t ldc, bool accumulate) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size, mr = gemm_tiling<T>::mr;
     // The tile's rows lie far apart in C, where no hardware prefetcher follows them: ask for
@@ -137,11 +137,11 @@ void micro_kernel(std::size_t depth, const T* a, const T* b, std::ptrdiff_t b_st
         batch b0 = batch::load_unaligned(b), b1 = batch::load_unaligned(b + width);
 #pragma GCC unroll 16
         for (std::size_t r = 0; r < mr; ++r) {
-            batch ar(a[r]);
+            batch ar(packed_a ? a[r] : a[static_cast<std::ptrdiff_t>(r) * lda]);
             left[r] = xsimd::fma(ar, b0, left[r]);
             right[r] = xsimd::fma(ar, b1, right[r]);
         }
-        a += mr;
+        a += packed_a ? mr : 1;
         b += b_step;
     }
 #pragma GCC unroll 16
@@ -156,11 +156,12 @@ void micro_kernel(std::size_t depth, const T* a, const T* b, std::ptrdiff_t b_st
     }
 }
 
-// C block (rows x cols) = or += packed A block x B block: its full panels read in place
-// from `direct_b` (rows ldb apart) when given, else packed.
+// C block (rows x cols) = or += A block x B block. Full panels are read in place from
+// `direct_a` (rows lda apart) and `direct_b` (rows ldb apart) when given, else packed.
 template <class T>
-void macro_kernel(std::size_t rows, std::size_t cols, std::size_t depth, const T* packed_a, const T* packed_b,
-                  const T* direct_b, std::ptrdiff_t ldb, const matrix<T>& c, bool accumulate) {
+void macro_kernel(std::size_t rows, std::size_t cols, std::size_t depth, const T* packed_a, const T* direct_a,
+                  std::ptrdiff_t lda, const T* packed_b, const T* direct_b, std::ptrdiff_t ldb, const matrix<T>& c,
+                  bool accumulate) {
     constexpr std::size_t mr = gemm_tiling<T>::mr, nr = gemm_tiling<T>::nr;
     alignas(64) T edge[mr * nr];
     for (std::size_t j = 0; j < cols; j += nr) {
@@ -170,14 +171,19 @@ void macro_kernel(std::size_t rows, std::size_t cols, std::size_t depth, const T
         std::ptrdiff_t b_step = in_place ? ldb : static_cast<std::ptrdiff_t>(nr);
         for (std::size_t i = 0; i < rows; i += mr) {
             std::size_t live_rows = std::min(mr, rows - i);
-            const T* a_panel = packed_a + i * depth;
+            const bool a_in_place = direct_a && live_rows == mr;
             T* corner = c.data + static_cast<std::ptrdiff_t>(i) * c.row_stride + static_cast<std::ptrdiff_t>(j) * c.col_stride;
-            if (live_rows == mr && live_cols == nr && c.col_stride == 1) {
-                micro_kernel<T>(depth, a_panel, b_panel, b_step, corner, c.row_stride, accumulate);
-                continue;
+            T* target = live_rows == mr && live_cols == nr && c.col_stride == 1 ? corner : edge;
+            std::ptrdiff_t ld_target = target == corner ? c.row_stride : static_cast<std::ptrdiff_t>(nr);
+            bool add = target == corner && accumulate;
+            if (a_in_place) {
+                micro_kernel<T, false>(depth, direct_a + static_cast<std::ptrdiff_t>(i) * lda, lda, b_panel, b_step, target,
+                                       ld_target, add);
+            } else {
+                micro_kernel<T>(depth, packed_a + i * depth, 0, b_panel, b_step, target, ld_target, add);
             }
-            // an edge tile, or a C with strided rows: through a buffer
-            micro_kernel<T>(depth, a_panel, b_panel, b_step, edge, nr, false);
+            if (target == corner) continue;
+            // an edge tile, or a C with strided rows: through the buffer
             for (std::size_t r = 0; r < live_rows; ++r) {
                 for (std::size_t q = 0; q < live_cols; ++q) {
                     T& out = corner[static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(q) * c.col_stride];
@@ -204,12 +210,12 @@ matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col) {
 // Rows [row_first, row_last) of one product, with the column panels [col_panel_first,
 // col_panel_last) of each B block, computed by the calling thread. It is thread `member` of
 // `team` threads that pack B together into the shared `packed_b` (every member must call
-// it); or, with a team of 1, a thread that packs only the panels it uses. With `direct_b`,
-// B's full panels are read in place and only a last, partial one is packed.
+// it); or, with a team of 1, a thread that packs only the panels it uses. With `direct_b`
+// (`direct_a`), B's (A's) full panels are read in place and only a last, partial one is packed.
 template <class T>
 void product_share(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t item,
                    std::size_t row_first, std::size_t row_last, std::size_t col_panel_first,
-                   std::size_t col_panel_last, T* packed_b, int member, int team, bool direct_b,
+                   std::size_t col_panel_last, T* packed_b, int member, int team, bool direct_a, bool direct_b,
                    const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
@@ -238,10 +244,14 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
             if (first < last) {
                 for (std::size_t ic = row_first; ic < row_last; ic += tiling::mc) {
                     std::size_t rows = std::min(tiling::mc, row_last - ic);
-                    pack_a<T>(sub(a, ic, pc), rows, depth, packed_a);
-                    const T* in_place = direct_b ? sub(b, pc, jc + first).data : nullptr;
-                    macro_kernel<T>(rows, last - first, depth, packed_a, packed_b + first * depth, in_place,
-                                    b.row_stride, sub(c, ic, jc + first), pc != 0);
+                    std::size_t packed_from = direct_a ? rows / tiling::mr * tiling::mr : 0;
+                    if (packed_from < rows) {
+                        pack_a<T>(sub(a, ic + packed_from, pc), rows - packed_from, depth, packed_a + packed_from * depth);
+                    }
+                    const T* a_in_place = direct_a ? sub(a, ic, pc).data : nullptr;
+                    const T* b_in_place = direct_b ? sub(b, pc, jc + first).data : nullptr;
+                    macro_kernel<T>(rows, last - first, depth, packed_a, a_in_place, a.row_stride,
+                                    packed_b + first * depth, b_in_place, b.row_stride, sub(c, ic, jc + first), pc != 0);
                     if (pc + depth == k) epilogue(item, ic, jc + first, rows, last - first);
                 }
             }
@@ -295,6 +305,10 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     // 6% faster). With more rows, or with B shared by threads, packing measured faster.
     constexpr std::size_t direct_b_rows = tiling::mc;
     const bool direct_b = problem.b.col_stride == 1 && m <= direct_b_rows;
+    // Likewise a row-major A multiplying few columns (attention's products of 64 or 128):
+    // each A panel serves only n / nr micro-kernels, too few to pay for its packing.
+    constexpr std::size_t direct_a_columns = 8 * nr;
+    const bool direct_a = problem.a.col_stride == 1 && n <= direct_a_columns;
 
     bool whole_items = threads == 1 || items % std::size_t(threads) == 0 || items >= 4 * std::size_t(threads) ||
                        flops_per_item < shared_product_flops;
@@ -304,7 +318,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             if (k == 0) return detail::zero_product(c, item, epilogue);
             T* packed_b = scratch<T>(scratch_use::packed_b, packed_b_size);
             std::size_t all_panels = (n + nr - 1) / nr;
-            detail::product_share<T>(a, b, c, item, 0, m, 0, all_panels, packed_b, 0, 1, direct_b, epilogue);
+            detail::product_share<T>(a, b, c, item, 0, m, 0, all_panels, packed_b, 0, 1, direct_a, direct_b, epilogue);
         };
         int team = int(std::min<std::size_t>(std::size_t(threads), items));
         if (team == 1) {
@@ -334,7 +348,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
                 std::size_t member = std::size_t(omp_get_thread_num()), team = std::size_t(omp_get_num_threads());
                 T* own_b = scratch<T>(scratch_use::packed_b, packed_b_size);
                 detail::product_share<T>(a, b, c, item, 0, m, col_panels * member / team,
-                                         col_panels * (member + 1) / team, own_b, 0, 1, false, epilogue);
+                                         col_panels * (member + 1) / team, own_b, 0, 1, false, false, epilogue);
             }
             continue;
         }
@@ -353,7 +367,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
                 col_last = col_panels * (col_group + 1) / col_groups;
             }
             detail::product_share<T>(a, b, c, item, first, last, col_first, col_last, packed_b, member, team, false,
-                                     epilogue);
+                                     false, epilogue);
         }
     }
 }
