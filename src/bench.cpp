@@ -789,6 +789,19 @@ void print_libraries(const report& out, const std::optional<openblas>& blas, con
     }
 }
 
+// Floats per array for the bandwidth cases: arrays beyond the caches, i.e. twice the
+// last-level cache (300 MiB of L3 on the machine of docs/performance.md, so 64 MiB arrays
+// would measure the cache), and at least 64 MiB.
+std::size_t streaming_floats(const options& opt) {
+    if (opt.small) return std::size_t(1) << 20;
+    long cache = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (cache <= 0) cache = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    std::size_t bytes = std::max<std::size_t>(std::size_t(64) << 20, 2 * static_cast<std::size_t>(std::max(cache, 0L)));
+    std::size_t floats = bytes / sizeof(float);
+    constexpr std::size_t unit = std::size_t(1) << 16;  // a multiple of every row length used
+    return (floats + unit - 1) / unit * unit;
+}
+
 int run(const options& opt) {
     report out(opt);
     print_machine(out);
@@ -800,7 +813,7 @@ int run(const options& opt) {
 
     bench s{out, opt, blas, dnnl, {}};
     {
-        std::size_t count = opt.small ? (std::size_t(1) << 20) : (std::size_t(16) << 20);  // 4 or 64 MiB each
+        std::size_t count = streaming_floats(opt);
         std::vector<float> src(count, 1.0f), dst(count, 0.0f);
         s.limits.fma_peak.assign(opt.threads.size(), 0.0);
         s.limits.copy.assign(opt.threads.size(), 0.0);
@@ -833,8 +846,7 @@ int run(const options& opt) {
                                gemm(512, 2304, 768), batched(128, 128, 64, true), batched(128, 64, 128, false)}) {
         bench_gemm_case(s, g);
     }
-    std::size_t elements = std::size_t(16) << 20;  // 64 MiB of floats, as the copy
-    if (opt.small) elements /= 64;
+    std::size_t elements = streaming_floats(opt);  // per array, as the copy
     for (std::size_t cols : {128, 512, 4096}) bench_softmax(s, elements / cols, cols);
     bench_elementwise(s, elements / 4096, 4096);
     return out.failed ? 1 : 0;

@@ -22,9 +22,10 @@ namespace dimsum::backend::cpu {
 
 namespace detail {
 
-// Values per block: 4 KiB, so that the blocks of a few intermediate values stay in L1.
+// Values per block: 2 KiB, so that a dozen intermediate blocks stay in L1; measured better than
+// 1 KiB or 4 KiB for arrays beyond the caches.
 template <class T>
-inline constexpr std::size_t block_length = 4096 / sizeof(T);
+inline constexpr std::size_t block_length = 2048 / sizeof(T);
 // Below this many values a pass runs on one thread: starting a team costs more.
 inline constexpr std::size_t parallel_elements = std::size_t(1) << 15;
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 
 #include "dimsum/backend/cpu/kernels.hpp"
@@ -23,6 +24,11 @@ DIMSUM_SIMD_CODE_BEGIN
 namespace dimsum::backend::cpu {
 
 namespace detail {
+
+// How far ahead of the line being computed its successors are prefetched (at least one
+// line): far enough to cover the memory's latency at its bandwidth, near enough to stay in
+// L2. Rows of 128 floats: 10 -> 11 GB/s.
+inline constexpr std::uintptr_t prefetch_distance = 8192;
 
 // The sum and the maximum of a contiguous line, with vector accumulators.
 template <class T>
@@ -58,9 +64,10 @@ T line_max(const T* x, std::size_t n) {
 }
 
 // Lines of n values: x's along `axis`, and out's (whose stride along axis may be 0, for a
-// reduction). Calls kernel(line of x, line of out, n, work, next) for every line, in parallel
-// when there is enough work: both lines contiguous, `work` n values of scratch, and `next`
-// the next line of x when it can be prefetched (else null).
+// reduction). Calls kernel(line of x, line of out, n, work, ahead) for every line, in
+// parallel when there is enough work: both lines contiguous, `work` n values of scratch, and
+// `ahead` where x's values will be needed next, to prefetch n of them (else null): a fixed
+// distance ahead when the lines follow each other in memory, else the next line.
 template <class T, class Kernel>
 void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t axis, Kernel kernel) {
     const std::size_t n = x.extents[axis];
@@ -90,14 +97,21 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
             out_at = next_out_at;
             if (line + 1 < last) start_of(line + 1, next_x_at, next_out_at);
             const T* in = x.data + x_at;
-            const T* next = line + 1 < last && x_step == 1 ? x.data + next_x_at : nullptr;
+            const T* ahead = nullptr;
+            if (line + 1 < last && x_step == 1) {
+                bool consecutive = next_x_at == x_at + static_cast<std::ptrdiff_t>(n);
+                // an address to prefetch, not to read: computed as an integer, it may lie past x's end
+                std::uintptr_t distance = std::max<std::uintptr_t>(prefetch_distance, n * sizeof(T));
+                ahead = consecutive ? reinterpret_cast<const T*>(reinterpret_cast<std::uintptr_t>(x.data + x_at) + distance)
+                                    : x.data + next_x_at;
+            }
             if (x_step != 1 && n > 1) {
                 for (std::size_t j = 0; j < n; ++j) buffer[j] = in[static_cast<std::ptrdiff_t>(j) * x_step];
                 in = buffer;
             }
             T* target = out.data + out_at;
             bool direct = out_is_one || out_step == 1 || n <= 1;
-            kernel(in, direct ? target : buffer + n, n, work, next);
+            kernel(in, direct ? target : buffer + n, n, work, ahead);
             if (!direct) {
                 for (std::size_t j = 0; j < n; ++j) target[static_cast<std::ptrdiff_t>(j) * out_step] = buffer[n + j];
             }
@@ -118,10 +132,10 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
 }
 
 // y = exp(x - max) / sum(exp(x - max)) on one contiguous line. With `stream`, y is written
-// once, around the caches, from the exponentials kept in `work`; the next line is fetched
-// while the exponentials are computed, so memory and arithmetic overlap.
+// once, around the caches, from the exponentials kept in `work`; what comes `ahead` is
+// fetched while the exponentials are computed, so memory and arithmetic overlap.
 template <class T>
-void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* next, bool stream) {
+void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* ahead, bool stream) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size, line = 64 / sizeof(T);
     // pass 1: the maximum, so that exp never overflows
@@ -131,7 +145,7 @@ void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* next, bool 
     batch total(T(0));
     std::size_t i = 0;
     for (; i + width <= n; i += width) {
-        if (next && i % line == 0) __builtin_prefetch(next + i);
+        if (ahead && i % line == 0) __builtin_prefetch(ahead + i);
         batch e = xsimd::exp(batch::load_unaligned(x + i) - top);
         e.store_unaligned(e_out + i);
         total += e;
@@ -181,8 +195,8 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
 template <class T>
 void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
     const bool large = x.size() * sizeof(T) >= streaming_bytes && out.strides[axis] == 1;
-    detail::for_each_line<T>(x, out, axis, [large](const T* in, T* y, std::size_t n, T* work, const T* next) {
-        detail::softmax_line(in, y, n, work, next, large);
+    detail::for_each_line<T>(x, out, axis, [large](const T* in, T* y, std::size_t n, T* work, const T* ahead) {
+        detail::softmax_line(in, y, n, work, ahead, large);
     });
 }
 
