@@ -57,16 +57,18 @@ struct options {
     std::string csv_path = "-";          // "-": the CSV on stdout, the table on stderr
     std::string filter;                  // only the cases whose name contains this
     std::vector<int> threads{1, 2};
+    int rounds = 3;                      // turns each contender takes; see rounds()
 };
 
 const char* usage =
     "usage: dimsum_bench [--quick] [--small] [--csv[=FILE]] [--threads=1,2] [--filter=TEXT]\n"
-    "                    [--openblas-core=auto|detect|keep|NAME]\n"
+    "                    [--rounds=N] [--openblas-core=auto|detect|keep|NAME]\n"
     "  --quick              one timed call per case after the warm-up: a smoke test, not a measurement\n"
     "  --small              small sizes (with --quick, for ctest)\n"
     "  --csv                CSV on stdout (the table goes to stderr); --csv=FILE writes FILE\n"
     "  --threads=LIST       thread counts to run, default 1,2\n"
     "  --filter=TEXT        only the cases whose name contains TEXT\n"
+    "  --rounds=N           turns each contender takes, keeping its best (default 3; more on a noisy machine)\n"
     "  --openblas-core=...  the OpenBLAS kernels. auto (default): OpenBLAS's own detection, unless\n"
     "                       it picks kernels narrower than the CPU supports (it falls back to SSE3\n"
     "                       on CPUs newer than it knows), then SkylakeX or Haswell; detect: its own\n"
@@ -89,6 +91,12 @@ std::optional<options> parse_options(int argc, char** argv) {
         } else if (arg.starts_with("--csv=")) {
             o.csv = true;
             o.csv_path = value_of("--csv=");
+        } else if (arg.starts_with("--rounds=")) {
+            o.rounds = std::atoi(value_of("--rounds=").c_str());
+            if (o.rounds < 1) {
+                std::fprintf(stderr, "dimsum_bench: bad count in %s\n%s", arg.c_str(), usage);
+                return std::nullopt;
+            }
         } else if (arg.starts_with("--filter=")) {
             o.filter = value_of("--filter=");
         } else if (arg.starts_with("--threads=")) {
@@ -212,7 +220,7 @@ double best_seconds(const options& opt, F&& f) {
 // Each contender is timed in this many rounds, taking turns, and keeps its best: the
 // machine is shared, and a neighbour's load comes and goes over seconds, so one block of
 // 0.2 s per contender could put one of them in a slow spell and the other not.
-int rounds(const options& opt) { return opt.quick ? 1 : 3; }
+int rounds(const options& opt) { return opt.quick ? 1 : opt.rounds; }
 
 // The best time of a contender over the rounds, and how it was obtained.
 struct fastest {
@@ -772,7 +780,7 @@ void print_machine(const report& out) {
                      busy);
     }
     std::fprintf(out.table, "compiler: g++ %s, xsimd %d.%d.%d (%s, %zu floats)\n", __VERSION__, XSIMD_VERSION_MAJOR,
-                 XSIMD_VERSION_MINOR, XSIMD_VERSION_PATCH, xsimd::default_arch::name(), simd::size);
+                 XSIMD_VERSION_MINOR, XSIMD_VERSION_PATCH, ds::backend::cpu::simd_arch::name(), ds::backend::cpu::simd<float>::size);
 }
 
 void print_libraries(const report& out, const std::optional<openblas>& blas, const std::optional<onednn>& dnnl) {
