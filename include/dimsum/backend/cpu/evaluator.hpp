@@ -22,6 +22,7 @@
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
 #include "dimsum/backend/reference/evaluator.hpp"
+#include "dimsum/backend/reference/step_values.hpp"
 
 // The kernels' definitions, unless they come compiled from dimsum::kernels (kernels.hpp).
 #ifndef DIMSUM_PRECOMPILED_KERNELS
@@ -76,12 +77,14 @@ struct plan {
 };
 
 template <class T>
-class executor {
+class executor : public reference::step_values<T, executor<T>> {
+    using values = reference::step_values<T, executor<T>>;
+    friend values;
+    using values::fresh;
+    using values::value;
+
 public:
-    explicit executor(plan<T>& p) : p_(p) {
-        p_.values.assign(p_.steps.size(), strided<const T>{});
-        p_.computed.assign(p_.steps.size(), 0);
-    }
+    explicit executor(plan<T>& p) : values(p.steps, p.values, p.computed), p_(p) {}
 
     // Writes the value of step `id` into dst, which has that step's extents.
     void write(std::size_t id, const strided<T>& dst) {
@@ -99,68 +102,8 @@ public:
     }
 
 private:
-    // The value of step `id` as a strided array, computed once.
-    const strided<const T>& value(std::size_t id) {
-        if (!p_.computed[id]) {
-            p_.values[id] = compute(id);
-            p_.computed[id] = 1;
-        }
-        return p_.values[id];
-    }
-
-    strided<const T> compute(std::size_t id) {
-        const step<T>& s = p_.steps[id];
-        switch (s.kind) {
-            case step_kind::tensor: return s.tensor;
-            case step_kind::permute: {
-                strided<const T> from = value(s.operands[0]), m = from;
-                for (std::size_t i = 0; i < s.rank; ++i) {
-                    m.extents[i] = from.extents[s.order[i]];
-                    m.strides[i] = from.strides[s.order[i]];
-                }
-                return m;
-            }
-            case step_kind::select: {
-                strided<const T> from = value(s.operands[0]), m = from;
-                m.data += static_cast<std::ptrdiff_t>(s.index) * from.strides[s.axis];
-                m.rank = s.rank;
-                for (std::size_t i = s.axis; i < s.rank; ++i) {
-                    m.extents[i] = from.extents[i + 1];
-                    m.strides[i] = from.strides[i + 1];
-                }
-                return m;
-            }
-            case step_kind::reshape: {
-                strided<const T> m = value(s.operands[0]);
-                if (m.size() != 0) {
-                    auto strides = reference::reshape_strides(m.extents, m.strides, m.rank, s.extents, s.rank);
-                    if (!strides) {  // the layout does not allow it: copy into row-major order first
-                        strided<T> copy = fresh(m.rank, m.extents);
-                        write(s.operands[0], copy);
-                        m = {copy.data, copy.rank, copy.extents, copy.strides};
-                        strides = reference::reshape_strides(m.extents, m.strides, m.rank, s.extents, s.rank);
-                    }
-                    m.strides = *strides;
-                }
-                m.rank = s.rank;
-                m.extents = s.extents;
-                return m;
-            }
-            default: {
-                strided<T> m = fresh(s.rank, s.extents);
-                write(id, m);
-                return {m.data, m.rank, m.extents, m.strides};
-            }
-        }
-    }
-
-    // A row-major array from this evaluation's temporaries.
-    strided<T> fresh(std::size_t rank, const std::array<std::size_t, max_rank>& extents) {
-        strided<T> s{nullptr, rank, extents, {}};
-        std::size_t size = dimsum::detail::row_major(extents.data(), rank, s.strides.data());
-        s.data = p_.memory.template allocate<T>(size);
-        return s;
-    }
+    // Memory for a step's value: this evaluation's temporaries.
+    T* allocate(std::size_t count) { return p_.memory.template allocate<T>(count); }
 
     static void causal_mask(const step<T>& s, const strided<T>& dst) {
         // key k lies in query q's future when k > q + (keys - queries); as in the reference

@@ -9,14 +9,31 @@
 
 #include "dimsum/backend/reference/kernels.hpp"
 #include "dimsum/backend/reference/program.hpp"
-#include "dimsum/backend/reference/reshape_strides.hpp"
+#include "dimsum/backend/reference/step_values.hpp"
 
 namespace dimsum::backend::reference {
 
+namespace detail {
+// The interpreter's own storage for its steps' values, constructed before step_values uses it.
 template <class T>
-class interpreter {
+struct value_storage {
+    std::vector<strided<const T>> values;
+    std::vector<char> computed;
+    std::vector<std::unique_ptr<T[]>> buffers;
+};
+}  // namespace detail
+
+template <class T>
+class interpreter : private detail::value_storage<T>, public step_values<T, interpreter<T>> {
+    using storage = detail::value_storage<T>;
+    using values = step_values<T, interpreter<T>>;
+    friend values;
+    using values::fresh;
+    using values::steps_;
+    using values::value;
+
 public:
-    explicit interpreter(const program<T>& steps) : steps_(steps), values_(steps.size()), computed_(steps.size()) {}
+    explicit interpreter(const program<T>& steps) : values(steps, storage::values, storage::computed) {}
 
     // Writes the value of step `id` into dst, which has that step's extents.
     void write(std::size_t id, strided<T> dst) {
@@ -70,74 +87,11 @@ private:
         return at;
     }
 
-    // The value of step `id` as a strided array, computed once.
-    const strided<const T>& value(std::size_t id) {
-        if (!computed_[id]) {
-            values_[id] = compute(id);
-            computed_[id] = true;
-        }
-        return values_[id];
+    // A new array, owned by the interpreter until it is done.
+    T* allocate(std::size_t count) {
+        storage::buffers.emplace_back(new T[count]());
+        return storage::buffers.back().get();
     }
-
-    strided<const T> compute(std::size_t id) {
-        const step<T>& s = steps_[id];
-        switch (s.kind) {
-            case step_kind::tensor: return s.tensor;
-            case step_kind::permute: {
-                strided<const T> from = value(s.operands[0]), m = from;
-                for (std::size_t i = 0; i < s.rank; ++i) {
-                    m.extents[i] = from.extents[s.order[i]];
-                    m.strides[i] = from.strides[s.order[i]];
-                }
-                return m;
-            }
-            case step_kind::select: {
-                strided<const T> from = value(s.operands[0]), m = from;
-                m.data += static_cast<std::ptrdiff_t>(s.index) * from.strides[s.axis];
-                m.rank = s.rank;
-                for (std::size_t i = s.axis; i < s.rank; ++i) {
-                    m.extents[i] = from.extents[i + 1];
-                    m.strides[i] = from.strides[i + 1];
-                }
-                return m;
-            }
-            case step_kind::reshape: {
-                strided<const T> m = value(s.operands[0]);
-                if (m.size() != 0) {
-                    auto strides = reshape_strides(m.extents, m.strides, m.rank, s.extents, s.rank);
-                    if (!strides) {  // the layout does not allow it: copy into row-major order first
-                        strided<T> copy = fresh(m.rank, m.extents);
-                        write(s.operands[0], copy);
-                        m = {copy.data, copy.rank, copy.extents, copy.strides};
-                        strides = reshape_strides(m.extents, m.strides, m.rank, s.extents, s.rank);
-                    }
-                    m.strides = *strides;
-                }
-                m.rank = s.rank;
-                m.extents = s.extents;
-                return m;
-            }
-            default: {
-                strided<T> m = fresh(s.rank, s.extents);
-                write(id, m);
-                return {m.data, m.rank, m.extents, m.strides};
-            }
-        }
-    }
-
-    // A new row-major array, owned by the interpreter until it is done.
-    strided<T> fresh(std::size_t rank, const std::array<std::size_t, max_rank>& extents) {
-        strided<T> s{nullptr, rank, extents, {}};
-        std::size_t size = dimsum::detail::row_major(extents.data(), rank, s.strides.data());
-        buffers_.emplace_back(new T[size]());
-        s.data = buffers_.back().get();
-        return s;
-    }
-
-    const program<T>& steps_;
-    std::vector<strided<const T>> values_;
-    std::vector<bool> computed_;
-    std::vector<std::unique_ptr<T[]>> buffers_;
 };
 
 }  // namespace dimsum::backend::reference
