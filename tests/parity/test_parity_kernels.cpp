@@ -2,6 +2,9 @@
 // against the reference backend: every SIMD tail, broadcasts, strides, NaN and infinities.
 #include "parity.hpp"
 
+#include <atomic>
+#include <stdexcept>
+
 using namespace parity;
 
 TEMPLATE_TEST_CASE("fused elementwise chains: every tail, broadcasts, strides", "", float, double) {
@@ -130,4 +133,14 @@ TEST_CASE("a call from inside the caller's parallel region runs on its own threa
     }
     REQUIRE(inner_threads[0] == 1);
     REQUIRE(inner_threads[1] == 1);
+}
+
+TEST_CASE("an exception in one thread of a team reaches the caller, after the team is done") {
+    std::atomic<int> finished{0};
+    auto body = [&](std::size_t member, std::size_t) {
+        if (member == 1) throw std::runtime_error("member 1 failed");
+        ++finished;
+    };
+    REQUIRE_THROWS_WITH(ds::backend::cpu::run_parallel(2, body), "member 1 failed");
+    REQUIRE(finished.load() == 1);  // member 0 ran to its end
 }

@@ -188,11 +188,9 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
         sweep(0, items);
         return;
     }
-#pragma omp parallel num_threads(threads)
-    {
-        std::size_t member = std::size_t(omp_get_thread_num()), team = std::size_t(omp_get_num_threads());
+    run_parallel(threads, [&](std::size_t member, std::size_t team) {
         sweep(items * member / team, items * (member + 1) / team);
-    }
+    });
 }
 
 }  // namespace dimsum::backend::cpu

@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <exception>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
@@ -263,18 +265,38 @@ matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col) {
 // Rows [row_first, row_last) of one product, with the column panels [col_panel_first,
 // col_panel_last) of each B block, computed by the calling thread. It is thread `member` of
 // `team` threads that pack B together into the shared `packed_b` (every member must call
-// it); or, with a team of 1, a thread that packs only the panels it uses. With `direct_b`
-// (`direct_a`), B's (A's) full panels are read in place and only a last, partial one is packed.
+// it, with `failed_members` shared); or, with a team of 1, a thread that packs only the
+// panels it uses. With `direct_b` (`direct_a`), B's (A's) full panels are read in place and
+// only a last, partial one is packed.
 template <class T>
 void product_share(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t item,
                    std::size_t row_first, std::size_t row_last, std::size_t col_panel_first,
                    std::size_t col_panel_last, T* packed_b, int member, int team, bool direct_a, bool direct_b,
-                   const gemm_epilogue& epilogue) {
+                   const gemm_epilogue& epilogue, std::atomic<int>* failed_members = nullptr) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
     std::size_t m = c.rows, n = c.cols, k = a.cols;
     (void)m;
-    T* packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
+    // Every member reserves its scratch before the first barrier: one that fails must not
+    // leave the others waiting there. All learn of the failure at the barrier and return; the
+    // one that failed throws.
+    T* packed_a = nullptr;
+    std::exception_ptr failure;
+    try {
+        packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
+    } catch (...) {
+        failure = std::current_exception();
+    }
+    if (team > 1) {
+        if (failure) failed_members->fetch_add(1);
+#pragma omp barrier
+        if (failed_members->load() != 0) {
+            if (failure) std::rethrow_exception(failure);
+            return;
+        }
+    } else if (failure) {
+        std::rethrow_exception(failure);
+    }
     for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
         std::size_t block_cols = std::min(tiling::nc, n - jc);
         std::size_t panels = (block_cols + nr - 1) / nr;
@@ -377,8 +399,9 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
         if (team == 1) {
             for (std::size_t item = 0; item < items; ++item) one_item(item);
         } else {
-#pragma omp parallel for num_threads(team) schedule(static)
-            for (std::size_t item = 0; item < items; ++item) one_item(item);
+            run_parallel(team, [&](std::size_t member, std::size_t size) {
+                for (std::size_t item = items * member / size; item < items * (member + 1) / size; ++item) one_item(item);
+            });
         }
         return;
     }
@@ -396,18 +419,16 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             continue;
         }
         if (split_columns) {
-#pragma omp parallel num_threads(threads)
-            {
-                std::size_t member = std::size_t(omp_get_thread_num()), team = std::size_t(omp_get_num_threads());
+            run_parallel(threads, [&](std::size_t member, std::size_t team) {
                 T* own_b = scratch<T>(scratch_use::packed_b, packed_b_size);
                 detail::product_share<T>(a, b, c, item, 0, m, col_panels * member / team,
                                          col_panels * (member + 1) / team, own_b, 0, 1, false, false, epilogue);
-            }
+            });
             continue;
         }
-#pragma omp parallel num_threads(threads)
-        {
-            int member = omp_get_thread_num(), team = omp_get_num_threads();
+        std::atomic<int> failed_members{0};  // members that could not get their scratch
+        run_parallel(threads, [&](std::size_t member_index, std::size_t team_size) {
+            int member = int(member_index), team = int(team_size);
             std::size_t row_groups = std::min<std::size_t>(std::size_t(team), row_panels);
             std::size_t col_groups = std::size_t(team) / row_groups;
             std::size_t row_group = std::size_t(member) % row_groups, col_group = std::size_t(member) / row_groups;
@@ -420,8 +441,8 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
                 col_last = col_panels * (col_group + 1) / col_groups;
             }
             detail::product_share<T>(a, b, c, item, first, last, col_first, col_last, packed_b, member, team, false,
-                                     false, epilogue);
-        }
+                                     false, epilogue, &failed_members);
+        });
     }
 }
 

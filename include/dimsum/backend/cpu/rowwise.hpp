@@ -138,11 +138,9 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
         sweep(0, lines);
         return;
     }
-#pragma omp parallel num_threads(threads)
-    {
-        std::size_t member = std::size_t(omp_get_thread_num()), team = std::size_t(omp_get_num_threads());
+    run_parallel(threads, [&](std::size_t member, std::size_t team) {
         sweep(lines * member / team, lines * (member + 1) / team);
-    }
+    });
 }
 
 // y = exp(x - max) / sum(exp(x - max)) on one contiguous line. With `stream`, y is written

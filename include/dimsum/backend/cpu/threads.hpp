@@ -7,6 +7,8 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cstddef>
+#include <exception>
 
 namespace dimsum {
 
@@ -25,5 +27,27 @@ inline int num_threads() {
     int requested = detail::requested_threads().load();
     return requested > 0 ? requested : omp_get_max_threads();
 }
+
+namespace backend::cpu {
+
+// Runs body(member, team) on a team of `threads` OpenMP threads. An exception must not leave
+// a parallel region (it would end the program): the first one thrown is rethrown here, on
+// the calling thread, once the team is done.
+template <class Body>
+void run_parallel(int threads, Body&& body) {
+    std::exception_ptr failure;
+#pragma omp parallel num_threads(threads)
+    {
+        try {
+            body(std::size_t(omp_get_thread_num()), std::size_t(omp_get_num_threads()));
+        } catch (...) {
+#pragma omp critical(dimsum_parallel_failure)
+            if (!failure) failure = std::current_exception();
+        }
+    }
+    if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace backend::cpu
 
 }  // namespace dimsum
