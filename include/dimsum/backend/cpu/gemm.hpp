@@ -6,18 +6,21 @@
 // each panel where the micro-kernel reads it. The caller may pass an epilogue, which is
 // applied to each finished region of C while it is still in cache.
 //
-// Two ways to use the threads: a batch of many products gives each thread whole products; a
-// few large products are each shared by all threads, which pack B together and then each
-// compute their own rows of C.
+// An operand that a product uses too little to repay its packing (a row-major B times few
+// rows, a row-major A times few columns) is read in place instead.
+//
+// Threads: a batch of many products gives each thread whole products; a few large products
+// are each shared by all threads, by columns of C (each thread packing its own part of B)
+// when C is wider than tall, else by rows (the threads packing B together).
 
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <exception>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <type_traits>
 
 #include "dimsum/backend/cpu/kernels.hpp"
@@ -42,7 +45,7 @@ struct gemm_tiling {
     static constexpr std::size_t kc = 256;
     // An A block (mc x kc) stays in L2 (2 MiB here, shared with the packed B traffic).
     static constexpr std::size_t mc = 24 * mr;
-    // A B block (kc x nc) is shared by the threads; 1 MiB for float.
+    // A B block (kc x nc), packed once for all the rows of C: 4 MiB for float, in L3.
     static constexpr std::size_t nc = 4096 / sizeof(T) * 4 / nr * nr;
 };
 
@@ -249,17 +252,11 @@ void macro_kernel(std::size_t rows, std::size_t cols, std::size_t depth, const T
     }
 }
 
-template <class T>
-matrix<const T> sub(const matrix<const T>& m, std::size_t row, std::size_t col) {
-    matrix<const T> s = m;
-    s.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
-    return s;
-}
-template <class T>
-matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col) {
-    matrix<T> s = m;
-    s.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
-    return s;
+// The part of m from (row, col) on.
+template <class Matrix>
+Matrix sub(Matrix m, std::size_t row, std::size_t col) {
+    m.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
+    return m;
 }
 
 // Rows [row_first, row_last) of one product, with the column panels [col_panel_first,
@@ -275,8 +272,7 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
                    const gemm_epilogue& epilogue, std::atomic<int>* failed_members = nullptr) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
-    std::size_t m = c.rows, n = c.cols, k = a.cols;
-    (void)m;
+    std::size_t n = c.cols, k = a.cols;
     // Every member reserves its scratch before the first barrier: one that fails must not
     // leave the others waiting there. All learn of the failure at the barrier and return; the
     // one that failed throws.
