@@ -409,7 +409,10 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     std::size_t row_panels = (m + mr - 1) / mr, col_panels = (std::min(n, tiling::nc) + nr - 1) / nr;
     bool split_columns = m < n && col_panels >= std::size_t(threads);
     for (std::size_t item = 0; item < items; ++item) {
-        auto [a, b, c] = detail::item_of(problem, item);
+        const detail::item_operands<T> operands = detail::item_of(problem, item);
+        const auto& a = operands.a;  // not a structured binding: clang 14 cannot capture those
+        const auto& b = operands.b;
+        const auto& c = operands.c;
         if (k == 0) {
             detail::zero_product(c, item, epilogue);
             continue;
