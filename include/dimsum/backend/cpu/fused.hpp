@@ -5,8 +5,6 @@
 // a chain of operations costs one pass over memory, not one per operation. Broadcast and
 // strided inputs are gathered into the block, contiguous ones are read in place.
 
-#include <omp.h>
-
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -26,9 +24,6 @@ namespace detail {
 // 1 KiB or 4 KiB for arrays beyond the caches.
 template <class T>
 inline constexpr std::size_t block_length = 2048 / sizeof(T);
-// Below this many values a pass runs on one thread: starting a team costs more.
-inline constexpr std::size_t parallel_elements = std::size_t(1) << 15;
-
 // The pass's arrays (the result first, then the inputs) with their axes merged wherever every
 // array is contiguous across them, and axes of extent 1 dropped; at least one axis remains.
 struct merged_layout {
@@ -103,13 +98,9 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
 
     auto sweep = [&](std::size_t first_item, std::size_t last_item) {
         T* slots = scratch<T>(scratch_use::elementwise, nodes * block);
-        const T* values[64];  // per node: where this block's values are
-        std::vector<const T*> many;
-        const T** value = values;
-        if (nodes > 64) {
-            many.resize(nodes);
-            value = many.data();
-        }
+        thread_local std::vector<const T*> value_kept;  // per node: where this block's values are
+        std::vector<const T*>& value = value_kept;
+        value.resize(nodes);
         for (std::size_t k = 0; k < nodes; ++k) {  // constants: filled once per sweep
             if (nodes_of[k].what == fused_node<T>::kind::constant) std::fill_n(slots + k * block, block, nodes_of[k].value);
         }
@@ -129,6 +120,8 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
         std::vector<std::ptrdiff_t>& ahead = ahead_kept;
         here.resize(layout.arrays);
         ahead.resize(layout.arrays);
+        const std::ptrdiff_t out_stride = layout.strides[0][inner_axis];
+        const bool in_place_result = out_stride == 1 && !stream;  // the last function writes out itself
         if (first_item < last_item) place(first_item, ahead.data());
         for (std::size_t item = first_item; item < last_item; ++item) {
             std::size_t offset = item % chunks * block, n = std::min(block, length - offset);
@@ -137,17 +130,15 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
             if (item + 1 < last_item) {
                 place(item + 1, ahead.data());
                 // ask for the next item's contiguous inputs now: memory works while we compute
+                std::size_t next_n = std::min(block, length - (item + 1) % chunks * block);
                 for (std::size_t k = 0; k < program.inputs.size(); ++k) {
                     if (layout.strides[k + 1][inner_axis] != 1) continue;
                     const T* next = program.inputs[k].data + ahead[k + 1];
-                    std::size_t next_n = std::min(block, length - (item + 1) % chunks * block);
                     for (std::size_t i = 0; i < next_n; i += 64 / sizeof(T)) __builtin_prefetch(next + i);
                 }
             }
 
             T* out = result.data + at[0];
-            const std::ptrdiff_t out_stride = layout.strides[0][inner_axis];
-            const bool in_place_result = out_stride == 1 && !stream;  // the last function writes out itself
             for (std::size_t k = 0; k < nodes; ++k) {
                 const fused_node<T>& node = nodes_of[k];
                 T* slot = slots + k * block;
@@ -183,14 +174,7 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
         if (stream) streaming_fence();
     };
 
-    int threads = parallel && items > 1 && size >= detail::parallel_elements ? num_threads() : 1;
-    if (threads <= 1) {
-        sweep(0, items);
-        return;
-    }
-    run_parallel(threads, [&](std::size_t member, std::size_t team) {
-        sweep(items * member / team, items * (member + 1) / team);
-    });
+    split_range(parallel && size >= parallel_elements ? num_threads() : 1, items, sweep);
 }
 
 }  // namespace dimsum::backend::cpu

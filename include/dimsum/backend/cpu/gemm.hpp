@@ -391,14 +391,10 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             std::size_t all_panels = (n + nr - 1) / nr;
             detail::product_share<T>(a, b, c, item, 0, m, 0, all_panels, packed_b, 0, 1, direct_a, direct_b, epilogue);
         };
-        int team = int(std::min<std::size_t>(std::size_t(threads), items));
-        if (team == 1) {
-            for (std::size_t item = 0; item < items; ++item) one_item(item);
-        } else {
-            run_parallel(team, [&](std::size_t member, std::size_t size) {
-                for (std::size_t item = items * member / size; item < items * (member + 1) / size; ++item) one_item(item);
-            });
-        }
+        split_range(int(std::min<std::size_t>(std::size_t(threads), items)), items,
+                    [&](std::size_t first, std::size_t last) {
+                        for (std::size_t item = first; item < last; ++item) one_item(item);
+                    });
         return;
     }
 
@@ -418,10 +414,9 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             continue;
         }
         if (split_columns) {
-            run_parallel(threads, [&](std::size_t member, std::size_t team) {
+            split_range(threads, col_panels, [&](std::size_t first, std::size_t last) {
                 T* own_b = scratch<T>(scratch_use::packed_b, packed_b_size);
-                detail::product_share<T>(a, b, c, item, 0, m, col_panels * member / team,
-                                         col_panels * (member + 1) / team, own_b, 0, 1, false, false, epilogue);
+                detail::product_share<T>(a, b, c, item, 0, m, first, last, own_b, 0, 1, false, false, epilogue);
             });
             continue;
         }
@@ -435,7 +430,6 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             if (col_group < col_groups) {  // threads beyond the grid only help to pack
                 first = std::min(m, row_panels * row_group / row_groups * mr);
                 last = std::min(m, row_panels * (row_group + 1) / row_groups * mr);
-                std::size_t col_panels = (std::min(n, tiling::nc) + nr - 1) / nr;
                 col_first = col_panels * col_group / col_groups;
                 col_last = col_panels * (col_group + 1) / col_groups;
             }

@@ -4,8 +4,6 @@
 // that is not contiguous is gathered into a contiguous buffer first, so the vector code sees
 // only contiguous lines.
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -132,15 +130,7 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
         }
         streaming_fence();
     };
-    constexpr std::size_t parallel_elements = std::size_t(1) << 15;
-    int threads = lines > 1 && lines * n >= parallel_elements ? num_threads() : 1;
-    if (threads <= 1) {
-        sweep(0, lines);
-        return;
-    }
-    run_parallel(threads, [&](std::size_t member, std::size_t team) {
-        sweep(lines * member / team, lines * (member + 1) / team);
-    });
+    split_range(lines * n >= parallel_elements ? num_threads() : 1, lines, sweep);
 }
 
 // y = exp(x - max) / sum(exp(x - max)) on one contiguous line. With `stream`, y is written

@@ -30,6 +30,9 @@ inline int num_threads() {
 
 namespace backend::cpu {
 
+// Below this many values a pass over memory runs on one thread: starting a team costs more.
+inline constexpr std::size_t parallel_elements = std::size_t(1) << 15;
+
 // Runs body(member, team) on a team of `threads` OpenMP threads. An exception must not leave
 // a parallel region (it would end the program): the first one thrown is rethrown here, on
 // the calling thread, once the team is done.
@@ -46,6 +49,16 @@ void run_parallel(int threads, Body&& body) {
         }
     }
     if (failure) std::rethrow_exception(failure);
+}
+
+// Calls body(first, last) on contiguous ranges that cover [0, count), one per thread of a
+// team of `threads`; with one thread (or one item), body(0, count) on the caller.
+template <class Body>
+void split_range(int threads, std::size_t count, Body&& body) {
+    if (threads <= 1 || count <= 1) return body(std::size_t(0), count);
+    run_parallel(threads, [&](std::size_t member, std::size_t team) {
+        body(count * member / team, count * (member + 1) / team);
+    });
 }
 
 }  // namespace backend::cpu
