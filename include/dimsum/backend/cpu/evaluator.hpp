@@ -106,11 +106,10 @@ private:
     T* allocate(std::size_t count) { return p_.memory.template allocate<T>(count); }
 
     static void causal_mask(const step<T>& s, const strided<T>& dst) {
-        // key k lies in query q's future when k > q + (keys - queries); as in the reference
-        auto queries = static_cast<long long>(s.extents[0]), keys = static_cast<long long>(s.extents[1]);
-        for (long long q = 0; q < queries; ++q) {
-            for (long long k = 0; k < keys; ++k) {
-                dst.data[q * dst.strides[0] + k * dst.strides[1]] = k > q + keys - queries ? T(1) : T(0);
+        for (std::size_t q = 0; q < s.extents[0]; ++q) {
+            for (std::size_t k = 0; k < s.extents[1]; ++k) {
+                auto at = static_cast<std::ptrdiff_t>(q) * dst.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.strides[1];
+                dst.data[at] = reference::in_future(q, k, s.extents[0], s.extents[1]) ? T(1) : T(0);
             }
         }
     }

@@ -62,10 +62,8 @@ private:
         switch (s.kind) {
             case step_kind::number: return s.number;
             case step_kind::causal_mask: {
-                // key k lies in query q's future when k > q + (keys - queries)
-                auto q = static_cast<long long>(s.extents[0] == 1 ? 0 : index[0]);
-                auto k = static_cast<long long>(s.extents[1] == 1 ? 0 : index[1]);
-                return k > q + static_cast<long long>(s.extents[1]) - static_cast<long long>(s.extents[0]) ? T(1) : T(0);
+                std::size_t q = s.extents[0] == 1 ? 0 : index[0], k = s.extents[1] == 1 ? 0 : index[1];
+                return in_future(q, k, s.extents[0], s.extents[1]) ? T(1) : T(0);
             }
             case step_kind::elementwise: {
                 T arguments[max_operands];

@@ -16,6 +16,12 @@ enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshap
 
 inline constexpr std::size_t max_operands = 3;  // where(condition, a, b)
 
+// The causal mask's rule (expr::causal_mask), for every backend: key k lies in query q's
+// future when k > q + (keys - queries), queries and keys aligned at their ends.
+constexpr bool in_future(std::size_t query, std::size_t key, std::size_t queries, std::size_t keys) {
+    return key + queries > query + keys;
+}
+
 template <class T>
 struct step {
     step_kind kind;
