@@ -2,6 +2,7 @@
 // that defines DIMSUM_PRECOMPILED_KERNELS (linking dimsum::kernels does) sees only their
 // declarations (backend/cpu/kernels.hpp), and its formulas compile without xsimd. The
 // instruction set is the one this file was compiled for.
+#include "dimsum/backend/cpu/attention.hpp"
 #include "dimsum/backend/cpu/elementwise.hpp"
 #include "dimsum/backend/cpu/fused.hpp"
 #include "dimsum/backend/cpu/gemm.hpp"
@@ -11,6 +12,7 @@ namespace dimsum::backend::cpu {
 
 #define DIMSUM_KERNELS_FOR(T)                                                                                   \
     template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                        \
+    template void attention<T>(const attention_problem<T>&);                                                     \
     template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const fused_region*);          \
     template void softmax<T>(const strided<const T>&, const strided<T>&, std::size_t);                           \
     template void layer_norm<T>(const strided<const T>&, const strided<T>&, std::size_t, T);                     \

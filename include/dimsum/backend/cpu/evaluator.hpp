@@ -3,6 +3,9 @@
 //
 // run(formula, destination) lowers the formula exactly as the reference backend does (a
 // program of plain steps, reference/program.hpp), then runs each step with a fast kernel:
+//   matmul(softmax(f(matmul(Q, K^T))), V)
+//                             -> fused attention (attention.hpp), found by attention_pattern.hpp;
+//                                unless the evaluator is made with fuse_attention = false;
 //   matmul                    -> gemm (gemm.hpp), and when the matmul sits inside an
 //                                elementwise formula of its own shape, that formula becomes the
 //                                GEMM's epilogue, applied to each block of C while it is in cache;
@@ -16,9 +19,12 @@
 // from one evaluation to the next, so a formula evaluated in a loop allocates nothing after
 // its first evaluation.
 
+#include <array>
 #include <cstddef>
+#include <optional>
 #include <vector>
 
+#include "dimsum/backend/cpu/attention_pattern.hpp"
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
 #include "dimsum/backend/reference/evaluator.hpp"
@@ -26,6 +32,7 @@
 
 // The kernels' definitions, unless they come compiled from dimsum::kernels (kernels.hpp).
 #ifndef DIMSUM_PRECOMPILED_KERNELS
+#include "dimsum/backend/cpu/attention.hpp"
 #include "dimsum/backend/cpu/elementwise.hpp"
 #include "dimsum/backend/cpu/fused.hpp"
 #include "dimsum/backend/cpu/gemm.hpp"
@@ -68,6 +75,8 @@ struct plan {
     std::vector<char> computed;
     std::vector<std::size_t> leaves;
     fused_program<T> fused;
+    std::size_t in_place_input = 0;  // which of fused.inputs reads the destination (or the scores tile)
+    bool fuse_attention = true;
     temporaries memory;
 
     static plan& of_this_thread() {
@@ -90,7 +99,9 @@ public:
     void write(std::size_t id, const strided<T>& dst) {
         const step<T>& s = p_.steps[id];
         switch (s.kind) {
-            case step_kind::matmul: return multiply(id, dst, nullptr);
+            case step_kind::matmul:
+                if (auto match = attention_at(id)) return attend(*match, dst);
+                return multiply(id, dst, nullptr);
             case step_kind::softmax: return cpu::softmax<T>(value(s.operands[0]), dst, s.axis);
             case step_kind::layer_norm: return cpu::layer_norm<T>(value(s.operands[0]), dst, s.axis, s.number);
             case step_kind::sum: return cpu::reduce<fn::sum, T>(value(s.operands[0]), dst, s.axis);
@@ -102,6 +113,11 @@ public:
     }
 
 private:
+    std::optional<attention_match<T>> attention_at(std::size_t id) const {
+        if (!p_.fuse_attention) return std::nullopt;
+        return match_attention(p_.steps, id);
+    }
+
     // Memory for a step's value: this evaluation's temporaries.
     T* allocate(std::size_t count) { return p_.memory.template allocate<T>(count); }
 
@@ -140,6 +156,7 @@ private:
         } else {
             node.what = fused_node<T>::kind::input;
             node.input = p_.fused.inputs.size();
+            if (id == in_place) p_.in_place_input = node.input;
             strided<const T> v = id == in_place ? strided<const T>{dst.data, dst.rank, dst.extents, dst.strides} : value(id);
             p_.fused.inputs.push_back(reference::broadcast_to_rank(v, dst.rank));
         }
@@ -157,7 +174,7 @@ private:
             std::size_t leaf = p_.leaves[i];
             const step<T>& s = p_.steps[leaf];
             if (in_place == p_.steps.size() && s.kind == step_kind::matmul && s.rank == dst.rank && s.rank >= 2 &&
-                s.extents == dst.extents && leaf != id) {
+                s.extents == dst.extents && leaf != id && !attention_at(leaf)) {
                 in_place = leaf;  // computed straight into dst, the rest of the formula its epilogue
                 value(s.operands[0]);
                 value(s.operands[1]);
@@ -194,6 +211,83 @@ private:
         run_fused<T>(*c.program, c.dst, false, &region);
     }
 
+    // The score function's fused program, run on one tile of scores (attention.hpp): its
+    // inputs moved to the tile's position, the scores read from the tile itself.
+    struct score_context {
+        const fused_program<T>* program;
+        std::size_t tile_input;
+        strided<T> scores;  // the extents of the scores; no data
+    };
+    static void apply_score_function(const void* context, std::size_t item, std::size_t query, std::size_t key,
+                                     std::size_t queries, std::size_t keys, T* tile, std::ptrdiff_t query_stride) {
+        const auto& c = *static_cast<const score_context*>(context);
+        const std::size_t r = c.scores.rank;
+        std::array<std::size_t, max_rank> first{};
+        for (std::size_t axis = r - 2; axis-- > 0;) {
+            first[axis] = item % c.scores.extents[axis];
+            item /= c.scores.extents[axis];
+        }
+        first[r - 2] = query;
+        first[r - 1] = key;
+        strided<T> result{tile, r, {}, {}};
+        for (std::size_t axis = 0; axis + 2 < r; ++axis) result.extents[axis] = 1;
+        result.extents[r - 2] = queries;
+        result.extents[r - 1] = keys;
+        result.strides[r - 2] = query_stride;
+        result.strides[r - 1] = 1;
+        thread_local fused_program<T> local;  // per thread: the team runs tiles at once
+        local.nodes = c.program->nodes;
+        local.inputs = c.program->inputs;
+        for (std::size_t i = 0; i < local.inputs.size(); ++i) {
+            strided<const T>& input = local.inputs[i];
+            if (i == c.tile_input) {
+                input = {tile, r, result.extents, result.strides};
+                continue;
+            }
+            for (std::size_t axis = 0; axis < r; ++axis) input.data += static_cast<std::ptrdiff_t>(first[axis]) * input.strides[axis];
+        }
+        run_fused<T>(local, result, false);
+    }
+
+    // dst = the attention `match` describes (attention_pattern.hpp), by the fused kernel.
+    void attend(const attention_match<T>& match, const strided<T>& dst) {
+        const step<T>& scores = p_.steps[match.scores];
+        const std::size_t r = dst.rank;
+        strided<const T> q = reference::broadcast_to_rank(value(scores.operands[0]), r);   // (..., queries, d)
+        strided<const T> kt = reference::broadcast_to_rank(value(scores.operands[1]), r);  // (..., d, keys)
+        strided<const T> v = reference::broadcast_to_rank(value(match.values), r);         // (..., keys, dv)
+        attention_problem<T> problem;
+        problem.q = {q.data, q.extents[r - 2], q.extents[r - 1], q.strides[r - 2], q.strides[r - 1]};
+        problem.k = {kt.data, kt.extents[r - 1], kt.extents[r - 2], kt.strides[r - 1], kt.strides[r - 2]};
+        problem.v = {v.data, v.extents[r - 2], v.extents[r - 1], v.strides[r - 2], v.strides[r - 1]};
+        problem.o = {dst.data, dst.extents[r - 2], dst.extents[r - 1], dst.strides[r - 2], dst.strides[r - 1]};
+        problem.batch.rank = r - 2;
+        for (std::size_t i = 0; i + 2 < r; ++i) {
+            problem.batch.extents[i] = dst.extents[i];
+            problem.batch.q[i] = q.strides[i];
+            problem.batch.k[i] = kt.strides[i];
+            problem.batch.v[i] = v.strides[i];
+            problem.batch.o[i] = dst.strides[i];
+        }
+        problem.scale = match.scale;
+        problem.causal = match.causal;
+        score_context context{&p_.fused, 0, {nullptr, r, scores.extents, {}}};
+        if (match.score_function != match.scores) {
+            // the rest of the score function: its inputs' values first, then its program
+            std::size_t first_leaf = p_.leaves.size();
+            find_leaves(match.score_function, p_.leaves);
+            for (std::size_t i = first_leaf; i < p_.leaves.size(); ++i) {
+                if (p_.leaves[i] != match.scores) value(p_.leaves[i]);
+            }
+            p_.leaves.resize(first_leaf);
+            p_.fused.clear();
+            add_nodes(match.score_function, match.scores, context.scores);
+            context.tile_input = p_.in_place_input;
+            problem.scores = {&apply_score_function, &context};
+        }
+        attention<T>(problem);
+    }
+
     // dst = the matmul step `id`, then `epilogue` (a fused program reading dst) over it.
     void multiply(std::size_t id, const strided<T>& dst, const fused_program<T>* epilogue) {
         const step<T>& s = p_.steps[id];
@@ -223,10 +317,14 @@ private:
 
 class evaluator {
 public:
+    // Whether attention formulas run fused (attention.hpp) or step by step, as written.
+    bool fuse_attention = true;
+
     // Writes the value of e into dst, a view of e's shape that e does not read.
     template <class E, class T, class... A>
     void run(const E& e, const tensor_view<T, A...>& dst) {
         auto& p = detail::plan<T>::of_this_thread();
+        p.fuse_attention = fuse_attention;
         p.memory.reset();  // after an evaluation that threw
         p.steps.clear();
         p.blocks.clear();
@@ -236,5 +334,12 @@ public:
         p.memory.reset();  // now, so that the next evaluation starts with one block of the right size
     }
 };
+
+// The bytes of intermediate values that the calling thread's last evaluation of a formula over
+// T held: e.g. whether attention ran without its queries x keys matrix.
+template <class T>
+std::size_t last_temporary_bytes() {
+    return detail::plan<T>::of_this_thread().memory.last_total();
+}
 
 }  // namespace dimsum::backend::cpu

@@ -1,7 +1,7 @@
 #pragma once
 // What the CPU kernels take and the calls they answer, without their definitions: the one
-// header the CPU evaluator needs. The definitions (gemm.hpp, fused.hpp, rowwise.hpp,
-// elementwise.hpp) need xsimd and are compiled into every translation unit that evaluates a
+// header the CPU evaluator needs. The definitions (gemm.hpp, attention.hpp, fused.hpp,
+// rowwise.hpp, elementwise.hpp) need xsimd and are compiled into every translation unit that evaluates a
 // formula, unless the program defines DIMSUM_PRECOMPILED_KERNELS and links dimsum::kernels
 // (src/kernels.cpp), which holds them compiled once for float and double.
 
@@ -78,6 +78,53 @@ struct gemm_epilogue {
 // C = A B for every item of the batch, then the epilogue on each finished region of C.
 template <class T>
 void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue = {});
+
+// ---- attention (attention.hpp)
+
+inline constexpr std::size_t max_attention_batch_rank = max_rank - 2;
+
+// The leading (batch) axes of an attention problem and each operand's strides along them
+// (0 where it broadcasts, e.g. keys and values shared by the heads).
+struct attention_layout {
+    std::size_t rank = 0;
+    std::array<std::size_t, max_attention_batch_rank> extents{};
+    std::array<std::ptrdiff_t, max_attention_batch_rank> q{}, k{}, v{}, o{};
+
+    std::size_t count() const {
+        std::size_t n = 1;
+        for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
+        return n;
+    }
+};
+
+// Called on each tile of scores, queries [query, query + queries) x keys [key, key + keys)
+// of batch item `item`, before the softmax reads them: it may rewrite the tile (score (i, j)
+// at tile[i * query_stride + j]) and nothing else.
+template <class T>
+struct score_epilogue {
+    void (*apply)(const void* context, std::size_t item, std::size_t query, std::size_t key, std::size_t queries,
+                  std::size_t keys, T* tile, std::ptrdiff_t query_stride) = nullptr;
+    const void* context = nullptr;
+};
+
+// O = softmax(f(Q K^T)) V along the keys for every item of the batch, where f multiplies by
+// `scale`, then applies `scores` if given; then, if `causal`, keys in a query's future
+// (reference::in_future) get weight 0. A query whose keys are all masked gets O = 0.
+// Operands hold item 0.
+template <class T>
+struct attention_problem {
+    matrix<const T> q;  // (queries, d)
+    matrix<const T> k;  // (keys, d)
+    matrix<const T> v;  // (keys, dv)
+    matrix<T> o;        // (queries, dv), not overlapping the others
+    attention_layout batch;
+    T scale = 1;
+    bool causal = false;
+    score_epilogue<T> scores;
+};
+
+template <class T>
+void attention(const attention_problem<T>& problem);
 
 // ---- the fused elementwise pass (fused.hpp) and its block functions (elementwise.hpp)
 

@@ -141,7 +141,12 @@ void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* ahead, bool
     using batch = simd<T>;
     constexpr std::size_t width = batch::size, line = 64 / sizeof(T);
     // pass 1: the maximum, so that exp never overflows
-    const batch top(line_max(x, n));
+    const T largest = line_max(x, n);
+    if (largest == -std::numeric_limits<T>::infinity()) {  // every value masked: no weight anywhere
+        std::fill(y, y + n, T(0));
+        return;
+    }
+    const batch top(largest);
     // pass 2: the exponentials, and their sum
     T* e_out = stream ? work : y;
     batch total(T(0));

@@ -2,10 +2,21 @@
 // The SIMD vocabulary of the CPU kernels: xsimd batches of the widest instruction set the
 // compiler was told it may use (-march), chosen by xsimd at compile time.
 
+// The intrinsics and xsimd are read under the same silence as the kernels (see
+// DIMSUM_SIMD_CODE_BEGIN below): an xsimd function the compiler does not inline, such as exp
+// for double, is checked at its own location, inside these headers.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 #include <xsimd/xsimd.hpp>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 #include <cstddef>
 #include <cstdint>

@@ -50,7 +50,7 @@ private:
 };
 
 // What the kernels use scratch for; one block each per thread.
-enum class scratch_use : std::size_t { packed_a, packed_b, rows, elementwise, count };
+enum class scratch_use : std::size_t { packed_a, packed_b, rows, elementwise, attention, attention_partials, count };
 
 inline std::array<scratch_block, std::size_t(scratch_use::count)>& thread_scratch() {
     thread_local std::array<scratch_block, std::size_t(scratch_use::count)> blocks;
@@ -86,6 +86,7 @@ public:
 
     // Ends an evaluation: everything allocated since the last reset is free again.
     void reset() {
+        last_total_ = spilled_ + used_;
         if (blocks_.size() > 1) {
             std::size_t total = spilled_ + used_;
             blocks_.clear();
@@ -97,9 +98,12 @@ public:
         spilled_ = 0;
     }
 
+    // The bytes the last evaluation held at once (its values are never freed early).
+    std::size_t last_total() const { return last_total_; }
+
 private:
     std::deque<scratch_block> blocks_;  // a deque: blocks never move
-    std::size_t capacity_ = 0, used_ = 0, spilled_ = 0;
+    std::size_t capacity_ = 0, used_ = 0, spilled_ = 0, last_total_ = 0;
 };
 
 }  // namespace dimsum::backend::cpu

@@ -54,6 +54,13 @@ void softmax(strided<const T> x, strided<T> out, std::size_t axis) {
         // pass 1: the maximum, so that exp never overflows
         acc top = -std::numeric_limits<acc>::infinity();
         for (std::size_t j = 0; j < n; ++j) top = fn::maximum{}(top, element(j));
+        if (top == -std::numeric_limits<acc>::infinity()) {  // every value masked: no weight anywhere
+            for (std::size_t j = 0; j < n; ++j) {
+                index[axis] = j;
+                out.at(index.data()) = T(0);
+            }
+            return;
+        }
         // pass 2: the normaliser
         acc total = 0;
         for (std::size_t j = 0; j < n; ++j) total += std::exp(element(j) - top);

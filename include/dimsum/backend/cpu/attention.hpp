@@ -1,0 +1,281 @@
+#pragma once
+// Attention without the queries x keys matrix: FlashAttention's idea on a CPU. For a block of
+// queries the keys are visited a block at a time; each block of scores S = Q K^T lives only
+// in a tile of this thread's scratch, and an online softmax keeps, per query, the running
+// maximum m and normaliser l of the weights seen so far and rescales the running output when
+// m grows:
+//     m' = max(m, max_j s_j),  p_j = exp(s_j - m'),  l' = l e^(m - m') + sum_j p_j,
+//     O' = O e^(m - m') + P V_block,               and finally O / l.
+// Both products go through the GEMM's micro-kernel (gemm.hpp): Q is packed once per block of
+// queries, each block of K once per visit, and P and a row-major V are read in place.
+//
+// Work: tasks are (batch item, block of queries), the most expensive first (with a causal mask
+// the last queries see the most keys), handed out one at a time, so that the threads finish
+// together. When there are fewer tasks than threads (decoding: one query against thousands
+// of keys), each task's keys are also split, and the partial results (O, m, l) merged.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#include "dimsum/backend/cpu/gemm.hpp"
+#include "dimsum/backend/cpu/kernels.hpp"
+#include "dimsum/backend/cpu/rowwise.hpp"
+#include "dimsum/backend/cpu/simd.hpp"
+#include "dimsum/backend/cpu/threads.hpp"
+#include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/backend/reference/program.hpp"
+
+DIMSUM_SIMD_CODE_BEGIN
+
+namespace dimsum::backend::cpu {
+
+template <class T>
+struct attention_tiling {
+    // Queries per block, a whole number of the micro-kernel's row panels: larger blocks pack
+    // each K block for more queries, smaller ones waste less on a causal diagonal and leave
+    // more tasks to share. The block's scores (96 x 128) and output (96 x d_v) stay in L2.
+    static constexpr std::size_t queries = 8 * gemm_tiling<T>::mr;
+    // Keys per block, a whole number of the micro-kernel's column panels.
+    static constexpr std::size_t keys = 4 * gemm_tiling<T>::nr;
+    // Below this many multiply-adds a problem runs on one thread: a team costs more.
+    static constexpr double parallel_work = 1 << 18;
+    // The most parts one task's keys are split into (two per thread balance them well enough).
+    static constexpr std::size_t max_splits = 16;
+};
+
+namespace detail {
+
+// How many keys query q sees: those not in its future (reference::in_future).
+inline std::size_t visible_keys(std::size_t query, std::size_t queries, std::size_t keys) {
+    return query + keys + 1 > queries ? std::min(keys, query + keys + 1 - queries) : 0;
+}
+
+// What a task leaves when its keys are split: its unnormalised output and, per query, m and l.
+template <class T>
+struct partial_result {
+    T* out;  // (rows, dv_pad)
+    T* max;  // (rows)
+    T* sum;  // (rows)
+};
+
+// One task: queries [first_query, first_query + queries) of batch item `item`, against keys
+// [first_key, last_key). Writes O to the problem's output, or, when `partial` is given, the
+// unnormalised result there.
+template <class T>
+void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
+                  std::size_t first_key, std::size_t last_key, const partial_result<T>* partial) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size, mr = gemm_tiling<T>::mr, nr = gemm_tiling<T>::nr;
+    constexpr std::size_t block_keys = attention_tiling<T>::keys;
+    constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+    const std::size_t d = p.q.cols, dv = p.v.cols, m = p.q.rows, n = p.k.rows;
+    const std::size_t rows = round_up(queries, mr), dv_pad = round_up(dv, nr);
+
+    // this item's operands
+    std::ptrdiff_t at_q = 0, at_k = 0, at_v = 0, at_o = 0;
+    for (std::size_t i = p.batch.rank, rest = item; i-- > 0;) {
+        auto index = static_cast<std::ptrdiff_t>(rest % p.batch.extents[i]);
+        rest /= p.batch.extents[i];
+        at_q += index * p.batch.q[i];
+        at_k += index * p.batch.k[i];
+        at_v += index * p.batch.v[i];
+        at_o += index * p.batch.o[i];
+    }
+    matrix<const T> q = sub(matrix<const T>{p.q.data + at_q, m, d, p.q.row_stride, p.q.col_stride}, first_query, 0);
+    const T* k = p.k.data + at_k;  // (keys, d)
+    const T* v = p.v.data + at_v;  // (keys, dv)
+
+    // this thread's tiles, each starting on a cache line (the row passes use aligned loads)
+    constexpr std::size_t line = 64 / sizeof(T);
+    const std::size_t q_size = round_up(rows * d, line), k_size = round_up(block_keys * d, line);
+    const std::size_t v_size = block_keys * dv_pad, s_size = rows * block_keys, o_size = rows * dv_pad;
+    T* packed_q = scratch<T>(scratch_use::attention, q_size + k_size + v_size + s_size + o_size + 2 * rows);
+    T* packed_k = packed_q + q_size;  // (d, block_keys) in column panels
+    T* packed_v = packed_k + k_size;  // (block_keys, dv_pad) in column panels
+    T* scores = packed_v + v_size;    // (rows, block_keys): S, then P
+    T* out = scores + s_size;         // (rows, dv_pad): O
+    T* row_max = out + o_size;        // (rows): m
+    T* row_sum = row_max + rows;      // (rows): l
+    pack_a<T>(q, queries, d, packed_q);
+    std::fill(out, out + rows * dv_pad, T(0));
+    std::fill(row_max, row_max + rows, minus_infinity);
+    std::fill(row_sum, row_sum + rows, T(0));
+
+    // With a causal mask, no query of the block sees past what its last query sees.
+    std::size_t end = last_key;
+    if (p.causal) end = std::min(end, visible_keys(first_query + queries - 1, m, n));
+    const bool v_in_place = p.v.col_stride == 1 && dv % nr == 0;
+
+    for (std::size_t key = first_key; key < end; key += block_keys) {
+        const std::size_t cols = std::min(block_keys, end - key), cols_pad = round_up(cols, nr);
+        // pass 1: S = Q K^T for this block of keys; K^T (d, cols) is K read across
+        matrix<const T> kt{k + static_cast<std::ptrdiff_t>(key) * p.k.row_stride, d, cols, p.k.col_stride, p.k.row_stride};
+        for (std::size_t j = 0; j < cols; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, cols - j), d, packed_k + j * d);
+        macro_kernel<T>(rows, cols_pad, d, packed_q, nullptr, 0, packed_k, nullptr, 0,
+                        matrix<T>{scores, rows, cols_pad, static_cast<std::ptrdiff_t>(block_keys), 1}, false);
+
+        // pass 2: the score function, the masks, the online softmax; P replaces S
+        if (p.scale != T(1)) {
+            const batch scale(p.scale);
+            for (std::size_t i = 0; i < queries; ++i) {
+                T* row = scores + i * block_keys;
+                for (std::size_t j = 0; j < cols_pad; j += width) (batch::load_aligned(row + j) * scale).store_aligned(row + j);
+            }
+        }
+        if (p.scores.apply) p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, block_keys);
+        for (std::size_t i = 0; i < queries; ++i) {
+            T* row = scores + i * block_keys;
+            std::size_t live = cols;
+            if (p.causal) {
+                std::size_t visible = visible_keys(first_query + i, m, n);
+                live = visible <= key ? 0 : std::min(cols, visible - key);
+            }
+            std::fill(row + live, row + cols_pad, minus_infinity);  // masked, and the padding
+            const T top = fn::maximum{}(row_max[i], line_max(row, cols_pad));
+            if (top == minus_infinity) {  // nothing visible yet: weights 0, m and l unchanged
+                std::fill(row, row + cols_pad, T(0));
+                continue;
+            }
+            const T rescale = std::exp(row_max[i] - top);  // 0 when m was -infinity
+            row_max[i] = top;
+            batch total(T(0));
+            for (std::size_t j = 0; j < cols_pad; j += width) {
+                batch e = xsimd::exp(batch::load_aligned(row + j) - batch(top));
+                e.store_aligned(row + j);
+                total += e;
+            }
+            row_sum[i] = row_sum[i] * rescale + xsimd::hadd(total);
+            if (rescale != T(1)) {
+                T* o = out + i * dv_pad;
+                for (std::size_t c = 0; c < dv_pad; c += width) (batch::load_aligned(o + c) * batch(rescale)).store_aligned(o + c);
+            }
+        }
+
+        // pass 3: O += P V_block, V read in place when its rows are whole panels
+        const T* v_block = v + static_cast<std::ptrdiff_t>(key) * p.v.row_stride;
+        if (!v_in_place) {
+            matrix<const T> vb{v_block, cols, dv, p.v.row_stride, p.v.col_stride};
+            for (std::size_t c = 0; c < dv; c += nr) pack_b_panel<T>(sub(vb, 0, c), std::min(nr, dv - c), cols, packed_v + c * cols);
+        }
+        macro_kernel<T>(rows, dv_pad, cols, nullptr, scores, static_cast<std::ptrdiff_t>(block_keys), packed_v,
+                        v_in_place ? v_block : nullptr, p.v.row_stride,
+                        matrix<T>{out, rows, dv_pad, static_cast<std::ptrdiff_t>(dv_pad), 1}, true);
+    }
+
+    if (partial) {
+        std::copy(out, out + queries * dv_pad, partial->out);
+        std::copy(row_max, row_max + queries, partial->max);
+        std::copy(row_sum, row_sum + queries, partial->sum);
+        return;
+    }
+    matrix<T> o = sub(matrix<T>{p.o.data + at_o, m, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
+    for (std::size_t i = 0; i < queries; ++i) {
+        const T inverse = row_sum[i] == T(0) ? T(0) : T(1) / row_sum[i];  // 0: every key masked
+        T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
+        for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = out[i * dv_pad + c] * inverse;
+    }
+}
+
+// O for queries [first_query, first_query + queries) of `item` from the partial results of
+// `splits` tasks over consecutive ranges of keys.
+template <class T>
+void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
+                    const partial_result<T>* parts, std::size_t splits) {
+    const std::size_t dv = p.v.cols, dv_pad = round_up(dv, gemm_tiling<T>::nr);
+    std::ptrdiff_t at_o = 0;
+    for (std::size_t i = p.batch.rank, rest = item; i-- > 0;) {
+        at_o += static_cast<std::ptrdiff_t>(rest % p.batch.extents[i]) * p.batch.o[i];
+        rest /= p.batch.extents[i];
+    }
+    matrix<T> o = sub(matrix<T>{p.o.data + at_o, p.q.rows, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
+    for (std::size_t i = 0; i < queries; ++i) {
+        T top = -std::numeric_limits<T>::infinity();
+        for (std::size_t s = 0; s < splits; ++s) top = fn::maximum{}(top, parts[s].max[i]);
+        T total = 0;
+        for (std::size_t s = 0; s < splits; ++s) total += parts[s].max[i] == top ? parts[s].sum[i] : parts[s].sum[i] * std::exp(parts[s].max[i] - top);
+        const T inverse = total == T(0) ? T(0) : T(1) / total;
+        T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
+        for (std::size_t c = 0; c < dv; ++c) {
+            T value = 0;
+            for (std::size_t s = 0; s < splits; ++s) {
+                T weight = parts[s].max[i] == top ? T(1) : std::exp(parts[s].max[i] - top);
+                value += weight * parts[s].out[i * dv_pad + c];
+            }
+            target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = value * inverse;
+        }
+    }
+}
+
+}  // namespace detail
+
+// (kernels.hpp)
+template <class T>
+void attention(const attention_problem<T>& p) {
+    using tiling = attention_tiling<T>;
+    const std::size_t m = p.q.rows, n = p.k.rows, d = p.q.cols, dv = p.v.cols, items = p.batch.count();
+    if (m == 0 || dv == 0 || items == 0) return;
+    const std::size_t query_blocks = (m + tiling::queries - 1) / tiling::queries;
+    const std::size_t key_blocks = (n + tiling::keys - 1) / tiling::keys;
+    const std::size_t units = items * query_blocks;
+    const double work = double(items) * double(m) * double(n) * double(d + dv);
+    const int threads = work < tiling::parallel_work ? 1 : num_threads();
+
+    // Few tasks for the threads: split each task's keys too, in whole key blocks.
+    std::size_t splits = 1;
+    if (units < std::size_t(threads)) {
+        splits = std::min({key_blocks, tiling::max_splits, (2 * std::size_t(threads) + units - 1) / units});
+        splits = std::max<std::size_t>(splits, 1);
+    }
+    const std::size_t blocks_per_split = (key_blocks + splits - 1) / splits;
+
+    // The partial results live in the caller's scratch, shared by the team.
+    const std::size_t rows = detail::round_up(tiling::queries, gemm_tiling<T>::mr);
+    const std::size_t dv_pad = detail::round_up(dv, gemm_tiling<T>::nr), part_size = rows * (dv_pad + 2);
+    T* parts = splits > 1 ? scratch<T>(scratch_use::attention_partials, units * splits * part_size) : nullptr;
+    auto part = [&](std::size_t task) {
+        T* base = parts + task * part_size;
+        return detail::partial_result<T>{base, base + rows * dv_pad, base + rows * dv_pad + rows};
+    };
+
+    // Task t: the query blocks from the last (the most keys under a causal mask) to the first.
+    auto unit_of = [&](std::size_t unit, std::size_t& item, std::size_t& first_query, std::size_t& queries) {
+        std::size_t block = query_blocks - 1 - unit / items;
+        item = unit % items;
+        first_query = block * tiling::queries;
+        queries = std::min(tiling::queries, m - first_query);
+    };
+    auto run_task = [&](std::size_t task) {
+        std::size_t item, first_query, queries;
+        unit_of(task / splits, item, first_query, queries);
+        std::size_t split = task % splits;
+        std::size_t first_key = std::min(n, split * blocks_per_split * tiling::keys);
+        std::size_t last_key = std::min(n, (split + 1) * blocks_per_split * tiling::keys);
+        if (splits == 1) return detail::attend_block<T>(p, item, first_query, queries, 0, n, nullptr);
+        auto partial = part(task);
+        detail::attend_block(p, item, first_query, queries, first_key, last_key, &partial);
+    };
+    const std::size_t tasks = units * splits;
+    if (threads == 1) {
+        for (std::size_t task = 0; task < tasks; ++task) run_task(task);
+    } else {
+        std::atomic<std::size_t> next{0};
+        run_parallel(int(std::min<std::size_t>(std::size_t(threads), tasks)), [&](std::size_t, std::size_t) {
+            for (std::size_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) run_task(task);
+        });
+    }
+    if (splits == 1) return;
+    for (std::size_t unit = 0; unit < units; ++unit) {
+        std::size_t item, first_query, queries;
+        unit_of(unit, item, first_query, queries);
+        detail::partial_result<T> split_parts[tiling::max_splits];
+        for (std::size_t s = 0; s < splits; ++s) split_parts[s] = part(unit * splits + s);
+        detail::merge_partials(p, item, first_query, queries, split_parts, splits);
+    }
+}
+
+}  // namespace dimsum::backend::cpu
+
+DIMSUM_SIMD_CODE_END

@@ -1,0 +1,112 @@
+#pragma once
+// Finds attention in a lowered program (reference/program.hpp): the steps of
+//     matmul(softmax(f(matmul(Q, K^T))), V)        softmax along the keys,
+// where f, the score function, is any elementwise formula of the scores of the same shape.
+// The CPU executor then runs the fused kernel (attention.hpp), which never holds the
+// queries x keys matrix. Two parts of f are taken out for the kernel to do itself, however
+// the user spells them:
+//   - a causal mask applied last, masked_fill(s, causal_mask(...), -infinity), so that the
+//     kernel can skip the tiles above the diagonal;
+//   - then, if what is left is the scores times or divided by a number, that number (the
+//     scale: `* 0.125f`, `/ std::sqrt(64.0f)`, `0.125f *`).
+// Anything else left of f (an additive mask, a padding mask, a bias) stays a formula, which
+// the kernel applies to each tile of scores as a fused elementwise pass.
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <optional>
+
+#include "dimsum/backend/reference/evaluator.hpp"
+#include "dimsum/backend/reference/program.hpp"
+
+namespace dimsum::backend::cpu::detail {
+
+using reference::program;
+using reference::step;
+using reference::step_kind;
+
+template <class T>
+struct attention_match {
+    std::size_t scores = 0;          // the matmul(Q, K^T) step: operands Q and K^T
+    std::size_t values = 0;          // V
+    std::size_t score_function = 0;  // what is left of f, as a formula of `scores`; == scores if nothing
+    T scale = 1;
+    bool causal = false;
+};
+
+// Whether step s applies the elementwise function F to N operands.
+template <class F, std::size_t N, class T>
+bool applies(const step<T>& s) {
+    return s.kind == step_kind::elementwise && s.operand_count == N && s.function == &reference::detail::apply_to<F, T, N>;
+}
+
+// The first matmul of the scores' extents inside the elementwise formula rooted at `id`.
+template <class T>
+std::optional<std::size_t> find_scores(const program<T>& steps, std::size_t id, const step<T>& shape) {
+    const step<T>& s = steps[id];
+    if (s.kind == step_kind::matmul) {
+        if (s.rank == shape.rank && s.extents == shape.extents) return id;
+        return std::nullopt;
+    }
+    if (s.kind != step_kind::elementwise) return std::nullopt;
+    for (std::size_t o = 0; o < s.operand_count; ++o) {
+        if (auto found = find_scores(steps, s.operands[o], shape)) return found;
+    }
+    return std::nullopt;
+}
+
+// The attention rooted at matmul step `id`, if it is one.
+template <class T>
+std::optional<attention_match<T>> match_attention(const program<T>& steps, std::size_t id) {
+    const step<T>& outer = steps[id];
+    if (outer.kind != step_kind::matmul || outer.rank < 2) return std::nullopt;
+    const step<T>& weights = steps[outer.operands[0]];
+    if (weights.kind != step_kind::softmax || weights.axis != weights.rank - 1 || weights.rank != outer.rank) {
+        return std::nullopt;
+    }
+    attention_match<T> match;
+    match.values = outer.operands[1];
+    std::size_t f = weights.operands[0];
+
+    // a causal mask applied last: where(causal_mask, -infinity, rest)
+    const step<T>& last = steps[f];
+    if (applies<fn::select, 3>(last)) {
+        const step<T>& mask = steps[last.operands[0]];
+        const step<T>& fill = steps[last.operands[1]];
+        const std::size_t r = weights.rank;
+        if (mask.kind == step_kind::causal_mask && mask.extents[0] == weights.extents[r - 2] &&
+            mask.extents[1] == weights.extents[r - 1] && fill.kind == step_kind::number &&
+            fill.number == -std::numeric_limits<T>::infinity()) {
+            match.causal = true;
+            f = last.operands[2];
+        }
+    }
+    // the scores, perhaps scaled by a number
+    const step<T>& rest = steps[f];
+    auto number = [&](std::size_t operand) { return steps[rest.operands[operand]].kind == step_kind::number; };
+    auto scores = [&](std::size_t operand) {
+        const step<T>& s = steps[rest.operands[operand]];
+        return s.kind == step_kind::matmul && s.rank == weights.rank && s.extents == weights.extents;
+    };
+    if (rest.kind == step_kind::matmul && rest.rank == weights.rank && rest.extents == weights.extents) {
+        match.scores = match.score_function = f;
+    } else if (applies<fn::multiply, 2>(rest) && ((scores(0) && number(1)) || (number(0) && scores(1)))) {
+        std::size_t s = scores(0) ? 0 : 1;
+        match.scores = match.score_function = rest.operands[s];
+        match.scale = steps[rest.operands[1 - s]].number;
+    } else if (applies<fn::divide, 2>(rest) && scores(0) && number(1)) {
+        match.scores = match.score_function = rest.operands[0];
+        match.scale = T(1) / steps[rest.operands[1]].number;
+    } else if (auto found = find_scores(steps, f, weights); found && rest.kind == step_kind::elementwise) {
+        match.scores = *found;
+        match.score_function = f;
+    } else {
+        return std::nullopt;
+    }
+    const step<T>& s = steps[match.scores];
+    if (s.rank != outer.rank) return std::nullopt;
+    return match;
+}
+
+}  // namespace dimsum::backend::cpu::detail

@@ -1,0 +1,230 @@
+// Fused attention (backend/cpu/attention.hpp) against the same formula run step by step, on
+// the CPU backend and on the reference backend in double: every spelling of the scale,
+// causal and additive masks, odd sizes, strided and broadcast operands, and the semantics of
+// masked rows, infinities, NaN and very large scores.
+#include "parity.hpp"
+
+#include <cmath>
+
+using Query = ds::axis<"query">;
+using Key = ds::axis<"key">;
+using D = ds::axis<"d">;
+using DV = ds::axis<"dv">;
+
+namespace {
+
+constexpr float inf = std::numeric_limits<float>::infinity();
+
+// A float tensor's values as a double tensor of the same axes.
+template <class... A>
+ds::tensor<double, A...> widened(const ds::tensor<float, A...>& t) {
+    ds::tensor<double, A...> wide(t.shape());
+    std::copy(t.data(), t.data() + t.size(), wide.data());
+    return wide;
+}
+
+// The three ways to evaluate a formula agree: fused on the CPU, step by step on the CPU, and
+// the reference backend in double (on the formula `wide` builds from double inputs).
+template <class Formula, class Wide>
+void require_agreement(const Formula& formula, const Wide& wide, double rtol = 1e-4, double atol = 2e-6) {
+    auto fused = ds::eval(formula);
+    auto separate = ds::eval(formula, ds::backend::cpu::evaluator{.fuse_attention = false});
+    auto exact = ds::eval(wide, ds::backend::reference::evaluator{});
+    test::require_close(fused, test::to_xt(exact), rtol, atol);
+    test::require_close(separate, test::to_xt(exact), rtol, atol);
+}
+
+struct sizes {
+    std::size_t batch, heads, queries, keys, d, dv;
+};
+
+template <class T>
+struct operands {
+    ds::tensor<T, Batch, Heads, Query, D> q;
+    ds::tensor<T, Batch, Heads, Key, D> k;
+    ds::tensor<T, Batch, Heads, Key, DV> v;
+};
+
+operands<float> random_operands(const sizes& s, std::uint64_t seed) {
+    operands<float> o{ds::tensor<float, Batch, Heads, Query, D>(Batch{s.batch}, Heads{s.heads}, Query{s.queries}, D{s.d}),
+                      ds::tensor<float, Batch, Heads, Key, D>(Batch{s.batch}, Heads{s.heads}, Key{s.keys}, D{s.d}),
+                      ds::tensor<float, Batch, Heads, Key, DV>(Batch{s.batch}, Heads{s.heads}, Key{s.keys}, DV{s.dv})};
+    ds::fill_normal(o.q, seed);
+    ds::fill_normal(o.k, seed + 1);
+    ds::fill_normal(o.v, seed + 2);
+    return o;
+}
+
+template <class T>
+operands<double> widened(const operands<T>& o) {
+    return {widened(o.q), widened(o.k), widened(o.v)};
+}
+
+auto plain(const auto& q, const auto& k, const auto& v, auto scale) {
+    return ds::matmul(ds::softmax(ds::matmul(q, ds::transpose(k)) * scale), v);
+}
+auto causal(const auto& q, const auto& k, const auto& v, auto scale) {
+    auto scores = ds::matmul(q, ds::transpose(k)) * scale;
+    Query queries{q.shape().extent(2)};
+    Key keys{k.shape().extent(2)};
+    return ds::matmul(ds::softmax(ds::masked_fill(scores, ds::causal_mask(queries, keys), -INFINITY)), v);
+}
+
+}  // namespace
+
+TEST_CASE("fused attention matches the unfused formula: odd sizes, with and without a causal mask") {
+    const sizes cases[] = {
+        {1, 1, 1, 1, 1, 1},       {2, 3, 7, 5, 3, 4},     {1, 2, 17, 65, 16, 32}, {2, 1, 97, 97, 64, 64},
+        {1, 1, 130, 300, 17, 40}, {1, 2, 1, 257, 64, 64}, {1, 1, 200, 33, 8, 8},  {1, 1, 3, 1000, 32, 32},
+    };
+    parity::with_one_and_two_threads([&] {
+        for (const sizes& s : cases) {
+            INFO("batch " << s.batch << " heads " << s.heads << " queries " << s.queries << " keys " << s.keys << " d "
+                          << s.d << " dv " << s.dv);
+            auto f = random_operands(s, 7 + s.queries);
+            auto w = widened(f);
+            float scale = 1.0f / std::sqrt(float(s.d));
+            require_agreement(plain(f.q, f.k, f.v, scale), plain(w.q, w.k, w.v, double(scale)));
+            require_agreement(causal(f.q, f.k, f.v, scale), causal(w.q, w.k, w.v, double(scale)));
+        }
+    });
+}
+
+TEST_CASE("the scale however spelt, and a score function the kernel applies to each tile") {
+    sizes s{2, 2, 45, 150, 24, 24};
+    auto f = random_operands(s, 3);
+    auto w = widened(f);
+    auto kt = ds::transpose(f.k);
+    auto wkt = ds::transpose(w.k);
+    require_agreement(ds::matmul(ds::softmax(ds::matmul(f.q, kt) / std::sqrt(24.0f)), f.v),
+                      ds::matmul(ds::softmax(ds::matmul(w.q, wkt) / std::sqrt(24.0)), w.v));
+    require_agreement(ds::matmul(ds::softmax(0.2f * ds::matmul(f.q, kt)), f.v),
+                      ds::matmul(ds::softmax(0.2 * ds::matmul(w.q, wkt)), w.v));
+    require_agreement(ds::matmul(ds::softmax(ds::matmul(f.q, kt)), f.v), ds::matmul(ds::softmax(ds::matmul(w.q, wkt)), w.v));
+    // a negative scale: the largest score is the smallest product
+    require_agreement(ds::matmul(ds::softmax(ds::matmul(f.q, kt) * -0.3f), f.v),
+                      ds::matmul(ds::softmax(ds::matmul(w.q, wkt) * -0.3), w.v));
+    // an additive mask per sequence and key (padding), broadcast over heads and queries,
+    // and a score function the pattern does not take apart
+    ds::tensor<float, Batch, ds::dim<1>, ds::dim<1>, Key> padding(Batch{2}, ds::dim<1>{1}, ds::dim<1>{1}, Key{150});
+    for (std::size_t j = 0; j < 150; ++j) padding(1, 0, 0, j) = j < 101 ? 0.0f : -inf;
+    auto wide_padding = widened(padding);
+    require_agreement(ds::matmul(ds::softmax(ds::matmul(f.q, kt) * 0.2f + padding), f.v),
+                      ds::matmul(ds::softmax(ds::matmul(w.q, wkt) * 0.2 + wide_padding), w.v));
+    require_agreement(ds::matmul(ds::softmax(ds::tanh(ds::matmul(f.q, kt) * 0.1f) * 5.0f + padding), f.v),
+                      ds::matmul(ds::softmax(ds::tanh(ds::matmul(w.q, wkt) * 0.1) * 5.0 + wide_padding), w.v));
+    // the causal mask taken out, the rest applied per tile
+    Query queries{45};
+    Key keys{150};
+    require_agreement(
+        ds::matmul(ds::softmax(ds::masked_fill(ds::matmul(f.q, kt) * 0.2f + padding, ds::causal_mask(queries, keys), -inf)), f.v),
+        ds::matmul(ds::softmax(ds::masked_fill(ds::matmul(w.q, wkt) * 0.2 + wide_padding, ds::causal_mask(queries, keys), -INFINITY)),
+                   w.v));
+}
+
+TEST_CASE("fused attention reads strided, transposed and broadcast operands") {
+    // Q, K, V as heads of one projection (batch, seq, heads, d), read through transposed views;
+    // keys and values shared by every head (broadcast), and the output written transposed.
+    using Seq = ds::axis<"seq">;
+    ds::tensor<float, Batch, Seq, Heads, D> x(Batch{2}, Seq{70}, Heads{3}, D{20});
+    ds::fill_normal(x, 11);
+    ds::tensor<float, Batch, ds::dim<1>, Seq, D> shared(Batch{2}, ds::dim<1>{1}, Seq{70}, D{20});
+    ds::fill_normal(shared, 12);
+    auto q = ds::transpose<Seq, Heads>(x);  // (batch, heads, seq, d), strided
+    auto wx = widened(x);
+    auto wshared = widened(shared);
+    auto wq = ds::transpose<Seq, Heads>(wx);
+    parity::with_one_and_two_threads([&] {
+        require_agreement(ds::matmul(ds::softmax(ds::matmul(q, ds::transpose(shared)) * 0.25f), shared),
+                          ds::matmul(ds::softmax(ds::matmul(wq, ds::transpose(wshared)) * 0.25), wshared));
+        require_agreement(ds::matmul(ds::softmax(ds::matmul(q, ds::transpose(q)) * 0.25f), q),
+                          ds::matmul(ds::softmax(ds::matmul(wq, ds::transpose(wq)) * 0.25), wq));
+        // into a transposed destination: (batch, seq, heads, d) written through a view
+        ds::tensor<float, Batch, Seq, Heads, D> out(Batch{2}, Seq{70}, Heads{3}, D{20});
+        ds::transpose<Seq, Heads>(out) = ds::matmul(ds::softmax(ds::matmul(q, ds::transpose(q)) * 0.25f), q);
+        auto want = ds::eval(ds::transpose<Heads, Seq>(ds::matmul(ds::softmax(ds::matmul(wq, ds::transpose(wq)) * 0.25), wq)),
+                             ds::backend::reference::evaluator{});
+        test::require_close(out, test::to_xt(want), 1e-4, 2e-6);
+    });
+}
+
+TEST_CASE("fused attention holds no queries x keys matrix") {
+    sizes s{1, 2, 2048, 2048, 16, 16};
+    auto f = random_operands(s, 5);
+    auto fused = ds::eval(causal(f.q, f.k, f.v, 0.25f));
+    std::size_t fused_bytes = ds::backend::cpu::last_temporary_bytes<float>();
+    auto separate = ds::eval(causal(f.q, f.k, f.v, 0.25f), ds::backend::cpu::evaluator{.fuse_attention = false});
+    std::size_t separate_bytes = ds::backend::cpu::last_temporary_bytes<float>();
+    INFO("fused " << fused_bytes << " bytes, separate " << separate_bytes << " bytes");
+    REQUIRE(separate_bytes >= 2 * 2048 * 2048 * sizeof(float));
+    REQUIRE(fused_bytes < 2048 * 16 * sizeof(float));
+    test::require_close(fused, test::to_xt(separate), 1e-4, 2e-6);
+    auto unmasked = ds::eval(plain(f.q, f.k, f.v, 0.25f));
+    REQUIRE(ds::backend::cpu::last_temporary_bytes<float>() < 2048 * 16 * sizeof(float));
+}
+
+TEST_CASE("attention semantics: masked rows, infinities, NaN, very large scores") {
+    sizes s{1, 1, 40, 150, 8, 8};
+    auto base = random_operands(s, 9);
+    SECTION("scores of 1e3 and more stay finite and match double") {
+        auto f = random_operands(s, 9);
+        for (std::size_t i = 0; i < 40; ++i) {
+            for (std::size_t c = 0; c < 8; ++c) f.q(0, 0, i, c) *= 300.0f;  // scores up to about 1e4
+        }
+        auto w = widened(f);
+        auto fused = ds::eval(plain(f.q, f.k, f.v, 1.0f));
+        for (std::size_t i = 0; i < fused.size(); ++i) REQUIRE(std::isfinite(fused.data()[i]));
+        require_agreement(plain(f.q, f.k, f.v, 1.0f), plain(w.q, w.k, w.v, 1.0), 1e-3, 1e-4);
+        require_agreement(causal(f.q, f.k, f.v, 1.0f), causal(w.q, w.k, w.v, 1.0), 1e-3, 1e-4);
+    }
+    SECTION("a fully masked row gives 0, in both paths; -inf scores get weight 0") {
+        ds::tensor<float, ds::dim<1>, ds::dim<1>, Query, Key> mask(ds::dim<1>{1}, ds::dim<1>{1}, Query{40}, Key{150});
+        for (std::size_t j = 0; j < 150; ++j) {
+            mask(0, 0, 5, j) = -inf;                          // query 5 sees nothing
+            mask(0, 0, 6, j) = j % 3 == 0 ? 0.0f : -inf;      // query 6 sees every third key
+        }
+        auto w = widened(base);
+        auto wide_mask = widened(mask);
+        auto formula = ds::matmul(ds::softmax(ds::matmul(base.q, ds::transpose(base.k)) * 0.3f + mask), base.v);
+        require_agreement(formula, ds::matmul(ds::softmax(ds::matmul(w.q, ds::transpose(w.k)) * 0.3 + wide_mask), w.v));
+        auto fused = ds::eval(formula);
+        for (std::size_t c = 0; c < 8; ++c) REQUIRE(fused(0, 0, 5, c) == 0.0f);
+        // more queries than keys under a causal mask: the first queries see no key at all
+        sizes t{1, 1, 20, 6, 8, 8};
+        auto g = random_operands(t, 4);
+        auto out = ds::eval(causal(g.q, g.k, g.v, 1.0f));
+        auto step_by_step = ds::eval(causal(g.q, g.k, g.v, 1.0f), ds::backend::cpu::evaluator{.fuse_attention = false});
+        test::require_close(out, test::to_xt(step_by_step), 1e-5, 1e-6);
+        for (std::size_t i = 0; i < 14; ++i) {
+            for (std::size_t c = 0; c < 8; ++c) REQUIRE(out(0, 0, i, c) == 0.0f);
+        }
+    }
+    SECTION("NaN in a query, a key or a value reaches exactly the outputs that read it") {
+        auto f = random_operands(s, 9);
+        f.q(0, 0, 3, 2) = NAN;  // row 3 of the scores: NaN
+        auto fused = ds::eval(plain(f.q, f.k, f.v, 0.3f));
+        auto separate = ds::eval(plain(f.q, f.k, f.v, 0.3f), ds::backend::cpu::evaluator{.fuse_attention = false});
+        test::require_close(fused, test::to_xt(separate), 1e-5, 1e-6);
+        for (std::size_t c = 0; c < 8; ++c) {
+            REQUIRE(std::isnan(fused(0, 0, 3, c)));
+            REQUIRE(std::isfinite(fused(0, 0, 4, c)));
+        }
+        f.k(0, 0, 77, 1) = NAN;  // column 77: NaN in every row
+        fused = ds::eval(plain(f.q, f.k, f.v, 0.3f));
+        for (std::size_t i = 0; i < fused.size(); ++i) REQUIRE(std::isnan(fused.data()[i]));
+        auto g = random_operands(s, 9);
+        g.v(0, 0, 10, 4) = NAN;  // one value: column 4 of every output
+        auto out = ds::eval(plain(g.q, g.k, g.v, 0.3f));
+        for (std::size_t i = 0; i < 40; ++i) {
+            REQUIRE(std::isnan(out(0, 0, i, 4)));
+            REQUIRE(std::isfinite(out(0, 0, i, 3)));
+        }
+    }
+    SECTION("+inf in the scores gives what the unfused formula gives (NaN)") {
+        auto f = random_operands(s, 9);
+        f.q(0, 0, 2, 0) = inf;
+        auto fused = ds::eval(plain(f.q, f.k, f.v, 0.3f));
+        auto separate = ds::eval(plain(f.q, f.k, f.v, 0.3f), ds::backend::cpu::evaluator{.fuse_attention = false});
+        test::require_close(fused, test::to_xt(separate), 1e-5, 1e-6);
+    }
+}
