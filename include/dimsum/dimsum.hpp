@@ -12,5 +12,6 @@
 #include "dimsum/ops/softmax.hpp"
 #include "dimsum/ops/transpose.hpp"
 #include "dimsum/ops/view.hpp"
+#include "dimsum/nn/attention.hpp"
 #include "dimsum/tensor/print.hpp"
 #include "dimsum/tensor/random.hpp"

@@ -1,0 +1,225 @@
+#pragma once
+// Attention, as formulas over ops/: scaled dot-product attention (Vaswani et al. 2017, eq. 1)
+// and a multi-head attention layer. Part of <dimsum/dimsum.hpp>, which brings the backend
+// that the layer's evaluations need. The formulas are what a reader checks against the paper;
+// evaluated on the CPU backend, attention runs fused (backend/cpu/attention.hpp) and never
+// holds the query x key matrix, unless the attention weights are asked for.
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <span>
+#include <type_traits>
+
+#include "dimsum/core/message.hpp"
+#include "dimsum/core/shape_error.hpp"
+#include "dimsum/evaluation/assign.hpp"
+#include "dimsum/ops/elementwise.hpp"
+#include "dimsum/ops/mask.hpp"
+#include "dimsum/ops/matmul.hpp"
+#include "dimsum/ops/softmax.hpp"
+#include "dimsum/ops/transpose.hpp"
+#include "dimsum/ops/view.hpp"
+#include "dimsum/tensor/tensor.hpp"
+
+namespace dimsum::nn {
+
+// Q K^T / sqrt(d_k): q (..., query, d_k), k (..., key, d_k) -> (..., query, key).
+template <class Q, class K>
+auto attention_scores(Q&& q, K&& k) {
+    using T = value_type_of<Q>;
+    const auto d_k = static_cast<T>(q.shape().extent(shape_of<Q>::rank - 1));
+    return matmul(std::forward<Q>(q), transpose(std::forward<K>(k))) / std::sqrt(d_k);
+}
+
+// The scores with -infinity wherever a key lies in its query's future (causal_mask).
+template <class S>
+auto causal(S&& scores) {
+    using shape_type = shape_of<S>;
+    using Query = typename shape_type::template axis_at<shape_type::rank - 2>;
+    using Key = typename shape_type::template axis_at<shape_type::rank - 1>;
+    Query queries{scores.shape().extent(shape_type::rank - 2)};
+    Key keys{scores.shape().extent(shape_type::rank - 1)};
+    return masked_fill(std::forward<S>(scores), causal_mask(queries, keys),
+                       -std::numeric_limits<value_type_of<S>>::infinity());
+}
+
+// softmax(Q K^T / sqrt(d_k)) V, the softmax along the keys:
+// q (..., query, d_k), k (..., key, d_k), v (..., key, d_v) -> (..., query, d_v).
+template <class Q, class K, class V>
+auto attention(Q&& q, K&& k, V&& v) {
+    return matmul(softmax(attention_scores(std::forward<Q>(q), std::forward<K>(k))), std::forward<V>(v));
+}
+
+// The same where no query sees a key in its future.
+template <class Q, class K, class V>
+auto causal_attention(Q&& q, K&& k, V&& v) {
+    return matmul(softmax(causal(attention_scores(std::forward<Q>(q), std::forward<K>(k)))), std::forward<V>(v));
+}
+
+// softmax(Q K^T / sqrt(d_k) + mask) V, with an additive mask (0 where a key is seen,
+// -infinity where it is not, or any bias) that broadcasts to the scores.
+template <class Q, class K, class V, class Mask>
+auto masked_attention(Q&& q, K&& k, V&& v, Mask&& mask) {
+    return matmul(softmax(attention_scores(std::forward<Q>(q), std::forward<K>(k)) + std::forward<Mask>(mask)),
+                  std::forward<V>(v));
+}
+
+// What a multi-head attention call may ask for beyond the plain layer.
+struct attention_options {
+    bool causal = false;
+    // Per sequence of the batch, how many of its keys are real: keys at or past this length
+    // are padding, which no query sees. Empty: every key is real.
+    std::span<const std::size_t> key_lengths = {};
+};
+
+namespace detail {
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_key_lengths(std::size_t given, std::size_t batch,
+                                                                     std::size_t bad_length, std::size_t keys) {
+    message m;
+    m << "dimsum: multi_head_attention: ";
+    if (given != batch) m << given << " key lengths given for a batch of " << batch;
+    else m << "key length " << bad_length << " exceeds the " << keys << " keys";
+    throw shape_error(m);
+}
+}  // namespace detail
+
+// A multi-head attention layer (Vaswani et al. 2017, section 3.2.2), inputs as rows (x W):
+//     head_i = attention(x W_Q_i + b_Q_i, c W_K_i + b_K_i, c W_V_i + b_V_i)
+//     y      = concat(head_1, ..., head_h) W_O + b_O
+// for queries x (batch, query, model) and a context c (batch, key, source): c = x in
+// self-attention. Keys have heads x head columns, values heads x value_head. The query, key
+// and value projections are either separate (w_q, w_k, w_v) or one fused matrix w_qkv
+// (self-attention with value_head = head), whose columns are [W_Q | W_K | W_V]. Biases are
+// zero unless set.
+//
+// A call evaluates one formula, projections to output projection, so that its intermediate
+// values live in the evaluator's temporaries, reused from one call to the next.
+template <class T, axis_type Model, axis_type Heads, axis_type Head, axis_type ValueHead = Head,
+          axis_type Source = Model>
+struct multi_head_attention {
+    static_assert(Heads::is_static && Head::is_static && ValueHead::is_static,
+                  "dimsum: multi_head_attention: heads, head and value_head need static extents");
+    using Inner = axis<"heads*head", Heads::static_extent * Head::static_extent>;
+    using ValueInner = std::conditional_t<std::is_same_v<ValueHead, Head>, Inner,
+                                          axis<"heads*value_head", Heads::static_extent * ValueHead::static_extent>>;
+    using Part = axis<"part", 3>;  // query, key, value
+    using Fused = axis<"qkv", 3 * Inner::static_extent>;
+
+    std::optional<tensor<T, Model, Fused>> w_qkv;      // (model, 3 heads x head)
+    tensor<T, Fused> b_qkv;                            // (3 heads x head)
+    std::optional<tensor<T, Model, Inner>> w_q;        // (model, heads x head)
+    std::optional<tensor<T, Source, Inner>> w_k;       // (source, heads x head)
+    std::optional<tensor<T, Source, ValueInner>> w_v;  // (source, heads x value_head)
+    tensor<T, Inner> b_q, b_k;
+    tensor<T, ValueInner> b_v;
+    tensor<T, ValueInner, Model> w_o;  // (heads x value_head, model)
+    tensor<T, Model> b_o;
+
+    // Self-attention: y (batch, seq, model) for x (batch, seq, model); `weights`, if given,
+    // receives the attention weights (batch, heads, seq, seq), which are then not fused away.
+    template <axis_type Batch, axis_type Seq>
+    tensor<T, Batch, Seq, Model> operator()(const tensor<T, Batch, Seq, Model>& x, const attention_options& options = {},
+                                            tensor<T, Batch, Heads, Seq, Seq>* weights = nullptr) const
+        requires std::is_same_v<Source, Model>
+    {
+        return (*this)(x, x, options, weights);
+    }
+
+    // Attention of queries x (batch, query, model) to a context c (batch, key, source).
+    template <axis_type Batch, axis_type Query, axis_type Key>
+    tensor<T, Batch, Query, Model> operator()(const tensor<T, Batch, Query, Model>& x, const tensor<T, Batch, Key, Source>& c,
+                                              const attention_options& options = {},
+                                              tensor<T, Batch, Heads, Query, Key>* weights = nullptr) const {
+        tensor<T, Batch, Query, Model> y(Batch{x.shape().extent(0)}, Query{x.shape().extent(1)});
+        forward(x, c, y.view(), options, weights);
+        return y;
+    }
+
+    // The same into y, a view of x's shape: a call in a loop allocates nothing.
+    template <axis_type Batch, axis_type Query, axis_type Key>
+    void forward(const tensor<T, Batch, Query, Model>& x, const tensor<T, Batch, Key, Source>& c,
+                 const tensor_view<T, Batch, Query, Model>& y, const attention_options& options = {},
+                 tensor<T, Batch, Heads, Query, Key>* weights = nullptr) const {
+        forward_on(default_evaluation{}, x, c, y, options, weights);
+    }
+
+    // The same on a backend of the caller's choice, e.g.
+    // `ds::backend::cpu::evaluator{.fuse_attention = false}`.
+    template <class Backend, axis_type Batch, axis_type Query, axis_type Key>
+    void forward_on(Backend backend, const tensor<T, Batch, Query, Model>& x, const tensor<T, Batch, Key, Source>& c,
+                    const tensor_view<T, Batch, Query, Model>& y, const attention_options& options = {},
+                    tensor<T, Batch, Heads, Query, Key>* weights = nullptr) const {
+        auto store = [&](const auto& dst, const auto& formula) {
+            if constexpr (std::is_same_v<Backend, default_evaluation>) assign(dst, formula);
+            else evaluation::assign_with(backend, dst, formula);
+        };
+        const projection_views p = projections();
+        // the heads: (batch, heads, query, head), (batch, heads, key, head), (batch, heads, key, value_head)
+        auto q = transpose<Query, Heads>(view<Batch, Query, Heads, Head>(matmul(x, p.w_q) + p.b_q));
+        auto k = transpose<Key, Heads>(view<Batch, Key, Heads, Head>(matmul(c, p.w_k) + p.b_k));
+        auto v = transpose<Key, Heads>(view<Batch, Key, Heads, ValueHead>(matmul(c, p.w_v) + p.b_v));
+        // concat(heads) W_O + b_O, for z (batch, heads, query, value_head)
+        auto output = [&](auto&& z) {
+            store(y, matmul(view<Batch, Query, ValueInner>(transpose<Heads, Query>(z)), w_o) + b_o);
+        };
+        // softmax(mask(Q K^T / sqrt(d_k))) V, the mask one of four formulas
+        auto run = [&](auto mask) {
+            auto weights_of = [&] { return softmax(mask(attention_scores(q, k))); };  // (batch, heads, query, key)
+            if (!weights) return output(matmul(weights_of(), v));
+            // asked for: held, and the output computed from them
+            auto formula = weights_of();
+            *weights = tensor<T, Batch, Heads, Query, Key>(formula.shape());
+            store(weights->view(), formula);
+            output(matmul(*weights, v));
+        };
+        auto padding = padding_mask<Batch, Key>(x.shape().extent(0), c.shape().extent(1), options.key_lengths);
+        if (options.causal && padding) return run([&](auto&& s) { return causal(s + *padding); });
+        if (options.causal) return run([](auto&& s) { return causal(s); });
+        if (padding) return run([&](auto&& s) { return s + *padding; });
+        run([](auto&& s) { return s; });
+    }
+
+private:
+    struct default_evaluation {};  // evaluate with dimsum's default backend
+
+    // The projections as views, whether fused or separate: one type, so one formula.
+    struct projection_views {
+        tensor_view<const T, Model, Inner> w_q;
+        tensor_view<const T, Source, Inner> w_k;
+        tensor_view<const T, Source, ValueInner> w_v;
+        tensor_view<const T, Inner> b_q, b_k;
+        tensor_view<const T, ValueInner> b_v;
+    };
+    projection_views projections() const {
+        if constexpr (std::is_same_v<Source, Model> && std::is_same_v<ValueInner, Inner>) {
+            if (w_qkv) {
+                auto w = view<Model, Part, Inner>(*w_qkv);  // (model, part, heads x head)
+                auto b = view<Part, Inner>(b_qkv);          // (part, heads x head)
+                return {select<Part>(w, 0), select<Part>(w, 1), select<Part>(w, 2),
+                        select<Part>(b, 0), select<Part>(b, 1), select<Part>(b, 2)};
+            }
+        }
+        if (!w_q || !w_k || !w_v) throw shape_error("dimsum: multi_head_attention: neither w_qkv nor w_q, w_k and w_v are set");
+        return {w_q->view(), w_k->view(), w_v->view(), b_q.view(), b_k.view(), b_v.view()};
+    }
+
+    // (batch, 1, 1, key): 0 for the keys within each sequence's length, -infinity past it;
+    // none without lengths.
+    template <axis_type Batch, axis_type Key>
+    static std::optional<tensor<T, Batch, dim<1>, dim<1>, Key>> padding_mask(std::size_t batch, std::size_t keys,
+                                                                              std::span<const std::size_t> lengths) {
+        if (lengths.empty()) return std::nullopt;
+        if (lengths.size() != batch) detail::throw_key_lengths(lengths.size(), batch, 0, keys);
+        tensor<T, Batch, dim<1>, dim<1>, Key> mask(Batch{batch}, dim<1>{1}, dim<1>{1}, Key{keys});
+        for (std::size_t b = 0; b < batch; ++b) {
+            if (lengths[b] > keys) detail::throw_key_lengths(batch, batch, lengths[b], keys);
+            T* row = mask.data() + b * keys;
+            for (std::size_t j = 0; j < keys; ++j) row[j] = j < lengths[b] ? T(0) : -std::numeric_limits<T>::infinity();
+        }
+        return mask;
+    }
+};
+
+}  // namespace dimsum::nn

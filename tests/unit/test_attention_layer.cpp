@@ -1,0 +1,201 @@
+// nn::multi_head_attention against PyTorch's outputs (tests/reference/generate.py) and
+// against plain loops in double: self- and cross-attention, fused and separate projections,
+// biases, value heads of another width than key heads, causal and padding masks, and the
+// attention weights returned.
+#include "support.hpp"
+
+#include <xtensor/xnpy.hpp>
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "multi_head_attention.hpp"
+
+namespace {
+
+namespace ds = dimsum;
+
+using Batch = ds::axis<"batch">;
+using Query = ds::axis<"query">;
+using Key = ds::axis<"key">;
+using Model = ds::axis<"model", 24>;
+using Source = ds::axis<"source", 10>;
+using Heads = ds::axis<"heads", 3>;
+using Head = ds::axis<"head", 8>;
+using ValueHead = ds::axis<"value_head", 5>;
+
+using layer = ds::nn::multi_head_attention<float, Model, Heads, Head, ValueHead, Source>;
+
+template <class Tensor>
+std::vector<double> values(const Tensor& t) {
+    return std::vector<double>(t.data(), t.data() + t.size());
+}
+
+// x W + b for row-major x (rows, in) and W (in, out).
+std::vector<double> project(const std::vector<double>& x, std::size_t rows, std::size_t in, const std::vector<double>& w,
+                            std::size_t out, const std::vector<double>& b) {
+    std::vector<double> y(rows * out);
+    for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t o = 0; o < out; ++o) {
+            double sum = b.empty() ? 0.0 : b[o];
+            for (std::size_t i = 0; i < in; ++i) sum += x[r * in + i] * w[i * out + o];
+            y[r * out + o] = sum;
+        }
+    }
+    return y;
+}
+
+// The layer in plain loops: per sequence, per head, softmax over the keys each query sees.
+std::vector<double> by_loops(const layer& l, const ds::tensor<float, Batch, Query, Model>& x,
+                             const ds::tensor<float, Batch, Key, Source>& c, bool causal,
+                             const std::vector<std::size_t>& lengths, std::vector<double>* weights_out = nullptr) {
+    const std::size_t batch = x.shape().extent(0), queries = x.shape().extent(1), keys = c.shape().extent(1);
+    const std::size_t model = 24, source = 10, heads = 3, head = 8, value_head = 5;
+    auto bias = [](const auto& b) { return values(b); };
+    std::vector<double> xs = values(x), cs = values(c), y(batch * queries * model);
+    if (weights_out) weights_out->assign(batch * heads * queries * keys, 0.0);
+    for (std::size_t s = 0; s < batch; ++s) {
+        std::vector<double> xb(xs.begin() + s * queries * model, xs.begin() + (s + 1) * queries * model);
+        std::vector<double> cb(cs.begin() + s * keys * source, cs.begin() + (s + 1) * keys * source);
+        auto q = project(xb, queries, model, values(*l.w_q), heads * head, bias(l.b_q));
+        auto k = project(cb, keys, source, values(*l.w_k), heads * head, bias(l.b_k));
+        auto v = project(cb, keys, source, values(*l.w_v), heads * value_head, bias(l.b_v));
+        std::vector<double> concat(queries * heads * value_head, 0.0);
+        std::size_t length = lengths.empty() ? keys : lengths[s];
+        for (std::size_t h = 0; h < heads; ++h) {
+            for (std::size_t i = 0; i < queries; ++i) {
+                std::vector<double> score(keys, -std::numeric_limits<double>::infinity());
+                double top = -std::numeric_limits<double>::infinity();
+                for (std::size_t j = 0; j < keys; ++j) {
+                    bool seen = j < length && (!causal || j + queries <= i + keys);
+                    if (!seen) continue;
+                    double dot = 0;
+                    for (std::size_t e = 0; e < head; ++e) dot += q[i * heads * head + h * head + e] * k[j * heads * head + h * head + e];
+                    score[j] = dot / std::sqrt(double(head));
+                    top = std::max(top, score[j]);
+                }
+                double total = 0;
+                for (std::size_t j = 0; j < keys; ++j) total += std::isinf(score[j]) ? 0.0 : std::exp(score[j] - top);
+                for (std::size_t j = 0; j < keys; ++j) {
+                    double p = std::isinf(score[j]) ? 0.0 : std::exp(score[j] - top) / total;
+                    if (weights_out) (*weights_out)[((s * heads + h) * queries + i) * keys + j] = p;
+                    for (std::size_t e = 0; e < value_head; ++e) {
+                        concat[i * heads * value_head + h * value_head + e] += p * v[j * heads * value_head + h * value_head + e];
+                    }
+                }
+            }
+        }
+        auto yb = project(concat, queries, heads * value_head, values(l.w_o), model, bias(l.b_o));
+        std::copy(yb.begin(), yb.end(), y.begin() + s * queries * model);
+    }
+    return y;
+}
+
+xt::xarray<double> as_xt(const std::vector<double>& v, std::vector<std::size_t> shape) {
+    xt::xarray<double> a(shape);
+    std::copy(v.begin(), v.end(), a.begin());
+    return a;
+}
+
+layer random_layer(bool biases) {
+    layer l;
+    l.w_q.emplace();
+    l.w_k.emplace();
+    l.w_v.emplace();
+    ds::fill_uniform(*l.w_q, 1, -0.4, 0.4);
+    ds::fill_uniform(*l.w_k, 2, -0.4, 0.4);
+    ds::fill_uniform(*l.w_v, 3, -0.4, 0.4);
+    ds::fill_uniform(l.w_o, 4, -0.4, 0.4);
+    if (biases) {  // else zero
+        ds::fill_uniform(l.b_q, 5);
+        ds::fill_uniform(l.b_k, 6);
+        ds::fill_uniform(l.b_v, 7);
+        ds::fill_uniform(l.b_o, 8);
+    }
+    return l;
+}
+
+}  // namespace
+
+TEST_CASE("cross-attention with biases and value heads narrower than key heads, every mask") {
+    const layer l = random_layer(true);
+    for (auto [queries, keys] : {std::array<std::size_t, 2>{7, 13}, {1, 130}, {33, 5}}) {
+        INFO("queries " << queries << " keys " << keys);
+        ds::tensor<float, Batch, Query, Model> x(Batch{2}, Query{queries});
+        ds::tensor<float, Batch, Key, Source> c(Batch{2}, Key{keys});
+        ds::fill_normal(x, 10 + queries);
+        ds::fill_normal(c, 20 + keys);
+        std::vector<std::size_t> lengths{keys, keys / 2 + 1};
+        for (bool causal : {false, true}) {
+            for (bool padded : {false, true}) {
+                INFO("causal " << causal << " padded " << padded);
+                ds::nn::attention_options options{.causal = causal};
+                if (padded) options.key_lengths = lengths;
+                auto want = by_loops(l, x, c, causal, padded ? lengths : std::vector<std::size_t>{});
+                test::require_close(l(x, c, options), as_xt(want, {2, queries, 24}), 1e-4, 1e-5);
+            }
+        }
+    }
+}
+
+TEST_CASE("the attention weights, when asked for, are the softmax the output used") {
+    const layer l = random_layer(true);
+    ds::tensor<float, Batch, Query, Model> x(Batch{2}, Query{9});
+    ds::tensor<float, Batch, Key, Source> c(Batch{2}, Key{11});
+    ds::fill_normal(x, 31);
+    ds::fill_normal(c, 32);
+    std::vector<std::size_t> lengths{11, 4};
+    ds::nn::attention_options options{.causal = true, .key_lengths = lengths};
+    ds::tensor<float, Batch, Heads, Query, Key> weights;
+    auto y = l(x, c, options, &weights);
+    std::vector<double> want_weights;
+    auto want = by_loops(l, x, c, true, lengths, &want_weights);
+    test::require_close(y, as_xt(want, {2, 9, 24}), 1e-4, 1e-5);
+    test::require_close(weights, as_xt(want_weights, {2, 3, 9, 11}), 1e-5, 1e-6);
+    test::require_close(l(x, c, options), test::to_xt(y), 1e-5, 1e-6);  // fused, the same
+    // on the reference backend, and on the CPU backend step by step
+    ds::tensor<float, Batch, Query, Model> on_reference(Batch{2}, Query{9}), separate(Batch{2}, Query{9});
+    l.forward_on(ds::backend::reference::evaluator{}, x, c, on_reference.view(), options);
+    l.forward_on(ds::backend::cpu::evaluator{.fuse_attention = false}, x, c, separate.view(), options);
+    test::require_close(on_reference, as_xt(want, {2, 9, 24}), 1e-4, 1e-5);
+    test::require_close(separate, as_xt(want, {2, 9, 24}), 1e-4, 1e-5);
+}
+
+TEST_CASE("self-attention layer, separate or fused projections, matches PyTorch") {
+    using M = mha::Model;
+    using H = mha::Heads;
+    using D = mha::Head;
+    auto x = mha::make_input(2, 10);
+    auto w_q = mha::make_weight(2), w_k = mha::make_weight(3), w_v = mha::make_weight(4), w_o = mha::make_weight(5);
+    auto load = [](const std::string& name) { return xt::load_npy<double>(std::string(DIMSUM_TEST_DATA) + "/" + name); };
+    using self_layer = ds::nn::multi_head_attention<float, M, H, D>;
+    using Inner = self_layer::Inner;  // heads x head: the same columns under the layer's name
+    self_layer separate;
+    separate.w_q.emplace(ds::view<M, Inner>(w_q));
+    separate.w_k.emplace(ds::view<M, Inner>(w_k));
+    separate.w_v.emplace(ds::view<M, Inner>(w_v));
+    separate.w_o = ds::view<Inner, M>(w_o);
+    self_layer fused;
+    fused.w_qkv.emplace(mha::fuse(w_q, w_k, w_v));
+    fused.w_o = separate.w_o;
+    for (const auto& l : {separate, fused}) {
+        test::require_close(l(x), load("multi_head_out.npy"), 1e-4, 1e-6);
+        test::require_close(l(x, {.causal = true}), load("multi_head_causal_out.npy"), 1e-4, 1e-6);
+    }
+}
+
+TEST_CASE("bad key lengths are a shape_error naming the counts") {
+    const layer l = random_layer(false);
+    ds::tensor<float, Batch, Query, Model> x(Batch{2}, Query{3});
+    ds::tensor<float, Batch, Key, Source> c(Batch{2}, Key{4});
+    std::vector<std::size_t> three{1, 2, 3}, too_long{4, 5};
+    REQUIRE(test::error_of([&] { l(x, c, {.key_lengths = three}); }) ==
+            "dimsum: multi_head_attention: 3 key lengths given for a batch of 2");
+    REQUIRE(test::error_of([&] { l(x, c, {.key_lengths = too_long}); }) ==
+            "dimsum: multi_head_attention: key length 5 exceeds the 4 keys");
+    layer missing = random_layer(false);
+    missing.w_k.reset();
+    REQUIRE(test::error_of([&] { missing(x, c); }) == "dimsum: multi_head_attention: neither w_qkv nor w_q, w_k and w_v are set");
+}
