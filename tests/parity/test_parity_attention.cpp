@@ -76,6 +76,7 @@ TEST_CASE("fused attention matches the unfused formula: odd sizes, with and with
     const sizes cases[] = {
         {1, 1, 1, 1, 1, 1},       {2, 3, 7, 5, 3, 4},     {1, 2, 17, 65, 16, 32}, {2, 1, 97, 97, 64, 64},
         {1, 1, 130, 300, 17, 40}, {1, 2, 1, 257, 64, 64}, {1, 1, 200, 33, 8, 8},  {1, 1, 3, 1000, 32, 32},
+        {2, 2, 2, 45, 17, 9},  // few queries: dot products instead of the micro-kernel; tails along d and dv
     };
     parity::with_one_and_two_threads([&] {
         for (const sizes& s : cases) {
@@ -146,6 +147,30 @@ TEST_CASE("fused attention reads strided, transposed and broadcast operands") {
                              ds::backend::reference::evaluator{});
         test::require_close(out, test::to_xt(want), 1e-4, 2e-6);
     });
+}
+
+TEST_CASE("K^T given as a tensor of its own: keys strided, for many queries and for one") {
+    for (std::size_t queries : {1, 70}) {
+        INFO("queries " << queries);
+        ds::tensor<float, Batch, Heads, Query, D> q(Batch{1}, Heads{2}, Query{queries}, D{20});
+        ds::tensor<float, Batch, Heads, D, Key> kt(Batch{1}, Heads{2}, D{20}, Key{150});  // (batch, heads, d, key)
+        ds::tensor<float, Batch, Heads, Key, DV> v(Batch{1}, Heads{2}, Key{150}, DV{24});
+        ds::fill_normal(q, 1);
+        ds::fill_normal(kt, 2);
+        ds::fill_normal(v, 3);
+        ds::tensor<float, Batch, Heads, DV, Key> vt(Batch{1}, Heads{2}, DV{24}, Key{150});  // V^T: values strided
+        ds::fill_normal(vt, 4);
+        auto wvt = widened(vt);
+        auto wq = widened(q);
+        auto wkt = widened(kt);
+        auto wv = widened(v);
+        parity::with_one_and_two_threads([&] {
+            require_agreement(ds::matmul(ds::softmax(ds::matmul(q, kt) * 0.2f), v),
+                              ds::matmul(ds::softmax(ds::matmul(wq, wkt) * 0.2), wv));
+            require_agreement(ds::matmul(ds::softmax(ds::matmul(q, kt) * 0.2f), ds::transpose(vt)),
+                              ds::matmul(ds::softmax(ds::matmul(wq, wkt) * 0.2), ds::transpose(wvt)));
+        });
+    }
 }
 
 TEST_CASE("fused attention holds no queries x keys matrix") {

@@ -40,6 +40,9 @@ struct attention_tiling {
     static constexpr std::size_t queries = 8 * gemm_tiling<T>::mr;
     // Keys per block, a whole number of the micro-kernel's column panels.
     static constexpr std::size_t keys = 4 * gemm_tiling<T>::nr;
+    // Blocks of at most this many queries take dot products instead of the micro-kernel,
+    // whose panels of mr rows would be mostly padding.
+    static constexpr std::size_t few_queries = 2;
     // Below this many multiply-adds a problem runs on one thread: a team costs more.
     static constexpr double parallel_work = 1 << 18;
     // The most parts one task's keys are split into (two per thread balance them well enough).
@@ -60,6 +63,60 @@ struct partial_result {
     T* max;  // (rows)
     T* sum;  // (rows)
 };
+
+// For a block of few queries (decoding: one), the micro-kernel's panels of mr rows would
+// mostly multiply padding. Such blocks take each score as one dot product, and each output
+// row as a sum of value rows, with no packing.
+
+// scores[i * ld + j] = q_i . k_j for i < queries and j < cols; q's rows contiguous (d values,
+// `q_stride` apart), k's rows `k_row` apart with their values `k_col` apart.
+template <class T>
+void scores_by_rows(const T* q, std::size_t q_stride, std::size_t queries, const T* k, std::ptrdiff_t k_row,
+                    std::ptrdiff_t k_col, std::size_t cols, std::size_t d, T* scores, std::size_t ld) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size, keys_at_once = 4;  // four independent sums hide the FMA latency
+    const std::size_t vector_d = k_col == 1 ? d / width * width : 0;
+    for (std::size_t i = 0; i < queries; ++i) {
+        const T* qi = q + i * q_stride;
+        T* row = scores + i * ld;
+        for (std::size_t j = 0; j < cols; j += keys_at_once) {
+            const std::size_t group = std::min(keys_at_once, cols - j);
+            const T* kj[keys_at_once];
+            for (std::size_t g = 0; g < keys_at_once; ++g) kj[g] = k + static_cast<std::ptrdiff_t>(j + std::min(g, group - 1)) * k_row;
+            batch sum[keys_at_once] = {batch(T(0)), batch(T(0)), batch(T(0)), batch(T(0))};
+            for (std::size_t c = 0; c < vector_d; c += width) {
+                batch qc = batch::load_unaligned(qi + c);
+                for (std::size_t g = 0; g < keys_at_once; ++g) sum[g] = xsimd::fma(qc, batch::load_unaligned(kj[g] + c), sum[g]);
+            }
+            for (std::size_t g = 0; g < group; ++g) {
+                T total = xsimd::hadd(sum[g]);
+                for (std::size_t c = vector_d; c < d; ++c) total += qi[c] * kj[g][static_cast<std::ptrdiff_t>(c) * k_col];
+                row[j + g] = total;
+            }
+        }
+    }
+}
+
+// out[i * ld_out + c] += sum_j p[i * ld_p + j] v_j[c] for i < queries, c < dv; v's rows `v_row`
+// apart with their values `v_col` apart.
+template <class T>
+void values_by_rows(const T* p, std::size_t ld_p, std::size_t queries, const T* v, std::ptrdiff_t v_row,
+                    std::ptrdiff_t v_col, std::size_t cols, std::size_t dv, T* out, std::size_t ld_out) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    const std::size_t vector_dv = v_col == 1 ? dv / width * width : 0;
+    for (std::size_t i = 0; i < queries; ++i) {
+        T* o = out + i * ld_out;
+        for (std::size_t j = 0; j < cols; ++j) {
+            const T weight = p[i * ld_p + j];
+            const T* vj = v + static_cast<std::ptrdiff_t>(j) * v_row;
+            for (std::size_t c = 0; c < vector_dv; c += width) {
+                xsimd::fma(batch(weight), batch::load_unaligned(vj + c), batch::load_aligned(o + c)).store_aligned(o + c);
+            }
+            for (std::size_t c = vector_dv; c < dv; ++c) o[c] += weight * vj[static_cast<std::ptrdiff_t>(c) * v_col];
+        }
+    }
+}
 
 // One task: queries [first_query, first_query + queries) of batch item `item`, against keys
 // [first_key, last_key). Writes O to the problem's output, or, when `partial` is given, the
@@ -99,7 +156,15 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     T* out = scores + s_size;         // (rows, dv_pad): O
     T* row_max = out + o_size;        // (rows): m
     T* row_sum = row_max + rows;      // (rows): l
-    pack_a<T>(q, queries, d, packed_q);
+    // Q: in panels for the micro-kernel, or, for few queries, as contiguous rows
+    const bool by_rows = queries <= attention_tiling<T>::few_queries;
+    if (!by_rows) {
+        pack_a<T>(q, queries, d, packed_q);
+    } else {
+        for (std::size_t i = 0; i < queries; ++i) {
+            for (std::size_t c = 0; c < d; ++c) packed_q[i * d + c] = q.data[static_cast<std::ptrdiff_t>(i) * q.row_stride + static_cast<std::ptrdiff_t>(c) * q.col_stride];
+        }
+    }
     std::fill(out, out + rows * dv_pad, T(0));
     std::fill(row_max, row_max + rows, minus_infinity);
     std::fill(row_sum, row_sum + rows, T(0));
@@ -112,10 +177,15 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     for (std::size_t key = first_key; key < end; key += block_keys) {
         const std::size_t cols = std::min(block_keys, end - key), cols_pad = round_up(cols, nr);
         // pass 1: S = Q K^T for this block of keys; K^T (d, cols) is K read across
-        matrix<const T> kt{k + static_cast<std::ptrdiff_t>(key) * p.k.row_stride, d, cols, p.k.col_stride, p.k.row_stride};
-        for (std::size_t j = 0; j < cols; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, cols - j), d, packed_k + j * d);
-        macro_kernel<T>(rows, cols_pad, d, packed_q, nullptr, 0, packed_k, nullptr, 0,
-                        matrix<T>{scores, rows, cols_pad, static_cast<std::ptrdiff_t>(block_keys), 1}, false);
+        const T* k_block = k + static_cast<std::ptrdiff_t>(key) * p.k.row_stride;
+        if (by_rows) {
+            scores_by_rows(packed_q, d, queries, k_block, p.k.row_stride, p.k.col_stride, cols, d, scores, block_keys);
+        } else {
+            matrix<const T> kt{k_block, d, cols, p.k.col_stride, p.k.row_stride};
+            for (std::size_t j = 0; j < cols; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, cols - j), d, packed_k + j * d);
+            macro_kernel<T>(rows, cols_pad, d, packed_q, nullptr, 0, packed_k, nullptr, 0,
+                            matrix<T>{scores, rows, cols_pad, static_cast<std::ptrdiff_t>(block_keys), 1}, false);
+        }
 
         // pass 2: the score function, the masks, the online softmax; P replaces S
         if (p.scale != T(1)) {
@@ -156,6 +226,10 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
 
         // pass 3: O += P V_block, V read in place when its rows are whole panels
         const T* v_block = v + static_cast<std::ptrdiff_t>(key) * p.v.row_stride;
+        if (by_rows) {
+            values_by_rows(scores, block_keys, queries, v_block, p.v.row_stride, p.v.col_stride, cols, dv, out, dv_pad);
+            continue;
+        }
         if (!v_in_place) {
             matrix<const T> vb{v_block, cols, dv, p.v.row_stride, p.v.col_stride};
             for (std::size_t c = 0; c < dv; c += nr) pack_b_panel<T>(sub(vb, 0, c), std::min(nr, dv - c), cols, packed_v + c * cols);
