@@ -25,6 +25,7 @@ namespace dimsum::backend::cpu {
     template void apply_to_block<fn::sqrt, T, 1>(std::size_t, const T* const*, T*);                              \
     template void apply_to_block<fn::tanh, T, 1>(std::size_t, const T* const*, T*);                              \
     template void apply_to_block<fn::abs, T, 1>(std::size_t, const T* const*, T*);                               \
+    template void apply_to_block<fn::erf, T, 1>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::add, T, 2>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::subtract, T, 2>(std::size_t, const T* const*, T*);                          \
     template void apply_to_block<fn::multiply, T, 2>(std::size_t, const T* const*, T*);                          \

@@ -13,5 +13,6 @@
 #include "dimsum/ops/transpose.hpp"
 #include "dimsum/ops/view.hpp"
 #include "dimsum/nn/attention.hpp"
+#include "dimsum/nn/layers.hpp"
 #include "dimsum/tensor/print.hpp"
 #include "dimsum/tensor/random.hpp"

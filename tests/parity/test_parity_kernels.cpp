@@ -25,6 +25,7 @@ TEMPLATE_TEST_CASE("fused elementwise chains: every tail, broadcasts, strides", 
                 require_parity(x * y + row, tol, tol);
                 require_parity(ds::exp(x) / y - ds::log(y) * column, tol, tol);
                 require_parity(ds::sqrt(y) + ds::tanh(x) - ds::abs(x) + (-x), tol, tol);
+                require_parity(ds::erf(x * TestType(3)), tol, tol);
                 require_parity(ds::max(x, ds::transpose(x_t)) * ds::min(x, TestType(0.25)), tol, tol);
                 require_parity(ds::transpose(x_t) + TestType(1), tol, tol);  // a strided copy
             }

@@ -20,6 +20,7 @@ struct log { static constexpr std::string_view name = "log"; auto operator()(aut
 struct sqrt { static constexpr std::string_view name = "sqrt"; auto operator()(auto a) const { using std::sqrt; return sqrt(a); } };
 struct tanh { static constexpr std::string_view name = "tanh"; auto operator()(auto a) const { using std::tanh; return tanh(a); } };
 struct abs { static constexpr std::string_view name = "abs"; auto operator()(auto a) const { using std::abs; return abs(a); } };
+struct erf { static constexpr std::string_view name = "erf"; auto operator()(auto a) const { using std::erf; return erf(a); } };
 
 // max and min propagate NaN from either side, as torch.maximum does.
 struct maximum {
