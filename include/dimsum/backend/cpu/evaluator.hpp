@@ -108,6 +108,12 @@ public:
             case step_kind::max: return cpu::reduce<fn::max, T>(value(s.operands[0]), dst, s.axis);
             case step_kind::mean: return cpu::reduce<fn::mean, T>(value(s.operands[0]), dst, s.axis);
             case step_kind::causal_mask: return causal_mask(s, dst);
+            case step_kind::permute:
+                // A permutation of a value still to be computed (attention's heads, merged back
+                // into rows): computed straight into dst seen through the inverse permutation,
+                // rather than into a temporary that is then copied.
+                if (computed(p_.steps[s.operands[0]])) return write(s.operands[0], unpermuted(s, dst));
+                return write_fused(id, dst);
             default: return write_fused(id, dst);
         }
     }
@@ -116,6 +122,29 @@ private:
     std::optional<attention_match<T>> attention_at(std::size_t id) const {
         if (!p_.fuse_attention) return std::nullopt;
         return match_attention(p_.steps, id);
+    }
+
+    // Whether a step's value is computed by a kernel (not a view of memory that exists).
+    static bool computed(const step<T>& s) {
+        switch (s.kind) {
+            case step_kind::tensor:
+            case step_kind::number:
+            case step_kind::causal_mask:
+            case step_kind::permute:
+            case step_kind::reshape:
+            case step_kind::select: return false;
+            default: return true;
+        }
+    }
+
+    // dst, which has the permute step s's axes, seen with its operand's axes.
+    static strided<T> unpermuted(const step<T>& s, const strided<T>& dst) {
+        strided<T> inner = dst;
+        for (std::size_t i = 0; i < s.rank; ++i) {
+            inner.extents[s.order[i]] = dst.extents[i];
+            inner.strides[s.order[i]] = dst.strides[i];
+        }
+        return inner;
     }
 
     // Memory for a step's value: this evaluation's temporaries.

@@ -89,6 +89,12 @@ private:
             case step_kind::permute:
             case step_kind::select:
             case step_kind::reshape: {
+                if (s.kind == step_kind::reshape && copy_is_certain(s)) {  // computed into the copy at once
+                    const step<T>& operand = steps_[s.operands[0]];
+                    strided<T> copy = fresh(operand.rank, operand.extents);
+                    self().write(s.operands[0], copy);
+                    return view_of(s, strided<const T>{copy.data, copy.rank, copy.extents, copy.strides}, [] { return strided<T>{}; });
+                }
                 const strided<const T>& from = value(s.operands[0]);
                 return view_of(s, from, [&] {
                     strided<T> copy = fresh(from.rank, from.extents);
@@ -104,6 +110,34 @@ private:
         }
     }
     Derived& self() { return static_cast<Derived&>(*this); }
+
+    // Whether reshape step s will need its operand copied into row-major order, known before
+    // the operand exists: when the operand is a permutation of a value still to be computed
+    // (row-major in its own axes), such as attention's heads merged back into rows. The
+    // executor then computes the value straight into the copy, with no temporary between.
+    bool copy_is_certain(const step<T>& s) const {
+        const step<T>& permute = steps_[s.operands[0]];
+        if (permute.kind != step_kind::permute || computed_[s.operands[0]] || computed_[permute.operands[0]]) return false;
+        const step<T>& inner = steps_[permute.operands[0]];
+        switch (inner.kind) {
+            case step_kind::tensor:
+            case step_kind::number:
+            case step_kind::permute:
+            case step_kind::reshape:
+            case step_kind::select: return false;  // views: their layout is not row-major
+            default: break;
+        }
+        std::array<std::ptrdiff_t, max_rank> row_major{}, strides{};
+        std::array<std::size_t, max_rank> extents{};
+        dimsum::detail::row_major(inner.extents.data(), inner.rank, row_major.data());
+        for (std::size_t i = 0; i < permute.rank; ++i) {
+            extents[i] = inner.extents[permute.order[i]];
+            strides[i] = row_major[permute.order[i]];
+        }
+        std::size_t size = 1;
+        for (std::size_t i = 0; i < permute.rank; ++i) size *= extents[i];
+        return size != 0 && !reshape_strides(extents, strides, permute.rank, s.extents, s.rank);
+    }
 
     std::vector<strided<const T>>& values_;
     std::vector<char>& computed_;
