@@ -76,6 +76,7 @@ TEST_CASE("fused attention matches the unfused formula: odd sizes, with and with
     const sizes cases[] = {
         {1, 1, 1, 1, 1, 1},       {2, 3, 7, 5, 3, 4},     {1, 2, 17, 65, 16, 32}, {2, 1, 97, 97, 64, 64},
         {1, 1, 130, 300, 17, 40}, {1, 2, 1, 257, 64, 64}, {1, 1, 200, 33, 8, 8},  {1, 1, 3, 1000, 32, 32},
+        {2, 3, 200, 150, 32, 32},  // items enough for whole-item tasks on two threads
         {2, 2, 2, 45, 17, 9},  // few queries: dot products instead of the micro-kernel; tails along d and dv
     };
     parity::with_one_and_two_threads([&] {

@@ -6,13 +6,16 @@
 // m grows:
 //     m' = max(m, max_j s_j),  p_j = exp(s_j - m'),  l' = l e^(m - m') + sum_j p_j,
 //     O' = O e^(m - m') + P V_block,               and finally O / l.
-// Both products go through the GEMM's micro-kernel (gemm.hpp): Q is packed once per block of
-// queries, each block of K once per visit, and P and a row-major V are read in place.
+// Both products go through the GEMM's micro-kernel (gemm.hpp): Q is packed (and scaled) once
+// per block of queries, K^T once per item, or once per visit when an item's blocks of queries
+// go to different threads; P and a row-major V are read in place. A block of one or two
+// queries (decoding) takes dot products instead, with no packing.
 //
-// Work: tasks are (batch item, block of queries), the most expensive first (with a causal mask
-// the last queries see the most keys), handed out one at a time, so that the threads finish
-// together. When there are fewer tasks than threads (decoding: one query against thousands
-// of keys), each task's keys are also split, and the partial results (O, m, l) merged.
+// Work: with items (batch x heads) enough for every thread, a task is an item. Otherwise tasks
+// are (item, block of queries), the most expensive first (with a causal mask the last queries
+// see the most keys), handed out one at a time so that the threads finish together; and when
+// there are fewer of those than threads (decoding one sequence), each task's keys are split
+// too, and the partial results (O, m, l) merged.
 
 #include <algorithm>
 #include <atomic>
@@ -118,12 +121,28 @@ void values_by_rows(const T* p, std::size_t ld_p, std::size_t queries, const T* 
     }
 }
 
+// K^T of batch item `item` in the micro-kernel's column panels: key j's d values at
+// out + (j / nr) * nr * d, as attend_block packs one block of keys.
+template <class T>
+void pack_item_keys(const attention_problem<T>& p, std::size_t item, T* out) {
+    constexpr std::size_t nr = gemm_tiling<T>::nr;
+    std::ptrdiff_t at_k = 0;
+    for (std::size_t i = p.batch.rank, rest = item; i-- > 0;) {
+        at_k += static_cast<std::ptrdiff_t>(rest % p.batch.extents[i]) * p.batch.k[i];
+        rest /= p.batch.extents[i];
+    }
+    const std::size_t d = p.k.cols, n = p.k.rows;
+    matrix<const T> kt{p.k.data + at_k, d, n, p.k.col_stride, p.k.row_stride};  // (d, keys)
+    for (std::size_t j = 0; j < n; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, n - j), d, out + j * d);
+}
+
 // One task: queries [first_query, first_query + queries) of batch item `item`, against keys
 // [first_key, last_key). Writes O to the problem's output, or, when `partial` is given, the
-// unnormalised result there.
+// unnormalised result there. `item_keys`, if given, holds the item's K^T already packed in
+// column panels (pack_item_keys), shared by its blocks of queries.
 template <class T>
 void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
-                  std::size_t first_key, std::size_t last_key, const partial_result<T>* partial) {
+                  std::size_t first_key, std::size_t last_key, const partial_result<T>* partial, const T* item_keys) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size, mr = gemm_tiling<T>::mr, nr = gemm_tiling<T>::nr;
     constexpr std::size_t block_keys = attention_tiling<T>::keys;
@@ -165,6 +184,9 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
             for (std::size_t c = 0; c < d; ++c) packed_q[i * d + c] = q.data[static_cast<std::ptrdiff_t>(i) * q.row_stride + static_cast<std::ptrdiff_t>(c) * q.col_stride];
         }
     }
+    if (p.scale != T(1)) {  // (scale Q) K^T: the scale applied once per query, not per score
+        for (std::size_t i = 0; i < rows * d; ++i) packed_q[i] *= p.scale;
+    }
     std::fill(out, out + rows * dv_pad, T(0));
     std::fill(row_max, row_max + rows, minus_infinity);
     std::fill(row_sum, row_sum + rows, T(0));
@@ -181,20 +203,16 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
         if (by_rows) {
             scores_by_rows(packed_q, d, queries, k_block, p.k.row_stride, p.k.col_stride, cols, d, scores, block_keys);
         } else {
-            matrix<const T> kt{k_block, d, cols, p.k.col_stride, p.k.row_stride};
-            for (std::size_t j = 0; j < cols; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, cols - j), d, packed_k + j * d);
-            macro_kernel<T>(rows, cols_pad, d, packed_q, nullptr, 0, packed_k, nullptr, 0,
+            const T* panels = item_keys ? item_keys + key * d : packed_k;
+            if (!item_keys) {
+                matrix<const T> kt{k_block, d, cols, p.k.col_stride, p.k.row_stride};
+                for (std::size_t j = 0; j < cols; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, cols - j), d, packed_k + j * d);
+            }
+            macro_kernel<T>(rows, cols_pad, d, packed_q, nullptr, 0, panels, nullptr, 0,
                             matrix<T>{scores, rows, cols_pad, static_cast<std::ptrdiff_t>(block_keys), 1}, false);
         }
 
         // pass 2: the score function, the masks, the online softmax; P replaces S
-        if (p.scale != T(1)) {
-            const batch scale(p.scale);
-            for (std::size_t i = 0; i < queries; ++i) {
-                T* row = scores + i * block_keys;
-                for (std::size_t j = 0; j < cols_pad; j += width) (batch::load_aligned(row + j) * scale).store_aligned(row + j);
-            }
-        }
         if (p.scores.apply) p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, block_keys);
         for (std::size_t i = 0; i < queries; ++i) {
             T* row = scores + i * block_keys;
@@ -321,17 +339,29 @@ void attention(const attention_problem<T>& p) {
         first_query = block * tiling::queries;
         queries = std::min(tiling::queries, m - first_query);
     };
+    // With items enough for every thread, a task is a whole item: its K packed once for all
+    // its blocks of queries.
+    const bool whole_items = query_blocks > 1 && m > tiling::few_queries && items >= 2 * std::size_t(threads);
     auto run_task = [&](std::size_t task) {
+        if (whole_items) {
+            T* keys = scratch<T>(scratch_use::attention_keys, detail::round_up(n, gemm_tiling<T>::nr) * d);
+            detail::pack_item_keys(p, task, keys);
+            for (std::size_t block = query_blocks; block-- > 0;) {
+                std::size_t first_query = block * tiling::queries;
+                detail::attend_block<T>(p, task, first_query, std::min(tiling::queries, m - first_query), 0, n, nullptr, keys);
+            }
+            return;
+        }
         std::size_t item, first_query, queries;
         unit_of(task / splits, item, first_query, queries);
         std::size_t split = task % splits;
         std::size_t first_key = std::min(n, split * blocks_per_split * tiling::keys);
         std::size_t last_key = std::min(n, (split + 1) * blocks_per_split * tiling::keys);
-        if (splits == 1) return detail::attend_block<T>(p, item, first_query, queries, 0, n, nullptr);
+        if (splits == 1) return detail::attend_block<T>(p, item, first_query, queries, 0, n, nullptr, nullptr);
         auto partial = part(task);
-        detail::attend_block(p, item, first_query, queries, first_key, last_key, &partial);
+        detail::attend_block<T>(p, item, first_query, queries, first_key, last_key, &partial, nullptr);
     };
-    const std::size_t tasks = units * splits;
+    const std::size_t tasks = whole_items ? items : units * splits;
     if (threads == 1) {
         for (std::size_t task = 0; task < tasks; ++task) run_task(task);
     } else {
