@@ -1,9 +1,11 @@
 #!/usr/bin/python3
-"""Draws the chart of docs/performance.md from the CSV that `dimsum_bench --csv` writes.
+"""Draws the charts of docs/performance.md from the CSV that `dimsum_bench --csv` writes.
 
-One panel per yardstick (openblas, onednn, fma_peak, copy_bandwidth); in each, a group of
-bars per case and a bar per thread count, its height dimsum / yardstick. The dashed line at
-1.0 is parity with the library, or for fma_peak and copy_bandwidth the machine's limit.
+PNG: one panel per yardstick (openblas, onednn, fma_peak, copy_bandwidth, pytorch,
+pytorch_memory); in each, a group of bars per case and a bar per thread count, its height
+dimsum / yardstick. The dashed line at 1.0 is parity with the library, or for fma_peak and
+copy_bandwidth the machine's limit. The attention memory rows (seq_x_seq_scores) go to a
+second chart, memory against sequence length, beside the PNG as attention_memory.png.
 
 usage: plot_performance.py [CSV [PNG]]   (defaults: docs/performance.csv, docs/performance.png)
 Needs Debian's python3-matplotlib (scripts/setup.sh installs it with DIMSUM_WITH_BENCH=1).
@@ -21,9 +23,31 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 TITLES = {
     "openblas": "GEMM: dimsum / OpenBLAS cblas_sgemm (GFLOP/s)",
     "onednn": "GEMM: dimsum / oneDNN dnnl_sgemm (GFLOP/s)",
-    "fma_peak": "GEMM: dimsum / the FMA peak measured in the same run (GFLOP/s)",
+    "fma_peak": "GEMM and attention: dimsum / the FMA peak measured in the same run (GFLOP/s)",
     "copy_bandwidth": "softmax and elementwise: dimsum / memcpy (GB/s, bytes read + written)",
+    "pytorch": "attention layer: dimsum / PyTorch at its best (GFLOP/s; higher is better)",
+    "pytorch_memory": "attention layer: dimsum's memory / PyTorch's, beyond inputs and weights (lower is better)",
 }
+MEMORY_YARDSTICK = "seq_x_seq_scores"
+
+
+def plot_memory(rows, png_path):
+    """Memory beyond inputs, weights and output against seq, log-log, with seq x seq."""
+    layer = [(r, float(r["dimsum"])) for r in rows if not r["name"].endswith("_core")]
+    core = [(r, float(r["dimsum"])) for r in rows if r["name"].endswith("_core")]
+    seq = lambda r: int(r["name"].split("seq")[-1].removesuffix("_core"))  # noqa: E731
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([seq(r) for r, _ in layer], [mb for _, mb in layer], "o-", label="multi-head layer (Q, K, V held)")
+    ax.plot([seq(r) for r, _ in core], [max(mb, 0.01) for _, mb in core], "s-", label="attention of given Q, K, V")
+    ax.plot([seq(r) for r, _ in layer], [float(r["baseline"]) for r, _ in layer], "k--", label="the seq x seq scores")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length (causal, model 1024, 16 heads)")
+    ax.set_ylabel("MB beyond inputs, weights, output")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    print(f"wrote {png_path}")
 
 
 def read_rows(path):
@@ -40,6 +64,10 @@ def main(csv_path, png_path):
     if not rows:
         print(f"{csv_path}: no rows", file=sys.stderr)
         return 1
+    memory = [row for row in rows if row["baseline_name"] == MEMORY_YARDSTICK]
+    if memory:
+        plot_memory(memory, pathlib.Path(png_path).with_name("attention_memory.png"))
+    rows = [row for row in rows if row["baseline_name"] != MEMORY_YARDSTICK]
     yardsticks = list(dict.fromkeys(row["baseline_name"] for row in rows))  # in the CSV's order
     threads = sorted({row["threads"] for row in rows})
     width = 0.8 / len(threads)

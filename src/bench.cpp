@@ -1023,7 +1023,9 @@ void bench_attention(bench& s) {
                     };
                     if (t_best) csv_row("pytorch", gflops, c.flops() / t_best->ms * 1e-6, "GFLOP/s", t_best->how);
                     csv_row("fma_peak", gflops, s.limits.fma_peak[t], "GFLOP/s", "xsimd fma chains");
-                    if (t_best && t == s.opt.threads.size() - 1) csv_row("pytorch", mb, t_best->extra_mb, "MB", "peak memory beyond inputs");
+                    if (t_best && t == s.opt.threads.size() - 1) {
+                        csv_row("pytorch_memory", mb, t_best->extra_mb, "MB", "peak memory beyond inputs and weights");
+                    }
                 }
             }
         });
