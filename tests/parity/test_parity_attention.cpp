@@ -174,6 +174,18 @@ TEST_CASE("K^T given as a tensor of its own: keys strided, for many queries and 
     }
 }
 
+TEST_CASE("the kernel's count of visible keys is the causal mask's rule") {
+    for (std::size_t queries : {1, 3, 8}) {
+        for (std::size_t keys : {1, 3, 8}) {
+            for (std::size_t q = 0; q < queries; ++q) {
+                std::size_t visible = 0;
+                for (std::size_t k = 0; k < keys; ++k) visible += !ds::backend::reference::in_future(q, k, queries, keys);
+                REQUIRE(ds::backend::cpu::detail::visible_keys(q, queries, keys) == visible);
+            }
+        }
+    }
+}
+
 TEST_CASE("fused attention holds no queries x keys matrix") {
     sizes s{1, 2, 2048, 2048, 16, 16};
     auto f = random_operands(s, 5);

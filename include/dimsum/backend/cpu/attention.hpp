@@ -29,7 +29,7 @@
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
-#include "dimsum/backend/reference/program.hpp"
+#include "dimsum/expr/functors.hpp"
 
 DIMSUM_SIMD_CODE_BEGIN
 
@@ -53,6 +53,24 @@ struct attention_tiling {
 };
 
 namespace detail {
+
+// Where batch item `item` (numbered in row-major order) starts in each operand.
+struct item_offsets {
+    std::ptrdiff_t q = 0, k = 0, v = 0, o = 0;
+};
+template <class T>
+item_offsets offsets_of(const attention_problem<T>& p, std::size_t item) {
+    item_offsets at;
+    for (std::size_t i = p.batch.rank; i-- > 0;) {
+        auto index = static_cast<std::ptrdiff_t>(item % p.batch.extents[i]);
+        item /= p.batch.extents[i];
+        at.q += index * p.batch.q[i];
+        at.k += index * p.batch.k[i];
+        at.v += index * p.batch.v[i];
+        at.o += index * p.batch.o[i];
+    }
+    return at;
+}
 
 // How many keys query q sees: those not in its future (reference::in_future).
 inline std::size_t visible_keys(std::size_t query, std::size_t queries, std::size_t keys) {
@@ -126,13 +144,8 @@ void values_by_rows(const T* p, std::size_t ld_p, std::size_t queries, const T* 
 template <class T>
 void pack_item_keys(const attention_problem<T>& p, std::size_t item, T* out) {
     constexpr std::size_t nr = gemm_tiling<T>::nr;
-    std::ptrdiff_t at_k = 0;
-    for (std::size_t i = p.batch.rank, rest = item; i-- > 0;) {
-        at_k += static_cast<std::ptrdiff_t>(rest % p.batch.extents[i]) * p.batch.k[i];
-        rest /= p.batch.extents[i];
-    }
     const std::size_t d = p.k.cols, n = p.k.rows;
-    matrix<const T> kt{p.k.data + at_k, d, n, p.k.col_stride, p.k.row_stride};  // (d, keys)
+    matrix<const T> kt{p.k.data + offsets_of(p, item).k, d, n, p.k.col_stride, p.k.row_stride};  // (d, keys)
     for (std::size_t j = 0; j < n; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, n - j), d, out + j * d);
 }
 
@@ -151,18 +164,10 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     const std::size_t rows = round_up(queries, mr), dv_pad = round_up(dv, nr);
 
     // this item's operands
-    std::ptrdiff_t at_q = 0, at_k = 0, at_v = 0, at_o = 0;
-    for (std::size_t i = p.batch.rank, rest = item; i-- > 0;) {
-        auto index = static_cast<std::ptrdiff_t>(rest % p.batch.extents[i]);
-        rest /= p.batch.extents[i];
-        at_q += index * p.batch.q[i];
-        at_k += index * p.batch.k[i];
-        at_v += index * p.batch.v[i];
-        at_o += index * p.batch.o[i];
-    }
-    matrix<const T> q = sub(matrix<const T>{p.q.data + at_q, m, d, p.q.row_stride, p.q.col_stride}, first_query, 0);
-    const T* k = p.k.data + at_k;  // (keys, d)
-    const T* v = p.v.data + at_v;  // (keys, dv)
+    const item_offsets at = offsets_of(p, item);
+    matrix<const T> q = sub(matrix<const T>{p.q.data + at.q, m, d, p.q.row_stride, p.q.col_stride}, first_query, 0);
+    const T* k = p.k.data + at.k;  // (keys, d)
+    const T* v = p.v.data + at.v;  // (keys, dv)
 
     // this thread's tiles, each starting on a cache line (the row passes use aligned loads)
     constexpr std::size_t line = 64 / sizeof(T);
@@ -263,7 +268,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
         std::copy(row_sum, row_sum + queries, partial->sum);
         return;
     }
-    matrix<T> o = sub(matrix<T>{p.o.data + at_o, m, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
+    matrix<T> o = sub(matrix<T>{p.o.data + at.o, m, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
     for (std::size_t i = 0; i < queries; ++i) {
         const T inverse = row_sum[i] == T(0) ? T(0) : T(1) / row_sum[i];  // 0: every key masked
         T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
@@ -277,12 +282,7 @@ template <class T>
 void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
                     const partial_result<T>* parts, std::size_t splits) {
     const std::size_t dv = p.v.cols, dv_pad = round_up(dv, gemm_tiling<T>::nr);
-    std::ptrdiff_t at_o = 0;
-    for (std::size_t i = p.batch.rank, rest = item; i-- > 0;) {
-        at_o += static_cast<std::ptrdiff_t>(rest % p.batch.extents[i]) * p.batch.o[i];
-        rest /= p.batch.extents[i];
-    }
-    matrix<T> o = sub(matrix<T>{p.o.data + at_o, p.q.rows, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
+    matrix<T> o = sub(matrix<T>{p.o.data + offsets_of(p, item).o, p.q.rows, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
     for (std::size_t i = 0; i < queries; ++i) {
         T top = -std::numeric_limits<T>::infinity();
         for (std::size_t s = 0; s < splits; ++s) top = fn::maximum{}(top, parts[s].max[i]);
