@@ -15,6 +15,10 @@ or `torch_attention_unavailable,<reason>` if torch cannot be imported.
 ms is the per-call time of the fastest timed batch (as dimsum_bench times dimsum); extra_mb is peak RSS (VmHWM) after the timed
 calls minus RSS just before the first forward call, in MB (1e6 bytes).
 Progress and warnings go to stderr. Exit code 1 if any measurement failed.
+
+PyTorch runs at its best: OMP_WAIT_POLICY=PASSIVE, huge-page malloc, OpenBLAS (torch's BLAS
+here) with its own thread pool sized like torch's, and with its best kernels for this CPU
+(see openblas_core), whatever OPENBLAS_CORETYPE the caller had set.
 """
 import argparse
 import math
@@ -165,6 +169,39 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+# OpenBLAS core types of 0.3.21 with AVX-512 kernels, and those without even AVX2 (its own
+# detection falls back to these on CPUs newer than it knows).
+AVX512_CORES = {"SkylakeX", "Cooperlake", "SapphireRapids"}
+PRE_AVX2_CORES = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Sandybridge", "Atom",
+                  "Katmai", "Coppermine", "Northwood", "Banias", "Bobcat", "Barcelona", "Bulldozer"}
+
+
+def openblas_core():
+    """The core type that gives torch's OpenBLAS its best kernels here, or None to keep its own
+    detection: OpenBLAS 0.3.21 detects this kind of CPU (Emerald Rapids) as Prescott, SSE3 at a
+    fifth of the speed, so "at its best" means SkylakeX (AVX-512) or Haswell (AVX2), as
+    dimsum_bench does for its own OpenBLAS baseline."""
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    probe = ("import ctypes; lib = ctypes.CDLL('libopenblas.so.0'); "
+             "lib.openblas_get_corename.restype = ctypes.c_char_p; print(lib.openblas_get_corename().decode())")
+    try:  # in a fresh process: OpenBLAS reads the variable once, when it loads
+        detected = subprocess.run([sys.executable, "-c", probe], env=env, stdout=subprocess.PIPE,
+                                  text=True, check=True).stdout.strip()
+    except (subprocess.CalledProcessError, OSError):
+        return None
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    core = None
+    if "avx512f" in flags and "avx512bw" in flags and detected not in AVX512_CORES:
+        core = "SkylakeX"
+    elif "avx2" in flags and detected in PRE_AVX2_CORES:
+        core = "Haswell"
+    print(f"[attention_torch] OpenBLAS detects {detected}" +
+          (f"; the children use {core}" if core else ""), file=sys.stderr)
+    return core
+
+
 def child(args):
     """Measure one (case, impl, threads); prints `ms,extra_mb` on stdout."""
     import torch
@@ -226,7 +263,10 @@ def main():
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
-    env.pop("OPENBLAS_CORETYPE", None)  # let OpenBLAS pick its own kernels
+    env.pop("OPENBLAS_CORETYPE", None)  # a core type forced for another purpose can halve it
+    core = openblas_core()
+    if core:
+        env["OPENBLAS_CORETYPE"] = core
     threads = [int(t) for t in args.threads.split(",")]
     failed = False
     for case in args.case:
@@ -240,7 +280,9 @@ def main():
                 cmd = [sys.executable, os.path.abspath(__file__), "--child",
                        "--case", case["spec"], "--impl", impl, "--threads", str(t),
                        "--rounds", str(args.rounds), "--min-time", str(args.min_time)]
-                p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+                # OpenBLAS has its own thread pool, which torch.set_num_threads does not size
+                child_env = dict(env, OPENBLAS_NUM_THREADS=str(t))
+                p = subprocess.run(cmd, env=child_env, stdout=subprocess.PIPE, text=True)
                 try:
                     ms, mb = (float(v) for v in p.stdout.strip().splitlines()[-1].split(","))
                     assert p.returncode == 0

@@ -114,3 +114,34 @@ TEST_CASE("gemm epilogues: scale, bias, activation, residual, and two products")
     });
 }
 
+
+TEST_CASE("a batch that B does not change runs as one taller product, unless something breaks the rows' run") {
+    // x (batch, m, k) W (k, n): folded into one (batch m, k) x (k, n) product when the items'
+    // rows follow one another in A, C and every epilogue input; kept batched otherwise.
+    with_one_and_two_threads([] {
+        for (std::size_t m : {1, 7, 65, 300}) {
+            INFO("m=" << m);
+            ds::tensor<float, Batch, M, K> x(Batch{5}, M{m}, K{33});
+            ds::tensor<float, K, N> w(K{33}, N{40});
+            ds::tensor<float, N> bias(N{40});
+            ds::tensor<float, Batch, M, N> residual(Batch{5}, M{m}, N{40});
+            ds::tensor<float, Batch, N, M> residual_t(Batch{5}, N{40}, M{m});
+            ds::tensor<float, M, Batch, K> x_by_rows(M{m}, Batch{5}, K{33});  // items' rows interleaved
+            ds::fill_uniform(x, 1);
+            ds::fill_uniform(w, 2);
+            ds::fill_uniform(bias, 3);
+            ds::fill_uniform(residual, 4);
+            ds::fill_uniform(residual_t, 5);
+            ds::fill_uniform(x_by_rows, 6);
+            require_parity(ds::matmul(x, w), 2e-5, 2e-5);
+            require_parity(ds::matmul(x, w) + bias + residual, 2e-5, 2e-5);
+            require_parity(ds::matmul(x, w) + bias + ds::transpose(residual_t), 2e-5, 2e-5);  // not folded
+            require_parity(ds::matmul(ds::transpose<M, Batch>(x_by_rows), w) * 0.5f, 2e-5, 2e-5);  // not folded
+            // into a destination whose items' rows do not follow one another
+            ds::tensor<float, M, Batch, N> out(M{m}, Batch{5}, N{40});
+            ds::transpose<M, Batch>(out) = ds::matmul(x, w) + bias;
+            auto want = ds::eval(ds::transpose<Batch, M>(ds::matmul(x, w) + bias), ds::backend::reference::evaluator{});
+            test::require_close(out, test::to_xt(want), 2e-5, 2e-5);
+        }
+    });
+}

@@ -317,12 +317,54 @@ private:
         attention<T>(problem);
     }
 
+    // Drops axis `axis` of s, folding it into the next one (the rows), whose extent becomes
+    // `rows`; the strides of the rows stay.
+    template <class S>
+    static void fold_into_rows(S& s, std::size_t axis, std::size_t rows) {
+        for (std::size_t i = axis; i + 1 < s.rank; ++i) {
+            s.extents[i] = s.extents[i + 1];
+            s.strides[i] = s.strides[i + 1];
+        }
+        --s.rank;
+        s.extents[axis] = rows;
+    }
+
+    // (..., batch, m, k) x (k, n), with B the same for every item and the items' rows one
+    // after the other in A, in C and in every input of the epilogue, is one taller product
+    // (batch m, k) x (k, n): B is then packed once for all rows, instead of being read again
+    // for each item (x W for x of (batch, seq, model) is the common case). Folds the
+    // innermost batch axes while that holds.
+    static void fold_batch_into_rows(strided<const T>& a, strided<const T>& b, strided<T>& c,
+                                     std::vector<strided<const T>>* inputs) {
+        while (c.rank > 2) {
+            const std::size_t axis = c.rank - 3, m = c.extents[axis + 1];
+            const auto rows_continue = [&](const auto& s) {
+                return c.extents[axis] == 1 || s.strides[axis] == s.strides[axis + 1] * static_cast<std::ptrdiff_t>(m);
+            };
+            bool folds = (b.strides[axis] == 0 || c.extents[axis] == 1) && a.extents[axis + 1] == m && rows_continue(a) &&
+                         rows_continue(c);
+            for (std::size_t i = 0; folds && inputs && i < inputs->size(); ++i) folds = rows_continue((*inputs)[i]);
+            if (!folds) return;
+            const std::size_t rows = c.extents[axis] * m;
+            fold_into_rows(a, axis, rows);
+            fold_into_rows(c, axis, rows);
+            for (std::size_t i = axis; i + 1 < b.rank; ++i) {  // B: the batch axis simply goes
+                b.extents[i] = b.extents[i + 1];
+                b.strides[i] = b.strides[i + 1];
+            }
+            --b.rank;
+            for (std::size_t i = 0; inputs && i < inputs->size(); ++i) fold_into_rows((*inputs)[i], axis, rows);
+        }
+    }
+
     // dst = the matmul step `id`, then `epilogue` (a fused program reading dst) over it.
-    void multiply(std::size_t id, const strided<T>& dst, const fused_program<T>* epilogue) {
+    void multiply(std::size_t id, const strided<T>& destination, fused_program<T>* epilogue) {
         const step<T>& s = p_.steps[id];
-        const std::size_t r = s.rank;
-        strided<const T> a = reference::broadcast_to_rank(value(s.operands[0]), r);
-        strided<const T> b = reference::broadcast_to_rank(value(s.operands[1]), r);
+        strided<const T> a = reference::broadcast_to_rank(value(s.operands[0]), s.rank);
+        strided<const T> b = reference::broadcast_to_rank(value(s.operands[1]), s.rank);
+        strided<T> dst = destination;
+        fold_batch_into_rows(a, b, dst, epilogue ? &epilogue->inputs : nullptr);
+        const std::size_t r = dst.rank;
         gemm_problem<T> problem;
         problem.a = {a.data, a.extents[r - 2], a.extents[r - 1], a.strides[r - 2], a.strides[r - 1]};
         problem.b = {b.data, b.extents[r - 2], b.extents[r - 1], b.strides[r - 2], b.strides[r - 1]};
