@@ -85,6 +85,15 @@ struct partial_result {
     T* sum;  // (rows)
 };
 
+// x[i] *= factor for i < n.
+template <class T>
+void scale_line(T* x, std::size_t n, T factor) {
+    using batch = simd<T>;
+    std::size_t i = 0;
+    for (; i + batch::size <= n; i += batch::size) (batch::load_unaligned(x + i) * batch(factor)).store_unaligned(x + i);
+    for (; i < n; ++i) x[i] *= factor;
+}
+
 // For a block of few queries (decoding: one), the micro-kernel's panels of mr rows would
 // mostly multiply padding. Such blocks take each score as one dot product, and each output
 // row as a sum of value rows, with no packing.
@@ -189,9 +198,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
             for (std::size_t c = 0; c < d; ++c) packed_q[i * d + c] = q.data[static_cast<std::ptrdiff_t>(i) * q.row_stride + static_cast<std::ptrdiff_t>(c) * q.col_stride];
         }
     }
-    if (p.scale != T(1)) {  // (scale Q) K^T: the scale applied once per query, not per score
-        for (std::size_t i = 0; i < rows * d; ++i) packed_q[i] *= p.scale;
-    }
+    if (p.scale != T(1)) scale_line(packed_q, rows * d, p.scale);  // (scale Q) K^T: once per query, not per score
     std::fill(out, out + rows * dv_pad, T(0));
     std::fill(row_max, row_max + rows, minus_infinity);
     std::fill(row_sum, row_sum + rows, T(0));
@@ -271,8 +278,11 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     matrix<T> o = sub(matrix<T>{p.o.data + at.o, m, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
     for (std::size_t i = 0; i < queries; ++i) {
         const T inverse = row_sum[i] == T(0) ? T(0) : T(1) / row_sum[i];  // 0: every key masked
+        T* row = out + i * dv_pad;
+        scale_line(row, dv, inverse);
         T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
-        for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = out[i * dv_pad + c] * inverse;
+        if (o.col_stride == 1) std::copy(row, row + dv, target);
+        else for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = row[c];
     }
 }
 
