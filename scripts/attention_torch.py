@@ -272,8 +272,8 @@ def main():
     threads = [int(t) for t in args.threads.split(",")]
     failed = False
     for case in args.case:
-        print(f"[attention_torch] {case['spec']}: verifying", file=sys.stderr, flush=True)
         if not args.no_verify:
+            print(f"[attention_torch] {case['spec']}: verifying", file=sys.stderr, flush=True)
             verify(torch, case)
         results = []
         for impl in IMPLS:

@@ -84,7 +84,9 @@ def main(csv_path, png_path):
                           label=f"{count} thread{'s' if count > 1 else ''}")
             ax.bar_label(bars, fmt="%.2f", fontsize=7)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xticks(range(len(cases)), cases, fontsize=8)
+        crowded = len(cases) > 6  # long names would overlap
+        ax.set_xticks(range(len(cases)), cases, fontsize=7 if crowded else 8, rotation=20 if crowded else 0,
+                      ha="right" if crowded else "center")
         ax.set_ylabel(f"dimsum / {yardstick}", fontsize=9)
         ax.set_title(TITLES.get(yardstick, yardstick), fontsize=10)
         ax.margins(y=0.15)  # room for the labels above the bars

@@ -13,12 +13,13 @@ packages=(
     python3                     # the docs check
     libopenblas-dev libdnnl-dev # the baselines of src/bench.cpp, loaded at run time; the library uses neither
 )
-# Optional (DIMSUM_WITH_TORCH=1): only tests/reference/generate.py needs them, to remake the
+# Optional (DIMSUM_WITH_TORCH=1): only tests/reference/generate*.py need them, to remake the
 # committed reference data.
 optional=(python3-torch python3-numpy)
-# Optional (DIMSUM_WITH_BENCH=1): only scripts/plot_performance.py needs it, for the chart
-# of docs/performance.md; scripts/bench.sh asks for it.
-optional_bench=(python3-matplotlib)
+# Optional (DIMSUM_WITH_BENCH=1), asked for by scripts/bench.sh: scripts/plot_performance.py
+# draws the charts of docs/performance.md with matplotlib; the attention cases run PyTorch
+# (scripts/attention_torch.py) beside dimsum, and are compared with the FMA peak only without it.
+optional_bench=(python3-matplotlib python3-torch python3-numpy)
 
 missing=()
 for p in "${packages[@]}"; do

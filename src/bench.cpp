@@ -960,7 +960,7 @@ std::map<std::string, torch_result> torch_attention(const options& opt, const st
         int threads;
         torch_result r;
         if (std::sscanf(line, "torch_attention_best,%127[^,],%31[^,],%d,%lf,%lf", name, impl, &threads, &r.ms, &r.extra_mb) == 5) {
-            r.how = std::string(impl) + ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+            r.how = std::string(impl) + " on " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");  // no comma: a CSV field
             results[name] = r;
         }
     }
