@@ -52,7 +52,8 @@ auto make_reduce(E&& e) {
 
 }  // namespace detail
 
-// Numerically stable: exp(x - max) / sum(exp(x - max)).
+// Numerically stable: exp(x - max) / sum(exp(x - max)). A line of -infinity only (every
+// value masked) gets weights 0.
 template <operand E>
 auto softmax(E&& e) {
     if constexpr (is_invalid<E>) return invalid_expression{};
