@@ -75,12 +75,14 @@ struct attention_options {
 };
 
 namespace detail {
-[[noreturn, gnu::cold, gnu::noinline]] inline void throw_key_lengths(std::size_t given, std::size_t batch,
-                                                                     std::size_t bad_length, std::size_t keys) {
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_key_length_count(std::size_t given, std::size_t batch) {
     message m;
-    m << "dimsum: multi_head_attention: ";
-    if (given != batch) m << given << " key lengths given for a batch of " << batch;
-    else m << "key length " << bad_length << " exceeds the " << keys << " keys";
+    m << "dimsum: multi_head_attention: " << given << " key lengths given for a batch of " << batch;
+    throw shape_error(m);
+}
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_key_length(std::size_t length, std::size_t keys) {
+    message m;
+    m << "dimsum: multi_head_attention: key length " << length << " exceeds the " << keys << " keys";
     throw shape_error(m);
 }
 }  // namespace detail
@@ -211,10 +213,10 @@ private:
     static std::optional<tensor<T, Batch, dim<1>, dim<1>, Key>> padding_mask(std::size_t batch, std::size_t keys,
                                                                               std::span<const std::size_t> lengths) {
         if (lengths.empty()) return std::nullopt;
-        if (lengths.size() != batch) detail::throw_key_lengths(lengths.size(), batch, 0, keys);
+        if (lengths.size() != batch) detail::throw_key_length_count(lengths.size(), batch);
         tensor<T, Batch, dim<1>, dim<1>, Key> mask(Batch{batch}, dim<1>{1}, dim<1>{1}, Key{keys});
         for (std::size_t b = 0; b < batch; ++b) {
-            if (lengths[b] > keys) detail::throw_key_lengths(batch, batch, lengths[b], keys);
+            if (lengths[b] > keys) detail::throw_key_length(lengths[b], keys);
             T* row = mask.data() + b * keys;
             for (std::size_t j = 0; j < keys; ++j) row[j] = j < lengths[b] ? T(0) : -std::numeric_limits<T>::infinity();
         }

@@ -56,23 +56,8 @@ struct attention_tiling {
 
 namespace detail {
 
-// Where batch item `item` (numbered in row-major order) starts in each operand.
-struct item_offsets {
-    std::ptrdiff_t q = 0, k = 0, v = 0, o = 0;
-};
-template <class T>
-item_offsets offsets_of(const attention_problem<T>& p, std::size_t item) {
-    item_offsets at;
-    for (std::size_t i = p.batch.rank; i-- > 0;) {
-        auto index = static_cast<std::ptrdiff_t>(item % p.batch.extents[i]);
-        item /= p.batch.extents[i];
-        at.q += index * p.batch.q[i];
-        at.k += index * p.batch.k[i];
-        at.v += index * p.batch.v[i];
-        at.o += index * p.batch.o[i];
-    }
-    return at;
-}
+// The operands' places in attention_problem::batch.
+enum operand : std::size_t { q_operand, k_operand, v_operand, o_operand };
 
 // How many keys query q sees: those not in its future (reference::in_future).
 inline std::size_t visible_keys(std::size_t query, std::size_t queries, std::size_t keys) {
@@ -86,15 +71,6 @@ struct partial_result {
     T* max;  // (rows)
     T* sum;  // (rows)
 };
-
-// x[i] *= factor for i < n.
-template <class T>
-void scale_line(T* x, std::size_t n, T factor) {
-    using batch = simd<T>;
-    std::size_t i = 0;
-    for (; i + batch::size <= n; i += batch::size) (batch::load_unaligned(x + i) * batch(factor)).store_unaligned(x + i);
-    for (; i < n; ++i) x[i] *= factor;
-}
 
 // For a block of few queries (decoding: one), the micro-kernel's panels of mr rows would
 // mostly multiply padding. Such blocks take each score as one dot product, and each output
@@ -156,7 +132,7 @@ template <class T>
 void pack_item_keys(const attention_problem<T>& p, std::size_t item, T* out) {
     constexpr std::size_t nr = gemm_tiling<T>::nr;
     const std::size_t d = p.k.cols, n = p.k.rows;
-    matrix<const T> kt{p.k.data + offsets_of(p, item).k, d, n, p.k.col_stride, p.k.row_stride};  // (d, keys)
+    matrix<const T> kt = transposed(matrix<const T>{p.k.data + p.batch.offsets(item)[k_operand], n, d, p.k.row_stride, p.k.col_stride});
     for (std::size_t j = 0; j < n; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, n - j), d, out + j * d);
 }
 
@@ -175,10 +151,10 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     const std::size_t rows = round_up(queries, mr), dv_pad = round_up(dv, nr);
 
     // this item's operands
-    const item_offsets at = offsets_of(p, item);
-    matrix<const T> q = sub(matrix<const T>{p.q.data + at.q, m, d, p.q.row_stride, p.q.col_stride}, first_query, 0);
-    const T* k = p.k.data + at.k;  // (keys, d)
-    const T* v = p.v.data + at.v;  // (keys, dv)
+    const auto at = p.batch.offsets(item);
+    matrix<const T> q = sub(matrix<const T>{p.q.data + at[q_operand], m, d, p.q.row_stride, p.q.col_stride}, first_query, 0);
+    const T* k = p.k.data + at[k_operand];  // (keys, d)
+    const T* v = p.v.data + at[v_operand];  // (keys, dv)
 
     // this thread's tiles, each starting on a cache line (the row passes use aligned loads)
     constexpr std::size_t line = 64 / sizeof(T);
@@ -219,7 +195,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
         } else {
             const T* panels = item_keys ? item_keys + key * d : packed_k;
             if (!item_keys) {
-                matrix<const T> kt{k_block, d, cols, p.k.col_stride, p.k.row_stride};
+                matrix<const T> kt = transposed(matrix<const T>{k_block, cols, d, p.k.row_stride, p.k.col_stride});
                 for (std::size_t j = 0; j < cols; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, cols - j), d, packed_k + j * d);
             }
             macro_kernel<T>(rows, cols_pad, d, packed_q, nullptr, 0, panels, nullptr, 0,
@@ -250,10 +226,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
                 total += e;
             }
             row_sum[i] = row_sum[i] * rescale + xsimd::hadd(total);
-            if (rescale != T(1)) {
-                T* o = out + i * dv_pad;
-                for (std::size_t c = 0; c < dv_pad; c += width) (batch::load_aligned(o + c) * batch(rescale)).store_aligned(o + c);
-            }
+            if (rescale != T(1)) scale_line(out + i * dv_pad, dv_pad, rescale);
         }
 
         // pass 3: O += P V_block, V read in place when its rows are whole panels
@@ -277,7 +250,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
         std::copy(row_sum, row_sum + queries, partial->sum);
         return;
     }
-    matrix<T> o = sub(matrix<T>{p.o.data + at.o, m, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
+    matrix<T> o = sub(matrix<T>{p.o.data + at[o_operand], m, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
     for (std::size_t i = 0; i < queries; ++i) {
         const T inverse = row_sum[i] == T(0) ? T(0) : T(1) / row_sum[i];  // 0: every key masked
         T* row = out + i * dv_pad;
@@ -294,7 +267,8 @@ template <class T>
 void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
                     const partial_result<T>* parts, std::size_t splits) {
     const std::size_t dv = p.v.cols, dv_pad = round_up(dv, gemm_tiling<T>::nr);
-    matrix<T> o = sub(matrix<T>{p.o.data + offsets_of(p, item).o, p.q.rows, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
+    matrix<T> o = sub(matrix<T>{p.o.data + p.batch.offsets(item)[o_operand], p.q.rows, dv, p.o.row_stride, p.o.col_stride},
+                      first_query, 0);
     for (std::size_t i = 0; i < queries; ++i) {
         T top = -std::numeric_limits<T>::infinity();
         for (std::size_t s = 0; s < splits; ++s) top = fn::maximum{}(top, parts[s].max[i]);

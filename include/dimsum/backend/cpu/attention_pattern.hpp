@@ -41,17 +41,21 @@ bool applies(const step<T>& s) {
     return s.kind == step_kind::elementwise && s.operand_count == N && s.function == &reference::detail::apply_to<F, T, N>;
 }
 
-// The first matmul of the scores' extents inside the elementwise formula rooted at `id`.
+// Whether step s can be the scores Q K^T of attention weights of `weights`' extents: a
+// matmul of those extents (not one that the score function broadcasts).
 template <class T>
-std::optional<std::size_t> find_scores(const program<T>& steps, std::size_t id, const step<T>& shape) {
+bool is_scores(const step<T>& s, const step<T>& weights) {
+    return s.kind == step_kind::matmul && s.rank == weights.rank && s.extents == weights.extents;
+}
+
+// The first scores (is_scores) inside the elementwise formula rooted at `id`.
+template <class T>
+std::optional<std::size_t> find_scores(const program<T>& steps, std::size_t id, const step<T>& weights) {
     const step<T>& s = steps[id];
-    if (s.kind == step_kind::matmul) {
-        if (s.rank == shape.rank && s.extents == shape.extents) return id;
-        return std::nullopt;
-    }
+    if (is_scores(s, weights)) return id;
     if (s.kind != step_kind::elementwise) return std::nullopt;
     for (std::size_t o = 0; o < s.operand_count; ++o) {
-        if (auto found = find_scores(steps, s.operands[o], shape)) return found;
+        if (auto found = find_scores(steps, s.operands[o], weights)) return found;
     }
     return std::nullopt;
 }
@@ -85,11 +89,8 @@ std::optional<attention_match<T>> match_attention(const program<T>& steps, std::
     // the scores, perhaps scaled by a number
     const step<T>& rest = steps[f];
     auto number = [&](std::size_t operand) { return steps[rest.operands[operand]].kind == step_kind::number; };
-    auto scores = [&](std::size_t operand) {
-        const step<T>& s = steps[rest.operands[operand]];
-        return s.kind == step_kind::matmul && s.rank == weights.rank && s.extents == weights.extents;
-    };
-    if (rest.kind == step_kind::matmul && rest.rank == weights.rank && rest.extents == weights.extents) {
+    auto scores = [&](std::size_t operand) { return is_scores(steps[rest.operands[operand]], weights); };
+    if (is_scores(rest, weights)) {
         match.scores = match.score_function = f;
     } else if (applies<fn::multiply, 2>(rest) && ((scores(0) && number(1)) || (number(0) && scores(1)))) {
         std::size_t s = scores(0) ? 0 : 1;
@@ -104,9 +105,7 @@ std::optional<attention_match<T>> match_attention(const program<T>& steps, std::
     } else {
         return std::nullopt;
     }
-    const step<T>& s = steps[match.scores];
-    if (s.rank != outer.rank) return std::nullopt;
-    return match;
+    return match;  // the scores have the weights' rank, which is the outer product's
 }
 
 }  // namespace dimsum::backend::cpu::detail

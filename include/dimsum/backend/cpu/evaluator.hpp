@@ -112,7 +112,7 @@ public:
                 // A permutation of a value still to be computed (attention's heads, merged back
                 // into rows): computed straight into dst seen through the inverse permutation,
                 // rather than into a temporary that is then copied.
-                if (computed(p_.steps[s.operands[0]])) return write(s.operands[0], unpermuted(s, dst));
+                if (!reference::is_view(p_.steps[s.operands[0]].kind)) return write(s.operands[0], unpermuted(s, dst));
                 return write_fused(id, dst);
             default: return write_fused(id, dst);
         }
@@ -122,19 +122,6 @@ private:
     std::optional<attention_match<T>> attention_at(std::size_t id) const {
         if (!p_.fuse_attention) return std::nullopt;
         return match_attention(p_.steps, id);
-    }
-
-    // Whether a step's value is computed by a kernel (not a view of memory that exists).
-    static bool computed(const step<T>& s) {
-        switch (s.kind) {
-            case step_kind::tensor:
-            case step_kind::number:
-            case step_kind::causal_mask:
-            case step_kind::permute:
-            case step_kind::reshape:
-            case step_kind::select: return false;
-            default: return true;
-        }
     }
 
     // dst, which has the permute step s's axes, seen with its operand's axes.
@@ -223,20 +210,29 @@ private:
         const fused_program<T>* program;
         strided<T> dst;
     };
+    // The box of an array of `shape`'s extents that a kernel's tile covers: batch item `item`
+    // (numbered in row-major order over the leading axes), rows [row, row + rows) and columns
+    // [col, col + cols).
+    static fused_region tile_of(const strided<T>& shape, std::size_t item, std::size_t row, std::size_t col,
+                                std::size_t rows, std::size_t cols) {
+        fused_region tile;
+        const std::size_t r = shape.rank;
+        for (std::size_t axis = r - 2; axis-- > 0;) {
+            tile.first[axis] = item % shape.extents[axis];
+            item /= shape.extents[axis];
+            tile.extents[axis] = 1;
+        }
+        tile.first[r - 2] = row;
+        tile.first[r - 1] = col;
+        tile.extents[r - 2] = rows;
+        tile.extents[r - 1] = cols;
+        return tile;
+    }
+
     static void apply_epilogue(const void* context, std::size_t item, std::size_t row, std::size_t col,
                                std::size_t rows, std::size_t cols) {
         const auto& c = *static_cast<const epilogue_context*>(context);
-        fused_region region;
-        std::size_t r = c.dst.rank;
-        for (std::size_t axis = r - 2; axis-- > 0;) {
-            region.first[axis] = item % c.dst.extents[axis];
-            item /= c.dst.extents[axis];
-            region.extents[axis] = 1;
-        }
-        region.first[r - 2] = row;
-        region.first[r - 1] = col;
-        region.extents[r - 2] = rows;
-        region.extents[r - 1] = cols;
+        const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
         run_fused<T>(*c.program, c.dst, false, &region);
     }
 
@@ -251,17 +247,8 @@ private:
                                      std::size_t queries, std::size_t keys, T* tile, std::ptrdiff_t query_stride) {
         const auto& c = *static_cast<const score_context*>(context);
         const std::size_t r = c.scores.rank;
-        std::array<std::size_t, max_rank> first{};
-        for (std::size_t axis = r - 2; axis-- > 0;) {
-            first[axis] = item % c.scores.extents[axis];
-            item /= c.scores.extents[axis];
-        }
-        first[r - 2] = query;
-        first[r - 1] = key;
-        strided<T> result{tile, r, {}, {}};
-        for (std::size_t axis = 0; axis + 2 < r; ++axis) result.extents[axis] = 1;
-        result.extents[r - 2] = queries;
-        result.extents[r - 1] = keys;
+        const fused_region place = tile_of(c.scores, item, query, key, queries, keys);
+        strided<T> result{tile, r, place.extents, {}};  // the tile itself: batch axes of extent 1
         result.strides[r - 2] = query_stride;
         result.strides[r - 1] = 1;
         thread_local fused_program<T> local;  // per thread: the team runs tiles at once
@@ -273,9 +260,30 @@ private:
                 input = {tile, r, result.extents, result.strides};
                 continue;
             }
-            for (std::size_t axis = 0; axis < r; ++axis) input.data += static_cast<std::ptrdiff_t>(first[axis]) * input.strides[axis];
+            for (std::size_t axis = 0; axis < r; ++axis) input.data += static_cast<std::ptrdiff_t>(place.first[axis]) * input.strides[axis];
         }
         run_fused<T>(local, result, false);
+    }
+
+    // A strided array's last two axes as a matrix (its first element's).
+    template <class X>
+    static matrix<X> last_two_axes(const strided<X>& s) {
+        const std::size_t r = s.rank;
+        return {s.data, s.extents[r - 2], s.extents[r - 1], s.strides[r - 2], s.strides[r - 1]};
+    }
+
+    // The leading axes of `shape` (all but the last two) and each operand's strides along them;
+    // every operand has shape's rank.
+    template <class... Operands>
+    static batch_layout<sizeof...(Operands)> leading_axes(const strided<T>& shape, const Operands&... operands) {
+        batch_layout<sizeof...(Operands)> batch;
+        batch.rank = shape.rank - 2;
+        for (std::size_t i = 0; i < batch.rank; ++i) {
+            batch.extents[i] = shape.extents[i];
+            std::size_t o = 0;
+            ((batch.strides[o++][i] = operands.strides[i]), ...);
+        }
+        return batch;
     }
 
     // dst = the attention `match` describes (attention_pattern.hpp), by the fused kernel.
@@ -286,18 +294,11 @@ private:
         strided<const T> kt = reference::broadcast_to_rank(value(scores.operands[1]), r);  // (..., d, keys)
         strided<const T> v = reference::broadcast_to_rank(value(match.values), r);         // (..., keys, dv)
         attention_problem<T> problem;
-        problem.q = {q.data, q.extents[r - 2], q.extents[r - 1], q.strides[r - 2], q.strides[r - 1]};
-        problem.k = {kt.data, kt.extents[r - 1], kt.extents[r - 2], kt.strides[r - 1], kt.strides[r - 2]};
-        problem.v = {v.data, v.extents[r - 2], v.extents[r - 1], v.strides[r - 2], v.strides[r - 1]};
-        problem.o = {dst.data, dst.extents[r - 2], dst.extents[r - 1], dst.strides[r - 2], dst.strides[r - 1]};
-        problem.batch.rank = r - 2;
-        for (std::size_t i = 0; i + 2 < r; ++i) {
-            problem.batch.extents[i] = dst.extents[i];
-            problem.batch.q[i] = q.strides[i];
-            problem.batch.k[i] = kt.strides[i];
-            problem.batch.v[i] = v.strides[i];
-            problem.batch.o[i] = dst.strides[i];
-        }
+        problem.q = last_two_axes(q);
+        problem.k = transposed(last_two_axes(kt));
+        problem.v = last_two_axes(v);
+        problem.o = last_two_axes(dst);
+        problem.batch = leading_axes(dst, q, kt, v, dst);
         problem.scale = match.scale;
         problem.causal = match.causal;
         score_context context{&p_.fused, 0, {nullptr, r, scores.extents, {}}};
@@ -364,18 +365,11 @@ private:
         strided<const T> b = reference::broadcast_to_rank(value(s.operands[1]), s.rank);
         strided<T> dst = destination;
         fold_batch_into_rows(a, b, dst, epilogue ? &epilogue->inputs : nullptr);
-        const std::size_t r = dst.rank;
         gemm_problem<T> problem;
-        problem.a = {a.data, a.extents[r - 2], a.extents[r - 1], a.strides[r - 2], a.strides[r - 1]};
-        problem.b = {b.data, b.extents[r - 2], b.extents[r - 1], b.strides[r - 2], b.strides[r - 1]};
-        problem.c = {dst.data, dst.extents[r - 2], dst.extents[r - 1], dst.strides[r - 2], dst.strides[r - 1]};
-        problem.batch.rank = r - 2;
-        for (std::size_t i = 0; i + 2 < r; ++i) {
-            problem.batch.extents[i] = dst.extents[i];
-            problem.batch.a[i] = a.strides[i];
-            problem.batch.b[i] = b.strides[i];
-            problem.batch.c[i] = dst.strides[i];
-        }
+        problem.a = last_two_axes(a);
+        problem.b = last_two_axes(b);
+        problem.c = last_two_axes(dst);
+        problem.batch = leading_axes(dst, a, b, dst);
         if (!epilogue) return gemm<T>(problem);
         epilogue_context context{epilogue, dst};
         gemm<T>(problem, gemm_epilogue{&apply_epilogue, &context});

@@ -349,11 +349,11 @@ struct item_operands {
 };
 template <class T>
 item_operands<T> item_of(const gemm_problem<T>& p, std::size_t item) {
-    auto o = p.batch.of(item);
+    const auto at = p.batch.offsets(item);  // a, b, c
     item_operands<T> r{p.a, p.b, p.c};
-    r.a.data += o.a;
-    r.b.data += o.b;
-    r.c.data += o.c;
+    r.a.data += at[0];
+    r.b.data += at[1];
+    r.c.data += at[2];
     return r;
 }
 

@@ -26,32 +26,36 @@ struct matrix {
     std::ptrdiff_t row_stride = 0, col_stride = 0;
 };
 
-inline constexpr std::size_t max_batch_rank = 6;
+// The same elements, rows and columns swapped.
+template <class T>
+matrix<T> transposed(const matrix<T>& m) {
+    return {m.data, m.cols, m.rows, m.col_stride, m.row_stride};
+}
 
-// The leading (batch) axes of a product and each operand's strides along them; an operand
-// that broadcasts along an axis has stride 0 there.
+inline constexpr std::size_t max_batch_rank = max_rank - 2;
+
+// The leading (batch) axes of a problem on N operands, and each operand's strides along
+// them; an operand that broadcasts along an axis has stride 0 there.
+template <std::size_t N>
 struct batch_layout {
     std::size_t rank = 0;
     std::array<std::size_t, max_batch_rank> extents{};
-    std::array<std::ptrdiff_t, max_batch_rank> a{}, b{}, c{};
+    std::array<std::array<std::ptrdiff_t, max_batch_rank>, N> strides{};  // per operand
 
     std::size_t count() const {
         std::size_t n = 1;
         for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
         return n;
     }
-    struct offsets { std::ptrdiff_t a = 0, b = 0, c = 0; };
-    // The offsets of item `flat`, the items numbered in row-major order.
-    offsets of(std::size_t flat) const {
-        offsets o;
+    // Where item `flat` (the items numbered in row-major order) starts in each operand.
+    std::array<std::ptrdiff_t, N> offsets(std::size_t flat) const {
+        std::array<std::ptrdiff_t, N> at{};
         for (std::size_t i = rank; i-- > 0;) {
             auto index = static_cast<std::ptrdiff_t>(flat % extents[i]);
             flat /= extents[i];
-            o.a += index * a[i];
-            o.b += index * b[i];
-            o.c += index * c[i];
+            for (std::size_t o = 0; o < N; ++o) at[o] += index * strides[o][i];
         }
-        return o;
+        return at;
     }
 };
 
@@ -61,7 +65,7 @@ struct gemm_problem {
     matrix<const T> a;  // (m, k)
     matrix<const T> b;  // (k, n)
     matrix<T> c;        // (m, n), not overlapping A or B
-    batch_layout batch;
+    batch_layout<3> batch;  // operands a, b, c
 };
 
 // Called for each region of C once its values are final: rows [row, row + rows) and columns
@@ -80,22 +84,6 @@ template <class T>
 void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue = {});
 
 // ---- attention (attention.hpp)
-
-inline constexpr std::size_t max_attention_batch_rank = max_rank - 2;
-
-// The leading (batch) axes of an attention problem and each operand's strides along them
-// (0 where it broadcasts, e.g. keys and values shared by the heads).
-struct attention_layout {
-    std::size_t rank = 0;
-    std::array<std::size_t, max_attention_batch_rank> extents{};
-    std::array<std::ptrdiff_t, max_attention_batch_rank> q{}, k{}, v{}, o{};
-
-    std::size_t count() const {
-        std::size_t n = 1;
-        for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
-        return n;
-    }
-};
 
 // Called on each tile of scores, queries [query, query + queries) x keys [key, key + keys)
 // of batch item `item`, before the softmax reads them: it may rewrite the tile (score (i, j)
@@ -117,7 +105,7 @@ struct attention_problem {
     matrix<const T> k;  // (keys, d)
     matrix<const T> v;  // (keys, dv)
     matrix<T> o;        // (queries, dv), not overlapping the others
-    attention_layout batch;
+    batch_layout<4> batch;  // operands q, k, v, o (keys and values may be shared by the heads: stride 0)
     T scale = 1;
     bool causal = false;
     score_epilogue<T> scores;

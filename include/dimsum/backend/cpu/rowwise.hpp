@@ -168,8 +168,7 @@ void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* ahead, bool
     // pass 3: normalise
     const T inverse = T(1) / xsimd::hadd(total);
     if (stream) return scale_streaming(work, y, n, inverse);
-    for (i = 0; i + width <= n; i += width) (batch::load_unaligned(y + i) * batch(inverse)).store_unaligned(y + i);
-    for (; i < n; ++i) y[i] *= inverse;
+    scale_line(y, n, inverse);
 }
 
 // y = (x - mean) / sqrt(variance + epsilon) on one contiguous line (the biased variance, as

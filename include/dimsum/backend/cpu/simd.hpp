@@ -72,6 +72,15 @@ inline void streaming_fence() {
 #endif
 }
 
+// x[0, n) *= factor, in place.
+template <class T>
+void scale_line(T* x, std::size_t n, T factor) {
+    using batch = simd<T>;
+    std::size_t i = 0;
+    for (; i + batch::size <= n; i += batch::size) (batch::load_unaligned(x + i) * batch(factor)).store_unaligned(x + i);
+    for (; i < n; ++i) x[i] *= factor;
+}
+
 // to[0, n) = from[0, n) * scale (or a plain copy without scale), streaming the aligned
 // middle part.
 template <class T, bool scaled = true>

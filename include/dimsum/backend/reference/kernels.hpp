@@ -41,34 +41,43 @@ void for_each_line(std::array<std::size_t, max_rank> extents, std::size_t rank, 
     for_each_index(extents, rank, f);
 }
 
-// out = exp(x - max) / sum(exp(x - max)) along axis. A line of -infinity only has no
-// defined weights and gives NaN, as in PyTorch.
+// The indices of one line (for_each_line): at(j) is its j-th, valid until the next call.
+class line_index {
+public:
+    line_index(const std::size_t* first, std::size_t rank, std::size_t axis) : axis_(axis) {
+        std::copy_n(first, rank, index_.begin());
+    }
+    const std::size_t* at(std::size_t j) {
+        index_[axis_] = j;
+        return index_.data();
+    }
+
+private:
+    std::array<std::size_t, max_rank> index_{};
+    std::size_t axis_;
+};
+
+// out = exp(x - max) / sum(exp(x - max)) along axis. A line of -infinity only (every value
+// masked) gets weights 0.
 template <class T>
 void softmax(strided<const T> x, strided<T> out, std::size_t axis) {
     using acc = accumulator_t<T>;
     std::size_t n = x.extents[axis];
     for_each_line(x.extents, x.rank, axis, [&](const std::size_t* first) {
-        std::array<std::size_t, max_rank> index{};
-        std::copy_n(first, x.rank, index.begin());
-        auto element = [&](std::size_t j) -> acc { index[axis] = j; return x.at(index.data()); };
+        line_index line(first, x.rank, axis);
+        auto element = [&](std::size_t j) -> acc { return x.at(line.at(j)); };
         // pass 1: the maximum, so that exp never overflows
         acc top = -std::numeric_limits<acc>::infinity();
         for (std::size_t j = 0; j < n; ++j) top = fn::maximum{}(top, element(j));
         if (top == -std::numeric_limits<acc>::infinity()) {  // every value masked: no weight anywhere
-            for (std::size_t j = 0; j < n; ++j) {
-                index[axis] = j;
-                out.at(index.data()) = T(0);
-            }
+            for (std::size_t j = 0; j < n; ++j) out.at(line.at(j)) = T(0);
             return;
         }
         // pass 2: the normaliser
         acc total = 0;
         for (std::size_t j = 0; j < n; ++j) total += std::exp(element(j) - top);
         // pass 3: the weights
-        for (std::size_t j = 0; j < n; ++j) {
-            acc weight = std::exp(element(j) - top) / total;
-            out.at(index.data()) = static_cast<T>(weight);
-        }
+        for (std::size_t j = 0; j < n; ++j) out.at(line.at(j)) = static_cast<T>(std::exp(element(j) - top) / total);
     });
 }
 
@@ -79,19 +88,15 @@ void layer_norm(strided<const T> x, strided<T> out, std::size_t axis, T epsilon)
     using acc = accumulator_t<T>;
     std::size_t n = x.extents[axis];
     for_each_line(x.extents, x.rank, axis, [&](const std::size_t* first) {
-        std::array<std::size_t, max_rank> index{};
-        std::copy_n(first, x.rank, index.begin());
-        auto element = [&](std::size_t j) -> acc { index[axis] = j; return x.at(index.data()); };
+        line_index line(first, x.rank, axis);
+        auto element = [&](std::size_t j) -> acc { return x.at(line.at(j)); };
         acc mean = 0, variance = 0;
         for (std::size_t j = 0; j < n; ++j) mean += element(j);
         mean /= static_cast<acc>(n);
         for (std::size_t j = 0; j < n; ++j) variance += (element(j) - mean) * (element(j) - mean);
         variance /= static_cast<acc>(n);
         acc inverse = 1 / std::sqrt(variance + static_cast<acc>(epsilon));
-        for (std::size_t j = 0; j < n; ++j) {
-            acc normal = (element(j) - mean) * inverse;
-            out.at(index.data()) = static_cast<T>(normal);
-        }
+        for (std::size_t j = 0; j < n; ++j) out.at(line.at(j)) = static_cast<T>((element(j) - mean) * inverse);
     });
 }
 

@@ -22,6 +22,13 @@ constexpr bool in_future(std::size_t query, std::size_t key, std::size_t queries
     return key + queries > query + keys;
 }
 
+// Whether a step's value is memory that exists already, seen through strides (a tensor, or a
+// view of another step's value), rather than an array that an executor computes.
+constexpr bool is_view(step_kind kind) {
+    return kind == step_kind::tensor || kind == step_kind::permute || kind == step_kind::reshape ||
+           kind == step_kind::select;
+}
+
 template <class T>
 struct step {
     step_kind kind;

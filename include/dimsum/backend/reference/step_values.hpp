@@ -119,14 +119,7 @@ private:
         const step<T>& permute = steps_[s.operands[0]];
         if (permute.kind != step_kind::permute || computed_[s.operands[0]] || computed_[permute.operands[0]]) return false;
         const step<T>& inner = steps_[permute.operands[0]];
-        switch (inner.kind) {
-            case step_kind::tensor:
-            case step_kind::number:
-            case step_kind::permute:
-            case step_kind::reshape:
-            case step_kind::select: return false;  // views: their layout is not row-major
-            default: break;
-        }
+        if (is_view(inner.kind)) return false;  // its layout is not row-major
         std::array<std::ptrdiff_t, max_rank> row_major{}, strides{};
         std::array<std::size_t, max_rank> extents{};
         dimsum::detail::row_major(inner.extents.data(), inner.rank, row_major.data());
