@@ -148,3 +148,36 @@ TEST_CASE("an exception in one thread of a team reaches the caller, after the te
     REQUIRE_THROWS_WITH(ds::backend::cpu::run_parallel(2, body), "the last member failed");
     REQUIRE(finished.load() + 1 == team_size.load());  // the others ran to their end
 }
+
+TEST_CASE("layer_norm in float: large means, huge and tiny magnitudes, constant lines, against double") {
+    // The reference backend accumulates float lines in double: exact enough to be the truth here.
+    with_one_and_two_threads([] {
+        for (std::size_t n : {1, 7, 33, 768, 4099}) {
+            ds::tensor<float, M, N> x(M{12}, N{n});
+            ds::fill_normal(x, n);
+            auto row = [&](std::size_t r, auto value) {
+                for (std::size_t j = 0; j < n; ++j) x(r, j) = static_cast<float>(value(j));
+            };
+            row(0, [](std::size_t) { return 12345.678f; });  // constant: every output 0
+            row(1, [](std::size_t) { return 3e7f; });
+            row(2, [](std::size_t) { return -1e30f; });
+            row(3, [&](std::size_t j) { return x(3, j) * 1e30f; });          // squares overflow float
+            row(4, [&](std::size_t j) { return x(4, j) > 0 ? 3e38f : -3e38f; });  // so do sums
+            row(5, [&](std::size_t j) { return 12345.678f + x(5, j); });     // a large mean
+            row(6, [&](std::size_t j) { return 1e6f + x(6, j) * 1e-2f; });   // a larger one, a small spread
+            row(7, [&](std::size_t j) { return x(7, j) * 1e-30f; });         // variance far below epsilon
+            row(8, [&](std::size_t j) { return x(8, j) * 1e-42f; });         // subnormal values
+            row(9, [](std::size_t) { return 0.0f; });
+            row(10, [&](std::size_t j) { return j % 2 ? 3.4e38f : 3.0e38f; });
+            INFO("n=" << n);
+            require_parity(ds::layer_norm(x), 1e-5, 2e-6);
+            require_parity(ds::layer_norm(x, 0.0), 1e-5, 2e-6);
+            auto y = ds::eval(ds::layer_norm(x));
+            for (std::size_t j = 0; j < n; ++j) {
+                REQUIRE(y(0, j) == 0.0f);
+                REQUIRE(y(1, j) == 0.0f);
+                REQUIRE(y(2, j) == 0.0f);
+            }
+        }
+    });
+}

@@ -19,6 +19,8 @@ namespace detail {
 
 // f on SIMD batches. The generic functors work on batches as they are; those written with
 // the conditional operator need xsimd::select instead. Booleans (masks) arrive as 1 or 0.
+// NaN tests use xsimd::isnan, never `a != a`: xsimd 8.1 compiles != to an ordered compare on
+// AVX and AVX-512 (_CMP_NEQ_OQ), which is false for NaN.
 template <class F>
 struct on_batches {
     template <class... B>
@@ -28,20 +30,22 @@ template <>
 struct on_batches<fn::maximum> {
     template <class B>
     B operator()(B a, B b) const {  // NaN from either side wins, as in fn::maximum
-        return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::select(a < b, b, a)));
+        return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::select(a < b, b, a)));
     }
 };
 template <>
 struct on_batches<fn::minimum> {
     template <class B>
     B operator()(B a, B b) const {
-        return xsimd::select(a != a, a, xsimd::select(b != b, b, xsimd::select(b < a, b, a)));
+        return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::select(b < a, b, a)));
     }
 };
 template <>
 struct on_batches<fn::select> {
     template <class B>
-    B operator()(B condition, B a, B b) const { return xsimd::select(condition != B(0), a, b); }
+    B operator()(B condition, B a, B b) const {  // as the scalar bool(condition): NaN counts as true
+        return xsimd::select(condition == B(0), b, a);
+    }
 };
 
 template <class F, class T, std::size_t... I>

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/simd.hpp"
@@ -57,22 +58,25 @@ T line_sum(const T* x, std::size_t n) {
     for (; i < n; ++i) sum += x[i];
     return sum;
 }
-template <class T>
+// The maximum of a contiguous line, or with `magnitude` the maximum of |x|; NaN if the line
+// holds one (as fn::maximum).
+template <class T, bool magnitude = false>
 T line_max(const T* x, std::size_t n) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size;
-    constexpr T lowest = -std::numeric_limits<T>::infinity();
+    constexpr T lowest = magnitude ? T(0) : -std::numeric_limits<T>::infinity();
     batch top(lowest);
-    auto nan = top != top;
+    auto nan = xsimd::isnan(top);  // not `v != v`: an ordered compare on AVX (elementwise.hpp)
     std::size_t i = 0;
     for (; i + width <= n; i += width) {
         batch v = batch::load_unaligned(x + i);
-        nan = nan || (v != v);
+        if constexpr (magnitude) v = xsimd::abs(v);
+        nan = nan || xsimd::isnan(v);
         top = xsimd::max(top, v);
     }
     T result = lanes_max(top);
-    for (; i < n; ++i) result = fn::maximum{}(result, x[i]);
-    return xsimd::any(nan) ? std::numeric_limits<T>::quiet_NaN() : result;  // NaN propagates, as in fn::maximum
+    for (; i < n; ++i) result = fn::maximum{}(result, magnitude ? std::abs(x[i]) : x[i]);
+    return xsimd::any(nan) ? std::numeric_limits<T>::quiet_NaN() : result;
 }
 
 // Lines of n values: x's along `axis`, and out's (whose stride along axis may be 0, for a
@@ -172,27 +176,70 @@ void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* ahead, bool
 }
 
 // y = (x - mean) / sqrt(variance + epsilon) on one contiguous line (the biased variance, as
-// torch.nn.LayerNorm); y may be x. The variance is taken about the mean (two passes), which
-// stays accurate when the mean is large against the spread.
+// torch.nn.LayerNorm); y may be x. Float's 24 bits and its range fail the textbook two passes
+// in three ways, each met here:
+// - squares of values past 1.8e19 overflow: the line is first scaled by a power of two (exact)
+//   so that its largest magnitude lies in [0.5, 1);
+// - a mean rounded to the nearest float leaves a constant line of 12345.678 with deviations of
+//   1e-3, i.e. outputs near 1: values are taken about x[0] (shifted), so a constant line's
+//   deviations are exactly 0 and a large mean costs no bits of the spread, and the variance
+//   subtracts the residual sum of the deviations (the corrected two-pass algorithm);
+// - epsilon against a scaled variance: the line's factor is computed in a wider type.
+// A line with NaN or an infinity gives NaN everywhere, as (x - mean) does in real arithmetic.
 template <class T>
 void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
     using batch = simd<T>;
+    using wide = std::conditional_t<sizeof(T) == 4, double, long double>;
     constexpr std::size_t width = batch::size;
-    const T mean = line_sum(x, n) / static_cast<T>(n);
-    batch squares(T(0));
+    if (n == 0) return;
+    // pass 1: the largest magnitude, which sets the scale
+    const T largest = line_max<T, true>(x, n);
+    if (!(largest <= std::numeric_limits<T>::max())) {  // NaN or an infinity in the line
+        std::fill(y, y + n, std::numeric_limits<T>::quiet_NaN());
+        return;
+    }
+    int exponent = 0;
+    std::frexp(largest, &exponent);  // largest = f 2^exponent, f in [0.5, 1); 0 for a line of zeros
+    constexpr int normal = std::numeric_limits<T>::max_exponent - 2;  // 2^-e stays a normal number
+    const T down = std::ldexp(T(1), -std::clamp(exponent, -normal, normal));
+    const batch down_v(down);
+    // pass 2: the mean of the scaled line, as its first value plus the mean of the rest about it;
+    // the two are never added, since rounding their sum loses the spread's low bits
+    const T shift = x[0] * down;
+    const batch shift_v(shift);
+    batch total(T(0));
     std::size_t i = 0;
-    for (; i + width <= n; i += width) {
-        batch d = batch::load_unaligned(x + i) - batch(mean);
+    for (; i + width <= n; i += width) total += xsimd::fms(batch::load_unaligned(x + i), down_v, shift_v);
+    T sum = xsimd::hadd(total);
+    for (; i < n; ++i) sum += x[i] * down - shift;
+    const T mean = sum / static_cast<T>(n);  // of x' - shift
+    const batch mean_v(mean);
+    // pass 3: the variance about the mean, less the square of the deviations' residual sum
+    batch residual(T(0)), squares(T(0));
+    for (i = 0; i + width <= n; i += width) {
+        batch d = xsimd::fms(batch::load_unaligned(x + i), down_v, shift_v) - mean_v;
+        residual += d;
         squares = xsimd::fma(d, d, squares);
     }
-    T variance = xsimd::hadd(squares);
-    for (; i < n; ++i) variance += (x[i] - mean) * (x[i] - mean);
-    variance /= static_cast<T>(n);
-    const T inverse = T(1) / std::sqrt(variance + epsilon);
-    for (i = 0; i + width <= n; i += width) {
-        ((batch::load_unaligned(x + i) - batch(mean)) * batch(inverse)).store_unaligned(y + i);
+    wide c = xsimd::hadd(residual), q = xsimd::hadd(squares);
+    for (; i < n; ++i) {
+        const wide d = wide((x[i] * down - shift) - mean);
+        c += d;
+        q += d * d;
     }
-    for (; i < n; ++i) y[i] = (x[i] - mean) * inverse;
+    const wide variance = std::max(wide(0), (q - c * c / wide(n)) / wide(n));  // of the scaled line
+    // (x - mean) / sqrt(var + eps) = (x' - mean') / sqrt(var' + eps down^2), x' = x down
+    // A finite factor beyond T's range means deviations below the line's resolution, which are
+    // exactly 0 here: clamped, it gives them 0 rather than 0 x infinity. (An infinite one, a
+    // constant line with epsilon 0, gives 0 / 0 = NaN, as in real arithmetic.)
+    const wide exact_factor = wide(1) / std::sqrt(variance + wide(epsilon) * wide(down) * wide(down));
+    const T factor = std::isinf(exact_factor) ? std::numeric_limits<T>::infinity()
+                                              : static_cast<T>(std::min(exact_factor, wide(std::numeric_limits<T>::max())));
+    // pass 4: the output
+    for (i = 0; i + width <= n; i += width) {
+        ((xsimd::fms(batch::load_unaligned(x + i), down_v, shift_v) - mean_v) * batch(factor)).store_unaligned(y + i);
+    }
+    for (; i < n; ++i) y[i] = ((x[i] * down - shift) - mean) * factor;
 }
 
 }  // namespace detail
