@@ -75,6 +75,31 @@ TEST_CASE("a view over the user's memory with its own strides") {
                       ds::shape_error);
 }
 
+TEST_CASE("a view whose reach overflows is refused, not wrapped around") {
+    std::vector<float> memory(16);
+    // 9 rows 2^61 elements apart: (9 - 1) * 2^61 wraps to 0 in 64 bits
+    REQUIRE(test::error_of([&] {
+                ds::tensor_view<float, Rows, Cols>(std::span<float>(memory), ds::shape<Rows, Cols>(Rows{9}, Cols{1}),
+                                                   {std::ptrdiff_t(1) << 61, 1});
+            }) == "dimsum: tensor_view: (rows=9, cols=1) with these strides reaches beyond the address space "
+                  "(the offset overflows)");
+    REQUIRE_THROWS_AS((ds::tensor_view<float, Rows, Cols>(std::span<float>(memory), ds::shape<Rows, Cols>(Rows{3}, Cols{2}),
+                                                          {PTRDIFF_MAX, -PTRDIFF_MAX})),
+                      ds::shape_error);
+    REQUIRE_THROWS_AS((ds::tensor_view<float, Rows, Cols>(std::span<float>(memory), ds::shape<Rows, Cols>(Rows{2}, Cols{2}),
+                                                          {PTRDIFF_MAX / 2 + 1, 1})),
+                      ds::shape_error);
+}
+
+TEST_CASE("a tensor larger than any address space is a shape_error, before any allocation") {
+    REQUIRE_THROWS_MATCHES((ds::tensor<float, Rows>(Rows{std::size_t(1) << 61})), ds::shape_error,
+                           Catch::Matchers::Predicate<ds::shape_error>([](const ds::shape_error& e) {
+                               return std::string(e.what()).find("size overflows") != std::string::npos;
+                           }));
+    REQUIRE_THROWS_AS((ds::tensor<double, Rows, Cols>(Rows{std::size_t(1) << 32}, Cols{std::size_t(1) << 32})),
+                      ds::shape_error);
+}
+
 TEST_CASE("seeded random values are reproducible and in range") {
     ds::tensor<double, Rows, Cols> a(Rows{17}, Cols{65}), b(Rows{17}, Cols{65});
     ds::fill_uniform(a, 42, -2.0, 3.0);

@@ -25,7 +25,9 @@ struct byte_range {
 template <class V>
 byte_range reach_of(const V& v) {
     auto extents = v.shape().extents();
-    auto [low, high] = detail::reach(extents.data(), v.strides().data(), V::rank);
+    auto range = detail::reach(extents.data(), v.strides().data(), V::rank);
+    if (!range) return {0, UINTPTR_MAX};  // unknowable (an unchecked view): overlaps everything
+    auto [low, high] = *range;
     auto base = reinterpret_cast<std::uintptr_t>(v.data());
     std::ptrdiff_t size = sizeof(typename V::value_type);
     return {base + static_cast<std::uintptr_t>(low * size), base + static_cast<std::uintptr_t>(high * size)};

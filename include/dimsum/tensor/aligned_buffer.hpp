@@ -2,6 +2,7 @@
 // Owning, 64-byte aligned storage: one cache line, and the widest SIMD register (AVX-512).
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -19,6 +20,8 @@ public:
     explicit aligned_buffer(std::size_t count) : size_(count) {
         if (count == 0) return;
         std::size_t bytes = checked_multiply(count, sizeof(T), "allocate");
+        // no object may be larger than the largest pointer difference: a size error, not a bad_alloc
+        if (bytes > static_cast<std::size_t>(PTRDIFF_MAX)) throw_overflow(count, sizeof(T), "allocate");
         data_.reset(static_cast<T*>(::operator new(bytes, std::align_val_t{buffer_alignment})));
         std::memset(static_cast<void*>(data_.get()), 0, bytes);
     }

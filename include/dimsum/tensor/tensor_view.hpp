@@ -3,6 +3,8 @@
 // owns. tensor_view<const T, ...> reads; tensor_view<T, ...> also writes.
 
 #include <array>
+#include <cstdint>
+#include <optional>
 #include <cstddef>
 #include <span>
 #include <stdexcept>
@@ -61,17 +63,30 @@ namespace detail {
     throw shape_error(m);
 }
 
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_reach_overflows(shape_ref s) {
+    message m;
+    m << "dimsum: tensor_view: " << s << " with these strides reaches beyond the address space (the offset overflows)";
+    throw shape_error(m);
+}
+
 // The lowest and one past the highest element offset a strided layout reaches; {0, 0} when
-// it holds no element.
-inline std::pair<std::ptrdiff_t, std::ptrdiff_t> reach(const std::size_t* extents, const std::ptrdiff_t* strides,
-                                                       std::size_t rank) {
+// it holds no element; nullopt when an offset overflows ptrdiff_t.
+inline std::optional<std::pair<std::ptrdiff_t, std::ptrdiff_t>> reach(const std::size_t* extents,
+                                                                      const std::ptrdiff_t* strides, std::size_t rank) {
     std::ptrdiff_t low = 0, high = 0;
     for (std::size_t i = 0; i < rank; ++i) {
-        if (extents[i] == 0) return {0, 0};
-        std::ptrdiff_t r = static_cast<std::ptrdiff_t>(extents[i] - 1) * strides[i];
-        (r < 0 ? low : high) += r;
+        if (extents[i] == 0) return std::pair<std::ptrdiff_t, std::ptrdiff_t>{0, 0};
     }
-    return {low, high + 1};
+    for (std::size_t i = 0; i < rank; ++i) {
+        std::ptrdiff_t r = 0;
+        if (extents[i] - 1 > static_cast<std::size_t>(PTRDIFF_MAX) ||
+            __builtin_mul_overflow(static_cast<std::ptrdiff_t>(extents[i] - 1), strides[i], &r) ||
+            __builtin_add_overflow(r < 0 ? low : high, r, r < 0 ? &low : &high)) {
+            return std::nullopt;
+        }
+    }
+    if (high == PTRDIFF_MAX) return std::nullopt;
+    return std::pair<std::ptrdiff_t, std::ptrdiff_t>{low, high + 1};
 }
 
 }  // namespace detail
@@ -151,8 +166,10 @@ public:
 private:
     void check_within(std::size_t memory_size) const {
         auto extents = shape_.extents();
-        auto [low, high] = detail::reach(extents.data(), strides_.data(), rank);
-        if (low < 0 || high > static_cast<std::ptrdiff_t>(memory_size)) {
+        auto range = detail::reach(extents.data(), strides_.data(), rank);
+        if (!range) detail::throw_reach_overflows({shape_type::axes.data(), extents.data(), rank});
+        auto [low, high] = *range;
+        if (low < 0 || static_cast<std::size_t>(high) > memory_size) {
             detail::throw_outside({shape_type::axes.data(), extents.data(), rank}, memory_size);
         }
     }
