@@ -4,6 +4,8 @@
 
 #include <dimsum/interop/npy.hpp>
 
+#include <xtensor/xnpy.hpp>  // an independent reader, to check what save_npy writes
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -255,6 +257,7 @@ TEST_CASE("load_npy: a malformed header") {
     requires_malformed(header("<f4", "[2, 3]"), "expected a tuple for 'shape'");
     requires_malformed(header("<f4", "(2, -3)"), "expected a non-negative integer in 'shape'");
     requires_malformed(header("<f4", "(2 3)"), "expected ',' or ')' in 'shape'");
+    requires_malformed(header("<f4", "(6)"), "expected a tuple for 'shape' (one extent is written `(n,)`");
     requires_malformed(header("<f4", "(2, 99999999999999999999)"), "an extent in 'shape' is too large");
     requires_malformed(header() + " x", "expected only whitespace after '}'");
     requires_malformed(header("<f4", "(4294967296, 4294967296)"), "the shape (4294967296, 4294967296) overflows");
@@ -331,4 +334,52 @@ TEST_CASE("save_npy: a file that cannot be written") {
     REQUIRE_THROWS_MATCHES(ds::save_npy(path, x), ds::npy_error,
                            message_has({"dimsum: save_npy: " + path + ": cannot open the file for writing: ",
                                         "No such file or directory"}));
+}
+
+TEST_CASE("load_npy: control bytes in the dtype string are escaped in the message") {
+    temp_dir tmp;
+    std::string path = tmp.write("f.npy", npy_file(header(std::string("<f\x1b[2J\n", 7)), six_floats));
+    try {
+        load_rows_cols(path);
+        FAIL("a dtype of control bytes was accepted");
+    } catch (const ds::npy_error& e) {
+        std::string what = e.what();
+        INFO(what);
+        REQUIRE(what.find("'<f\\x1b[2J\\x0a'") != std::string::npos);
+        REQUIRE(std::none_of(what.begin(), what.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }));
+    }
+}
+
+TEST_CASE("save_npy: a device that takes no data, or a file that cannot be written, says what failed") {
+    ds::tensor<float, Rows, Cols> x(Rows{2}, Cols{3});
+    if (std::filesystem::exists("/dev/full")) {
+        REQUIRE_THROWS_MATCHES(ds::save_npy("/dev/full", x), ds::npy_error,
+                               message_has({"dimsum: save_npy: /dev/full: cannot write the ", "No space left on device"}));
+    }
+    if (std::filesystem::exists("/proc/version")) {
+        REQUIRE_THROWS_MATCHES(ds::save_npy("/proc/version", x), ds::npy_error,
+                               message_has({"dimsum: save_npy: /proc/version: cannot "}));
+        try {
+            ds::save_npy("/proc/version", x);
+        } catch (const ds::npy_error& e) {
+            REQUIRE(std::string(e.what()).find("read") == std::string::npos);  // a write failed, not a read
+        }
+    }
+}
+
+TEST_CASE("save_npy writes what numpy.save writes: a header padded to 64 bytes, read back exactly") {
+    temp_dir tmp;
+    ds::tensor<double, Rows, Cols> x(Rows{3}, Cols{5});
+    ds::fill_uniform(x, 7);
+    std::string path = tmp.path("x.npy");
+    ds::save_npy(path, x);
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(bytes.substr(0, 8) == std::string("\x93NUMPY\x01\x00", 8));
+    std::size_t header_length = static_cast<unsigned char>(bytes[8]) + 256u * static_cast<unsigned char>(bytes[9]);
+    REQUIRE((10 + header_length) % 64 == 0);
+    REQUIRE(bytes.substr(10, header_length).find("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 5), }") == 0);
+    REQUIRE(bytes.size() == 10 + header_length + x.size() * sizeof(double));
+    auto back = ds::load_npy<double, Rows, Cols>(path);
+    REQUIRE(same_bytes(back, x));
 }

@@ -8,8 +8,9 @@
 // load_npy validates the whole file itself (preamble, header, dtype, order, sizes) before it
 // reads the data, because xtensor's reader trusts the header and reads past a truncated
 // file: any broken file is one npy_error, any file of another shape one shape_error, never
-// undefined behaviour. save_npy writes through xtensor's xnpy, then reads the header back
-// and checks the file's size, since a failed write (a full disk) would otherwise go unseen.
+// undefined behaviour. save_npy writes the format itself and checks every write, the flush
+// and the close, so that a full disk or a file that takes no data is an npy_error that says
+// which.
 //
 // Not part of <dimsum/dimsum.hpp>, which stays light: include <dimsum/interop/npy.hpp>.
 
@@ -18,6 +19,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -27,8 +30,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <xtensor/xadapt.hpp>
-#include <xtensor/xnpy.hpp>
 
 #include "dimsum/core/next_index.hpp"
 #include "dimsum/tensor/tensor.hpp"
@@ -71,10 +72,28 @@ std::string native_descr() {
     return d + 'f' + std::to_string(sizeof(T));
 }
 
+// Text from a file, for a message: control and non-ASCII bytes as \xNN, at most `shown`
+// characters, then "...".
+inline std::string escaped(std::string_view text, std::size_t shown = 120) {
+    std::string out;
+    for (std::size_t i = 0; i < text.size() && i < shown; ++i) {
+        auto c = static_cast<unsigned char>(text[i]);
+        if (c >= 0x20 && c < 0x7f) {
+            out += static_cast<char>(c);
+        } else {
+            constexpr char hex[] = "0123456789abcdef";
+            out += "\\x";
+            out += hex[c >> 4];
+            out += hex[c & 15];
+        }
+    }
+    return out + (text.size() > shown ? "..." : "");
+}
+
 // `'<f8' (float64)`, `'>f4' (big-endian float32)`, `'<i8' (int64)`: the dtype as the file
 // spells it and, for common ones, as NumPy names it.
 inline std::string describe_descr(const std::string& d) {
-    std::string out = "'" + d + "'";
+    std::string out = "'" + escaped(d, 40) + "'";
     if (d.size() < 3 || std::string_view("<>|=").find(d[0]) == std::string_view::npos) return out;
     std::string_view digits(d.data() + 2, d.size() - 2);
     if (digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string_view::npos) return out;
@@ -101,20 +120,7 @@ inline std::string describe_shape(const std::vector<std::size_t>& s) {
 // The header text for a message: control bytes escaped, the padding dropped, long ones cut.
 inline std::string quote_header(std::string_view h) {
     while (!h.empty() && (h.back() == ' ' || h.back() == '\n')) h.remove_suffix(1);
-    std::string out = "\"";
-    constexpr std::size_t shown = 120;
-    for (std::size_t i = 0; i < h.size() && i < shown; ++i) {
-        auto c = static_cast<unsigned char>(h[i]);
-        if (c >= 0x20 && c < 0x7f) {
-            out += static_cast<char>(c);
-        } else {
-            constexpr char hex[] = "0123456789abcdef";
-            out += "\\x";
-            out += hex[c >> 4];
-            out += hex[c & 15];
-        }
-    }
-    return out + (h.size() > shown ? "...\"" : "\"");
+    return "\"" + escaped(h) + "\"";
 }
 
 // The subset of Python literals a .npy header uses, the way numpy.lib.format reads it: a
@@ -146,7 +152,7 @@ public:
                 once(seen_shape, key);
                 info.shape = tuple_of_sizes();
             } else {
-                malformed("unexpected key '" + key + "' in the header " + quote_header(text_));
+                malformed("unexpected key '" + escaped(key, 40) + "' in the header " + quote_header(text_));
             }
             if (!eat(',')) {
                 expect('}', "',' or '}'");
@@ -167,7 +173,7 @@ private:
     }
 
     void once(bool& seen, const std::string& key) const {
-        if (seen) malformed("'" + key + "' appears twice in " + quote_header(text_));
+        if (seen) malformed("'" + escaped(key, 40) + "' appears twice in " + quote_header(text_));
         seen = true;
     }
     void skip_space() {
@@ -210,6 +216,8 @@ private:
     std::vector<std::size_t> tuple_of_sizes() {
         std::vector<std::size_t> sizes;
         expect('(', "a tuple for 'shape'");
+        const std::size_t open = pos_;
+        bool comma = false;  // `(6)` is the number 6 in Python, not a tuple: one extent needs `(6,)`
         while (!eat(')')) {
             skip_space();
             if (peek() < '0' || peek() > '9') malformed_at("a non-negative integer in 'shape'");
@@ -221,10 +229,15 @@ private:
             }
             if (peek() == 'L') ++pos_;  // Python 2's long integers, in files it wrote
             sizes.push_back(n);
-            if (!eat(',')) {
+            comma = eat(',');
+            if (!comma) {
                 expect(')', "',' or ')' in 'shape'");
                 break;
             }
+        }
+        if (sizes.size() == 1 && !comma) {
+            pos_ = open;
+            malformed_at("a tuple for 'shape' (one extent is written `(n,)`; `(n)` is a number)");
         }
         return sizes;
     }
@@ -423,46 +436,68 @@ tensor<T, Axes...> load_npy(const std::string& path, Given... extents) {
     return t;
 }
 
-// Writes a view as a .npy file ('<f4' or '<f8', C order), through xtensor's xnpy; a strided
-// view is copied first. Throws npy_error if the file cannot be written in full.
+namespace detail::npy {
+
+// The preamble and header of a .npy file (version 1.0, or 2.0 for a header past 64 KiB), padded
+// with spaces to a multiple of 64 bytes, as numpy.save writes them.
+inline std::string file_head(const std::string& descr, const std::vector<std::size_t>& shape) {
+    std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + describe_shape(shape) + ", }";
+    const bool wide = dict.size() + 1 + 10 > 65535;
+    const std::size_t preamble = wide ? 12 : 10;
+    const std::size_t total = (preamble + dict.size() + 1 + 63) / 64 * 64;
+    dict.append(total - preamble - dict.size() - 1, ' ');
+    dict += '\n';
+    std::string head = "\x93NUMPY";
+    head += static_cast<char>(wide ? 2 : 1);
+    head += '\0';
+    std::uint64_t length = dict.size();
+    for (std::size_t i = 0; i < (wide ? 4u : 2u); ++i) head += static_cast<char>((length >> (8 * i)) & 0xff);
+    return head + dict;
+}
+
+// Writes head then data to path, checking every write, the flush and the close: a full disk or
+// a file that takes no data (/dev/full, /proc) is an npy_error that says what failed.
+inline void write_file(const std::string& path, std::string_view op, const std::string& head, const char* data,
+                       std::uint64_t bytes) {
+    auto reason = [](int e) { return e ? std::generic_category().message(e) : std::string("unknown error"); };
+    errno = 0;
+    std::FILE* file = std::fopen(path.c_str(), "wb");
+    if (!file) fail(op, path, "cannot open the file for writing: " + reason(errno));
+    auto give_up = [&](const std::string& what) {
+        const int e = errno;
+        std::fclose(file);
+        fail(op, path, "cannot write the " + what + ": " + reason(e));
+    };
+    errno = 0;
+    if (std::fwrite(head.data(), 1, head.size(), file) != head.size()) give_up("header");
+    constexpr std::uint64_t chunk = std::uint64_t(1) << 30;  // fwrite's count is a size_t; stay modest
+    for (std::uint64_t done = 0; done < bytes; done += chunk) {
+        const std::size_t n = static_cast<std::size_t>(std::min(chunk, bytes - done));
+        if (std::fwrite(data + done, 1, n, file) != n) give_up("data");
+    }
+    if (std::fflush(file) != 0) give_up("file (flushing it)");
+    errno = 0;
+    if (std::fclose(file) != 0) fail(op, path, "cannot write the file (closing it): " + reason(errno));
+}
+
+}  // namespace detail::npy
+
+// Writes a view as a .npy file ('<f4' or '<f8', C order); a strided view is copied first.
+// Throws npy_error if the file cannot be written in full, saying which step failed.
 template <class T, axis_type... Axes>
 void save_npy(const std::string& path, const tensor_view<T, Axes...>& v) {
     using value_type = std::remove_const_t<T>;
     static_assert(std::is_same_v<value_type, float> || std::is_same_v<value_type, double>,
                   "dimsum: save_npy: the element type must be float or double");
-    constexpr std::string_view op = "save_npy";
     if (!v.is_contiguous()) {
         auto copy = detail::npy::contiguous_copy(v);
         save_npy(path, copy.view());
         return;
     }
-
     std::array<std::size_t, sizeof...(Axes)> extents = v.shape().extents();
-    const value_type* data = v.data();
-    auto adapted = xt::adapt(data, v.size(), xt::no_ownership(), extents);
-    errno = 0;
-    try {
-        xt::dump_npy(path, adapted);
-    } catch (const std::runtime_error&) {  // xtensor's only failure: the file did not open
-        int e = errno;
-        detail::npy::fail(op, path, "cannot open the file for writing: " +
-                                        (e ? std::generic_category().message(e) : std::string("unknown error")));
-    }
-
-    // xtensor does not check its writes: read the header back and check the file's size.
-    std::uint64_t file_size = detail::npy::file_size_of(path, op);
-    std::ifstream in = detail::npy::open_for_reading(path, op);
-    detail::npy::header_info info = detail::npy::read_header(in, file_size, op, path);
-    std::vector<std::size_t> shape(extents.begin(), extents.end());
-    if (info.descr != detail::npy::native_descr<value_type>() || info.fortran_order || info.shape != shape) {
-        detail::npy::fail(op, path, "the file reads back with another header: " + detail::npy::describe_descr(info.descr) +
-                                        " " + detail::npy::describe_shape(info.shape));
-    }
-    std::uint64_t bytes = v.size() * sizeof(value_type);
-    if (file_size - info.data_offset != bytes) {
-        detail::npy::fail(op, path, "writing failed: the file holds " + std::to_string(file_size - info.data_offset) +
-                                        " of the " + std::to_string(bytes) + " bytes of data (disk full?)");
-    }
+    const std::string head =
+        detail::npy::file_head(detail::npy::native_descr<value_type>(), std::vector<std::size_t>(extents.begin(), extents.end()));
+    detail::npy::write_file(path, "save_npy", head, reinterpret_cast<const char*>(v.data()), v.size() * sizeof(value_type));
 }
 
 template <class T, axis_type... Axes>
