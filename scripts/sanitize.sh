@@ -1,11 +1,37 @@
 #!/usr/bin/env bash
-# Builds the unit tests and examples with AddressSanitizer and UBSan and runs them: any
-# out-of-bounds access, leak or undefined behaviour fails the run.
+# The tests again under the sanitizers; any report fails the run:
+# 1. the unit and parity tests and the examples under AddressSanitizer and UBSan (g++);
+# 2. the tests that run teams of threads under ThreadSanitizer (clang with libomp, whose
+#    Archer tool tells TSan about OpenMP's barriers, so that it sees what g++'s libgomp hides);
+# 3. load_npy fuzzed for DIMSUM_FUZZ_SECONDS (60) with libFuzzer, ASan and UBSan, seeded with
+#    the reference .npy files; a finding stops the run and is left in build-fuzz/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DDIMSUM_SANITIZE=ON >/dev/null
+
+# 1. AddressSanitizer and UBSan
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DDIMSUM_SANITIZE=address >/dev/null
 cmake --build build-sanitize -j2
 # The compile-fail, consumer and docs checks build nothing sanitised: the main run has them.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-sanitize --output-on-failure -j2 -E '^(compile_fail|consumer|docs)\.'
+
+# 2. ThreadSanitizer
+threaded_tests=(test_parity_gemm test_parity_kernels test_parity_attention)
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+    -DDIMSUM_SANITIZE=thread >/dev/null
+cmake --build build-tsan -j2 --target "${threaded_tests[@]}"
+archer=$(clang++ -print-resource-dir)/../../libarcher.so
+[ -f "$archer" ] || archer=/usr/lib/llvm-14/lib/libarcher.so
+pattern=$(IFS='|'; echo "^(${threaded_tests[*]}): ")
+OMP_TOOL_LIBRARIES="$archer" TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ctest --test-dir build-tsan --output-on-failure -j2 -R "$pattern"
+
+# 3. Fuzzing load_npy
+mkdir -p build-fuzz/corpus
+clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude \
+    tests/fuzz/fuzz_load_npy.cpp -o build-fuzz/fuzz_load_npy
+seeds=$(find tests/reference -name '*.npy' -size -64k)
+# shellcheck disable=SC2086
+build-fuzz/fuzz_load_npy -max_total_time="${DIMSUM_FUZZ_SECONDS:-60}" -max_len=8192 -timeout=10 \
+    -artifact_prefix=build-fuzz/ -print_final_stats=1 build-fuzz/corpus $seeds 2>&1 | tail -n 12

@@ -9,6 +9,7 @@ packages=(
     libxsimd-dev                # SIMD kernels
     libboost-dev                # Boost.Hana (headers)
     libomp-dev                  # OpenMP (g++ brings its own libgomp; clang needs this)
+    clang libclang-rt-14-dev    # scripts/sanitize.sh: ThreadSanitizer with libomp, libFuzzer
     catch2                      # Catch2 v2, the unit tests
     python3                     # the docs check
     libopenblas-dev libdnnl-dev # the baselines of src/bench.cpp, loaded at run time; the library uses neither
