@@ -14,6 +14,7 @@ namespace dimsum::backend::cpu {
     template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                        \
     template void attention<T>(const attention_problem<T>&);                                                     \
     template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const fused_region*);          \
+    template void prepare_fused<T>(const fused_program<T>&);                                                   \
     template void softmax<T>(const strided<const T>&, const strided<T>&, std::size_t);                           \
     template void layer_norm<T>(const strided<const T>&, const strided<T>&, std::size_t, T);                     \
     template void reduce<fn::sum, T>(const strided<const T>&, const strided<T>&, std::size_t);                   \

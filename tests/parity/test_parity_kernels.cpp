@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 using namespace parity;
 
@@ -149,6 +151,21 @@ TEST_CASE("an exception in one thread of a team reaches the caller, after the te
     REQUIRE(finished.load() + 1 == team_size.load());  // the others ran to their end
 }
 
+TEST_CASE("a member that fails to prepare stops the whole team before any body runs") {
+    std::atomic<std::size_t> bodies{0}, prepared{0};
+    auto prepare = [&](std::size_t member, std::size_t team) {
+        if (member + 1 == team) throw std::bad_alloc();
+        ++prepared;
+    };
+    auto body = [&](std::size_t, std::size_t) { ++bodies; };
+    REQUIRE_THROWS_AS(ds::backend::cpu::run_parallel(2, prepare, body), std::bad_alloc);
+    REQUIRE(bodies.load() == 0);
+    // and a team whose members all prepare runs every body
+    prepared = 0;
+    ds::backend::cpu::run_parallel(2, [&](std::size_t, std::size_t) { ++prepared; }, body);
+    REQUIRE(bodies.load() == prepared.load());
+}
+
 TEST_CASE("layer_norm in float: large means, huge and tiny magnitudes, constant lines, against double") {
     // The reference backend accumulates float lines in double: exact enough to be the truth here.
     with_one_and_two_threads([] {
@@ -180,4 +197,25 @@ TEST_CASE("layer_norm in float: large means, huge and tiny magnitudes, constant 
             }
         }
     });
+}
+
+TEST_CASE("evaluations on several std::threads at once, each starting teams of its own") {
+    ds::tensor<float, Batch, M, K> a(Batch{2}, M{129}, K{65});
+    ds::tensor<float, K, N> b(K{65}, N{300});
+    ds::fill_uniform(a, 26);
+    ds::fill_uniform(b, 27);
+    auto formula = [&] { return ds::softmax(ds::tanh(ds::matmul(a, b)) * 3.0f); };
+    ds::set_num_threads(2);
+    auto want = ds::eval(formula(), ds::backend::reference::evaluator{});
+    std::vector<ds::tensor<float, Batch, M, N>> got;
+    for (int i = 0; i < 3; ++i) got.emplace_back(Batch{2}, M{129}, N{300});
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        threads.emplace_back([&, i] {
+            for (int repeat = 0; repeat < 3; ++repeat) ds::assign(got[i], formula());
+        });
+    }
+    for (auto& t : threads) t.join();
+    ds::set_num_threads(0);
+    for (const auto& g : got) test::require_close(g, test::to_xt(want), 1e-5, 1e-6);
 }

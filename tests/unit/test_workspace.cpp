@@ -1,37 +1,13 @@
 // Memory: a formula evaluated again into the same destination allocates nothing; every
-// temporary and packing buffer comes from the kept workspace. This file replaces the global
-// operator new to count allocations (dimsum allocates only through it).
+// temporary and packing buffer comes from the kept workspace. counting_new.hpp replaces the
+// global operator new to count allocations (dimsum allocates only through it).
 #include "support.hpp"
 
 #include "multi_head_attention.hpp"
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
+#include "counting_new.hpp"
 
-namespace {
-std::atomic<std::size_t> allocations{0};
-
-void* counted(std::size_t bytes, std::size_t alignment) {
-    ++allocations;
-    bytes = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
-    if (void* p = std::aligned_alloc(alignment, bytes)) return p;
-    throw std::bad_alloc();
-}
-}  // namespace
-
-void* operator new(std::size_t bytes) { return counted(bytes, alignof(std::max_align_t)); }
-void* operator new[](std::size_t bytes) { return counted(bytes, alignof(std::max_align_t)); }
-void* operator new(std::size_t bytes, std::align_val_t a) { return counted(bytes, std::size_t(a)); }
-void* operator new[](std::size_t bytes, std::align_val_t a) { return counted(bytes, std::size_t(a)); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+using counting_new::allocations;
 
 namespace ds = dimsum;
 

@@ -140,6 +140,21 @@ void pack_item_keys(const attention_problem<T>& p, std::size_t item, T* out) {
 // [first_key, last_key). Writes O to the problem's output, or, when `partial` is given, the
 // unnormalised result there. `item_keys`, if given, holds the item's K^T already packed in
 // column panels (pack_item_keys), shared by its blocks of queries.
+// The sizes of attend_block's tiles for a block of `queries` queries, each rounded to whole
+// cache lines (the row passes use aligned loads).
+struct block_tiles {
+    std::size_t q, k, v, s, o, rows;
+    std::size_t total() const { return q + k + v + s + o + 2 * rows; }
+};
+template <class T>
+block_tiles tiles_for(const attention_problem<T>& p, std::size_t queries) {
+    constexpr std::size_t line = 64 / sizeof(T), block_keys = attention_tiling<T>::keys;
+    const std::size_t d = p.q.cols, rows = round_up(queries, gemm_tiling<T>::mr);
+    const std::size_t dv_pad = round_up(p.v.cols, gemm_tiling<T>::nr);
+    return {round_up(rows * d, line), round_up(block_keys * d, line), block_keys * dv_pad, rows * block_keys,
+            rows * dv_pad, rows};
+}
+
 template <class T>
 void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
                   std::size_t first_key, std::size_t last_key, const partial_result<T>* partial, const T* item_keys) {
@@ -156,16 +171,14 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     const T* k = p.k.data + at[k_operand];  // (keys, d)
     const T* v = p.v.data + at[v_operand];  // (keys, dv)
 
-    // this thread's tiles, each starting on a cache line (the row passes use aligned loads)
-    constexpr std::size_t line = 64 / sizeof(T);
-    const std::size_t q_size = round_up(rows * d, line), k_size = round_up(block_keys * d, line);
-    const std::size_t v_size = block_keys * dv_pad, s_size = rows * block_keys, o_size = rows * dv_pad;
-    T* packed_q = scratch<T>(scratch_use::attention, q_size + k_size + v_size + s_size + o_size + 2 * rows);
-    T* packed_k = packed_q + q_size;  // (d, block_keys) in column panels
-    T* packed_v = packed_k + k_size;  // (block_keys, dv_pad) in column panels
-    T* scores = packed_v + v_size;    // (rows, block_keys): S, then P
-    T* out = scores + s_size;         // (rows, dv_pad): O
-    T* row_max = out + o_size;        // (rows): m
+    // this thread's tiles, taken before the team's work began (attention's prepare)
+    const block_tiles size = tiles_for(p, queries);
+    T* packed_q = scratch<T>(scratch_use::attention, size.total());
+    T* packed_k = packed_q + size.q;  // (d, block_keys) in column panels
+    T* packed_v = packed_k + size.k;  // (block_keys, dv_pad) in column panels
+    T* scores = packed_v + size.v;    // (rows, block_keys): S, then P
+    T* out = scores + size.s;         // (rows, dv_pad): O
+    T* row_max = out + size.o;        // (rows): m
     T* row_sum = row_max + rows;      // (rows): l
     // Q: in panels for the micro-kernel, or, for few queries, as contiguous rows
     const bool by_rows = queries <= attention_tiling<T>::few_queries;
@@ -328,9 +341,18 @@ void attention(const attention_problem<T>& p) {
     // With items enough for every thread, a task is a whole item: its K packed once for all
     // its blocks of queries.
     const bool whole_items = query_blocks > 1 && m > tiling::few_queries && items >= 2 * std::size_t(threads);
+    // What a thread needs before it writes anything (threads.hpp): its tiles for the largest
+    // block, an item's packed K, the score function's memory. A failed allocation then leaves O
+    // untouched.
+    const std::size_t keys_size = detail::round_up(n, gemm_tiling<T>::nr) * d;
+    auto prepare = [&] {
+        scratch<T>(scratch_use::attention, detail::tiles_for(p, std::min(tiling::queries, m)).total());
+        if (whole_items) scratch<T>(scratch_use::attention_keys, keys_size);
+        p.scores.prepare();
+    };
     auto run_task = [&](std::size_t task) {
         if (whole_items) {
-            T* keys = scratch<T>(scratch_use::attention_keys, detail::round_up(n, gemm_tiling<T>::nr) * d);
+            T* keys = scratch<T>(scratch_use::attention_keys, keys_size);
             detail::pack_item_keys(p, task, keys);
             for (std::size_t block = query_blocks; block-- > 0;) {
                 std::size_t first_query = block * tiling::queries;
@@ -349,10 +371,12 @@ void attention(const attention_problem<T>& p) {
     };
     const std::size_t tasks = whole_items ? items : units * splits;
     if (threads == 1) {
+        prepare();
         for (std::size_t task = 0; task < tasks; ++task) run_task(task);
     } else {
         std::atomic<std::size_t> next{0};
-        run_parallel(int(std::min<std::size_t>(std::size_t(threads), tasks)), [&](std::size_t, std::size_t) {
+        auto prepare_member = [&](std::size_t, std::size_t) { prepare(); };
+        run_parallel(int(std::min<std::size_t>(std::size_t(threads), tasks)), prepare_member, [&](std::size_t, std::size_t) {
             for (std::size_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) run_task(task);
         });
     }

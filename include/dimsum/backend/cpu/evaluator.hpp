@@ -77,7 +77,6 @@ struct plan {
     fused_program<T> fused;
     std::size_t in_place_input = 0;  // which of fused.inputs reads the destination (or the scores tile)
     bool fuse_attention = true;
-    temporaries memory;
 
     static plan& of_this_thread() {
         thread_local plan p;
@@ -135,7 +134,7 @@ private:
     }
 
     // Memory for a step's value: this evaluation's temporaries.
-    T* allocate(std::size_t count) { return p_.memory.template allocate<T>(count); }
+    T* allocate(std::size_t count) { return thread_temporaries().template allocate<T>(count); }
 
     static void causal_mask(const step<T>& s, const strided<T>& dst) {
         for (std::size_t q = 0; q < s.extents[0]; ++q) {
@@ -235,6 +234,9 @@ private:
         const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
         run_fused<T>(*c.program, c.dst, false, &region);
     }
+    static void reserve_epilogue(const void* context) {
+        prepare_fused<T>(*static_cast<const epilogue_context*>(context)->program);
+    }
 
     // The score function's fused program, run on one tile of scores (attention.hpp): its
     // inputs moved to the tile's position, the scores read from the tile itself.
@@ -251,8 +253,8 @@ private:
         strided<T> result{tile, r, place.extents, {}};  // the tile itself: batch axes of extent 1
         result.strides[r - 2] = query_stride;
         result.strides[r - 1] = 1;
-        thread_local fused_program<T> local;  // per thread: the team runs tiles at once
-        local.nodes = c.program->nodes;
+        fused_program<T>& local = tile_program();
+        local.nodes = c.program->nodes;  // within the capacity reserve_score_function took
         local.inputs = c.program->inputs;
         for (std::size_t i = 0; i < local.inputs.size(); ++i) {
             strided<const T>& input = local.inputs[i];
@@ -263,6 +265,18 @@ private:
             for (std::size_t axis = 0; axis < r; ++axis) input.data += static_cast<std::ptrdiff_t>(place.first[axis]) * input.strides[axis];
         }
         run_fused<T>(local, result, false);
+    }
+
+    // The score function's program as moved to one tile: per thread, since the team runs tiles at once.
+    static fused_program<T>& tile_program() {
+        thread_local fused_program<T> local;
+        return local;
+    }
+    static void reserve_score_function(const void* context) {
+        const auto& c = *static_cast<const score_context*>(context);
+        tile_program().nodes.reserve(c.program->nodes.size());
+        tile_program().inputs.reserve(c.program->inputs.size());
+        prepare_fused<T>(*c.program);
     }
 
     // A strided array's last two axes as a matrix (its first element's).
@@ -313,7 +327,7 @@ private:
             p_.fused.clear();
             add_nodes(match.score_function, match.scores, context.scores);
             context.tile_input = p_.in_place_input;
-            problem.scores = {&apply_score_function, &context};
+            problem.scores = {&apply_score_function, &reserve_score_function, &context};
         }
         attention<T>(problem);
     }
@@ -372,7 +386,7 @@ private:
         problem.batch = leading_axes(dst, a, b, dst);
         if (!epilogue) return gemm<T>(problem);
         epilogue_context context{epilogue, dst};
-        gemm<T>(problem, gemm_epilogue{&apply_epilogue, &context});
+        gemm<T>(problem, gemm_epilogue{&apply_epilogue, &reserve_epilogue, &context});
     }
 
     plan<T>& p_;
@@ -390,13 +404,18 @@ public:
     void run(const E& e, const tensor_view<T, A...>& dst) {
         auto& p = detail::plan<T>::of_this_thread();
         p.fuse_attention = fuse_attention;
-        p.memory.reset();  // after an evaluation that threw
-        p.steps.clear();
-        p.blocks.clear();
-        std::size_t root = reference::detail::lower<T>(e, p.steps);
-        detail::collect_block_functions<T>(e, p.blocks);
-        detail::executor<T>(p).write(root, reference::to_strided(dst));
-        p.memory.reset();  // now, so that the next evaluation starts with one block of the right size
+        temporaries& memory = thread_temporaries();
+        try {
+            p.steps.clear();
+            p.blocks.clear();
+            std::size_t root = reference::detail::lower<T>(e, p.steps);
+            detail::collect_block_functions<T>(e, p.blocks);
+            detail::executor<T>(p).write(root, reference::to_strided(dst));
+        } catch (...) {
+            memory.abandon();  // the thread as it was before, whatever failed
+            throw;
+        }
+        memory.finish();
     }
 };
 
@@ -404,7 +423,7 @@ public:
 // T held: e.g. whether attention ran without its queries x keys matrix.
 template <class T>
 std::size_t last_temporary_bytes() {
-    return detail::plan<T>::of_this_thread().memory.last_total();
+    return thread_temporaries().last_total();
 }
 
 }  // namespace dimsum::backend::cpu

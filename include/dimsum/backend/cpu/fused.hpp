@@ -74,7 +74,33 @@ void merge_axes(const strided<T>& result, const std::vector<strided<const T>>& i
     }
 }
 
+// One thread's memory for fused passes, kept from one pass to the next.
+template <class T>
+struct fused_thread_memory {
+    merged_layout layout;                     // of the pass this thread starts
+    std::vector<const T*> value;              // per node: where this block's values are
+    std::vector<std::ptrdiff_t> here, ahead;  // per array: where this block and the next start
+};
+template <class T>
+fused_thread_memory<T>& fused_memory() {
+    thread_local fused_thread_memory<T> memory;
+    return memory;
+}
+
 }  // namespace detail
+
+// (kernels.hpp)
+template <class T>
+void prepare_fused(const fused_program<T>& program) {
+    auto& memory = detail::fused_memory<T>();
+    const std::size_t nodes = program.nodes.size(), arrays = program.inputs.size() + 1;
+    scratch<T>(scratch_use::elementwise, nodes * detail::block_length<T>);
+    memory.layout.strides.reserve(arrays);
+    memory.layout.origin.reserve(arrays);
+    memory.value.reserve(nodes);
+    memory.here.reserve(arrays);
+    memory.ahead.reserve(arrays);
+}
 
 // (kernels.hpp)
 template <class T>
@@ -82,8 +108,8 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
     std::size_t size = 1;
     for (std::size_t i = 0; i < result.rank; ++i) size *= region ? region->extents[i] : result.extents[i];
     if (size == 0) return;
-    thread_local detail::merged_layout kept;  // a repeated pass allocates nothing
-    detail::merged_layout& layout = kept;       // the caller's, also in the team's threads
+    prepare_fused(program);  // the caller's memory; its team's members take theirs below
+    detail::merged_layout& layout = detail::fused_memory<T>().layout;  // the caller's, read by the team
     detail::merge_axes(result, program.inputs, region, layout);
     const std::size_t inner_axis = layout.rank - 1, length = layout.extents[inner_axis];
     const std::size_t block = std::min(length, detail::block_length<T>);
@@ -97,9 +123,10 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
     const bool stream = !region && size * sizeof(T) >= streaming_bytes && layout.strides[0][inner_axis] == 1;
 
     auto sweep = [&](std::size_t first_item, std::size_t last_item) {
+        // this thread's memory, taken by prepare_fused: nothing below allocates
         T* slots = scratch<T>(scratch_use::elementwise, nodes * block);
-        thread_local std::vector<const T*> value_kept;  // per node: where this block's values are
-        std::vector<const T*>& value = value_kept;
+        auto& memory = detail::fused_memory<T>();
+        std::vector<const T*>& value = memory.value;
         value.resize(nodes);
         for (std::size_t k = 0; k < nodes; ++k) {  // constants: filled once per sweep
             if (nodes_of[k].what == fused_node<T>::kind::constant) std::fill_n(slots + k * block, block, nodes_of[k].value);
@@ -115,9 +142,8 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
             auto offset = static_cast<std::ptrdiff_t>(item % chunks * block);
             for (std::size_t a = 0; a < layout.arrays; ++a) at[a] += offset * layout.strides[a][inner_axis];
         };
-        thread_local std::vector<std::ptrdiff_t> here_kept, ahead_kept;  // reused: no allocation once sized
-        std::vector<std::ptrdiff_t>& here = here_kept;
-        std::vector<std::ptrdiff_t>& ahead = ahead_kept;
+        std::vector<std::ptrdiff_t>& here = memory.here;
+        std::vector<std::ptrdiff_t>& ahead = memory.ahead;
         here.resize(layout.arrays);
         ahead.resize(layout.arrays);
         const std::ptrdiff_t out_stride = layout.strides[0][inner_axis];
@@ -174,7 +200,7 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
         if (stream) streaming_fence();
     };
 
-    split_range(parallel && size >= parallel_elements ? num_threads() : 1, items, sweep);
+    split_range(parallel && size >= parallel_elements ? num_threads() : 1, items, [&] { prepare_fused(program); }, sweep);
 }
 
 }  // namespace dimsum::backend::cpu

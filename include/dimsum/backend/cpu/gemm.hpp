@@ -262,37 +262,19 @@ Matrix sub(Matrix m, std::size_t row, std::size_t col) {
 // Rows [row_first, row_last) of one product, with the column panels [col_panel_first,
 // col_panel_last) of each B block, computed by the calling thread. It is thread `member` of
 // `team` threads that pack B together into the shared `packed_b` (every member must call
-// it, with `failed_members` shared); or, with a team of 1, a thread that packs only the
-// panels it uses. With `direct_b` (`direct_a`), B's (A's) full panels are read in place and
+// it); or, with a team of 1, a thread that packs only the panels it uses. Its scratch and the
+// epilogue's were reserved before the team's work began (gemm's prepare): nothing here
+// allocates or throws, so every member reaches every barrier. With `direct_b` (`direct_a`), B's (A's) full panels are read in place and
 // only a last, partial one is packed.
 template <class T>
 void product_share(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t item,
                    std::size_t row_first, std::size_t row_last, std::size_t col_panel_first,
                    std::size_t col_panel_last, T* packed_b, int member, int team, bool direct_a, bool direct_b,
-                   const gemm_epilogue& epilogue, std::atomic<int>* failed_members = nullptr) {
+                   const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
     std::size_t n = c.cols, k = a.cols;
-    // Every member reserves its scratch before the first barrier: one that fails must not
-    // leave the others waiting there. All learn of the failure at the barrier and return; the
-    // one that failed throws.
-    T* packed_a = nullptr;
-    std::exception_ptr failure;
-    try {
-        packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
-    } catch (...) {
-        failure = std::current_exception();
-    }
-    if (team > 1) {
-        if (failure) failed_members->fetch_add(1);
-#pragma omp barrier
-        if (failed_members->load() != 0) {
-            if (failure) std::rethrow_exception(failure);
-            return;
-        }
-    } else if (failure) {
-        std::rethrow_exception(failure);
-    }
+    T* packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
     for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
         std::size_t block_cols = std::min(tiling::nc, n - jc);
         std::size_t panels = (block_cols + nr - 1) / nr;
@@ -381,6 +363,17 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     constexpr std::size_t direct_a_columns = 8 * nr;
     const bool direct_a = problem.a.col_stride == 1 && n <= direct_a_columns;
 
+    // What a thread needs before it writes anything (threads.hpp): its packing buffers and the
+    // epilogue's scratch. A failed allocation then leaves C untouched.
+    auto prepare_a = [&] {
+        scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
+        epilogue.prepare();
+    };
+    auto prepare_a_and_b = [&] {
+        prepare_a();
+        scratch<T>(scratch_use::packed_b, packed_b_size);
+    };
+
     bool whole_items = threads == 1 || items % std::size_t(threads) == 0 || items >= 4 * std::size_t(threads) ||
                        flops_per_item < shared_product_flops;
     if (whole_items) {
@@ -391,7 +384,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             std::size_t all_panels = (n + nr - 1) / nr;
             detail::product_share<T>(a, b, c, item, 0, m, 0, all_panels, packed_b, 0, 1, direct_a, direct_b, epilogue);
         };
-        split_range(int(std::min<std::size_t>(std::size_t(threads), items)), items,
+        split_range(int(std::min<std::size_t>(std::size_t(threads), items)), items, prepare_a_and_b,
                     [&](std::size_t first, std::size_t last) {
                         for (std::size_t item = first; item < last; ++item) one_item(item);
                     });
@@ -414,14 +407,14 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             continue;
         }
         if (split_columns) {
-            split_range(threads, col_panels, [&](std::size_t first, std::size_t last) {
+            split_range(threads, col_panels, prepare_a_and_b, [&](std::size_t first, std::size_t last) {
                 T* own_b = scratch<T>(scratch_use::packed_b, packed_b_size);
                 detail::product_share<T>(a, b, c, item, 0, m, first, last, own_b, 0, 1, false, false, epilogue);
             });
             continue;
         }
-        std::atomic<int> failed_members{0};  // members that could not get their scratch
-        run_parallel(threads, [&](std::size_t member_index, std::size_t team_size) {
+        auto prepare_member = [&](std::size_t, std::size_t) { prepare_a(); };
+        run_parallel(threads, prepare_member, [&](std::size_t member_index, std::size_t team_size) {
             int member = int(member_index), team = int(team_size);
             std::size_t row_groups = std::min<std::size_t>(std::size_t(team), row_panels);
             std::size_t col_groups = std::size_t(team) / row_groups;
@@ -434,7 +427,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
                 col_last = col_panels * (col_group + 1) / col_groups;
             }
             detail::product_share<T>(a, b, c, item, first, last, col_first, col_last, packed_b, member, team, false,
-                                     false, epilogue, &failed_members);
+                                     false, epilogue);
         });
     }
 }

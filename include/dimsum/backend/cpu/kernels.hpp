@@ -69,13 +69,19 @@ struct gemm_problem {
 };
 
 // Called for each region of C once its values are final: rows [row, row + rows) and columns
-// [col, col + cols) of batch item `item`. It may read and rewrite that region, nothing else.
+// [col, col + cols) of batch item `item`. It may read and rewrite that region, nothing else,
+// and must not allocate: `prepare`, called on every thread that will apply it before any
+// writes, takes that thread's memory for it.
 struct gemm_epilogue {
     void (*apply)(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
                   std::size_t cols) = nullptr;
+    void (*reserve)(const void* context) = nullptr;
     const void* context = nullptr;
     void operator()(std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) const {
         if (apply) apply(context, item, row, col, rows, cols);
+    }
+    void prepare() const {
+        if (reserve) reserve(context);
     }
 };
 
@@ -87,12 +93,17 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue = {});
 
 // Called on each tile of scores, queries [query, query + queries) x keys [key, key + keys)
 // of batch item `item`, before the softmax reads them: it may rewrite the tile (score (i, j)
-// at tile[i * query_stride + j]) and nothing else.
+// at tile[i * query_stride + j]) and nothing else, and must not allocate: `prepare`, called on
+// every thread that will apply it before any writes, takes that thread's memory for it.
 template <class T>
 struct score_epilogue {
     void (*apply)(const void* context, std::size_t item, std::size_t query, std::size_t key, std::size_t queries,
                   std::size_t keys, T* tile, std::ptrdiff_t query_stride) = nullptr;
+    void (*reserve)(const void* context) = nullptr;
     const void* context = nullptr;
+    void prepare() const {
+        if (reserve) reserve(context);
+    }
 };
 
 // O = softmax(f(Q K^T)) V along the keys for every item of the batch, where f multiplies by
@@ -154,10 +165,16 @@ struct fused_region {
 };
 
 // Writes the program's result into `result`, or only into `region` of it (the inputs read
-// at the same positions). `parallel`: whether it may start threads.
+// at the same positions). `parallel`: whether it may start threads. Every thread it runs on
+// takes its memory before any of them writes.
 template <class T>
 void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel,
                const fused_region* region = nullptr);
+
+// Takes, on the calling thread, the memory that run_fused of `program` needs there, so that a
+// run_fused inside another kernel's team (an epilogue) allocates nothing.
+template <class T>
+void prepare_fused(const fused_program<T>& program);
 
 // ---- kernels along one axis (rowwise.hpp)
 

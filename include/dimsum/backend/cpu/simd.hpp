@@ -47,7 +47,7 @@ inline constexpr std::size_t streaming_bytes = std::size_t(8) << 20;
 // where the instruction set has such a store (xsimd has none); a normal store elsewhere.
 template <class T>
 void store_streaming(T* to, const simd<T>& v) {
-    constexpr std::size_t bytes = simd<T>::size * sizeof(T);
+    [[maybe_unused]] constexpr std::size_t bytes = simd<T>::size * sizeof(T);
 #if defined(__AVX512F__)
     if constexpr (bytes == 64) {
         if constexpr (sizeof(T) == 4) _mm512_stream_ps(to, v);

@@ -14,6 +14,9 @@
 #include <deque>
 #include <new>
 
+#include "dimsum/backend/cpu/threads.hpp"
+#include "dimsum/core/checked_math.hpp"
+
 namespace dimsum::backend::cpu {
 
 inline constexpr std::size_t huge_page = std::size_t(2) << 20;
@@ -38,11 +41,13 @@ public:
         bytes_ = rounded;
         return data_;
     }
-    void release() {
+    void release() noexcept {
         if (data_) ::operator delete(data_, std::align_val_t{alignment_});
         data_ = nullptr;
         bytes_ = 0;
     }
+    void* data() const { return data_; }
+    std::size_t size() const { return bytes_; }
 
 private:
     void* data_ = nullptr;
@@ -64,55 +69,108 @@ T* scratch(scratch_use use, std::size_t count) {
 }
 
 // The intermediate values of one evaluation, allocated in order and all released together at
-// its end. After an evaluation that needed more than one block, the next one starts with a
-// single block of the total size, so a repeated formula settles on one allocation.
+// its end: finish() after an evaluation that succeeded, abandon() after one that threw. After
+// a successful evaluation that needed more than one block, the next starts with a single
+// block of the total, so a repeated formula settles on one allocation. A failed evaluation
+// leaves the blocks as they were before it: a failure never makes later evaluations hold or
+// ask for more.
 class temporaries {
 public:
     template <class T>
     T* allocate(std::size_t count) {
-        std::size_t bytes = std::max(cache_line, (count * sizeof(T) + cache_line - 1) / cache_line * cache_line);
-        if (blocks_.empty() || used_ + bytes > capacity_) {
-            if (!blocks_.empty()) spilled_ += used_;
-            std::size_t want = std::max(bytes, capacity_ * 2);
-            blocks_.emplace_back();
-            blocks_.back().reserve(want);
-            capacity_ = want;
-            used_ = 0;
-        }
-        void* at = static_cast<char*>(blocks_.back().reserve(capacity_)) + used_;
+        const std::size_t bytes = round_to_line(dimsum::detail::checked_multiply(count, sizeof(T), "temporaries"));
+        if (blocks_.empty() || used_ + bytes > blocks_.back().size()) add_block(bytes);
+        void* at = static_cast<char*>(blocks_.back().data()) + used_;
         used_ += bytes;
         return static_cast<T*>(at);
     }
 
-    // Ends an evaluation: everything allocated since the last reset is free again.
-    void reset() {
+    // Ends an evaluation that succeeded: everything allocated since is free again.
+    void finish() noexcept {
         last_total_ = spilled_ + used_;
         if (blocks_.size() > 1) {
-            std::size_t total = spilled_ + used_;
-            blocks_.clear();
-            blocks_.emplace_back();
-            blocks_.back().reserve(total);
-            capacity_ = total;
+            blocks_.clear();  // first, so that the merged block does not come on top of them
+            try {
+                blocks_.emplace_back().reserve(last_total_);
+            } catch (...) {  // the next evaluation will grow as this one did
+                blocks_.clear();
+            }
         }
-        used_ = 0;
-        spilled_ = 0;
+        begin();
+    }
+    // Ends an evaluation that threw: the blocks it added are freed.
+    void abandon() noexcept {
+        while (blocks_.size() > blocks_at_start_) blocks_.pop_back();
+        begin();
+    }
+    // Frees every block.
+    void release() noexcept {
+        blocks_.clear();
+        begin();
     }
 
-    // The bytes the last evaluation held at once (its values are never freed early).
+    // The bytes the last successful evaluation held at once (its values are never freed early).
     std::size_t last_total() const { return last_total_; }
 
 private:
+    // Blocks beyond the first are at least the request, and as large as what is held already (up
+    // to growth_limit), so that many small values take few blocks.
+    static constexpr std::size_t growth_limit = std::size_t(64) << 20;
+
+    static std::size_t round_to_line(std::size_t bytes) {
+        if (bytes > SIZE_MAX - cache_line) dimsum::detail::throw_overflow(bytes, 1, "temporaries");
+        return std::max(cache_line, (bytes + cache_line - 1) / cache_line * cache_line);
+    }
+    void add_block(std::size_t bytes) {
+        std::size_t held = 0;
+        for (const auto& block : blocks_) held += block.size();
+        std::size_t want = std::max(bytes, std::min(held, growth_limit));
+        blocks_.emplace_back();
+        try {
+            blocks_.back().reserve(want);
+        } catch (...) {
+            blocks_.pop_back();
+            throw;
+        }
+        if (blocks_.size() > 1) spilled_ += used_;
+        used_ = 0;
+    }
+    void begin() noexcept {
+        used_ = 0;
+        spilled_ = 0;
+        blocks_at_start_ = blocks_.size();
+    }
+
     std::deque<scratch_block> blocks_;  // a deque: blocks never move
-    std::size_t capacity_ = 0, used_ = 0, spilled_ = 0, last_total_ = 0;
+    std::size_t used_ = 0, spilled_ = 0, last_total_ = 0, blocks_at_start_ = 0;
 };
+
+// The calling thread's temporaries, shared by the evaluations of every element type (one
+// evaluation runs on a thread at a time).
+inline temporaries& thread_temporaries() {
+    thread_local temporaries memory;
+    return memory;
+}
+
+// Frees the calling thread's scratch.
+inline void release_thread_scratch() noexcept {
+    for (auto& block : thread_scratch()) block.release();
+}
 
 }  // namespace dimsum::backend::cpu
 
 namespace dimsum {
 
-// Frees the calling thread's kernel scratch (OpenMP workers keep theirs).
+// Frees the memory dimsum keeps between evaluations: the calling thread's temporaries and
+// kernel scratch, and the kernel scratch of the OpenMP threads a kernel started here would
+// use (OpenMP keeps the same worker threads from one team to the next). The next evaluation
+// allocates again.
 inline void release_workspace() {
-    for (auto& block : backend::cpu::thread_scratch()) block.release();
+    backend::cpu::thread_temporaries().release();
+    backend::cpu::release_thread_scratch();
+    if (omp_in_parallel() || num_threads() <= 1) return;
+#pragma omp parallel num_threads(num_threads())
+    backend::cpu::release_thread_scratch();
 }
 
 }  // namespace dimsum
