@@ -23,15 +23,15 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=
 cmake --build build-tsan -j2 --target "${threaded_tests[@]}"
 archer=$(clang++ -print-resource-dir)/../../libarcher.so
 [ -f "$archer" ] || archer=/usr/lib/llvm-14/lib/libarcher.so
-pattern=$(IFS='|'; echo "^(${threaded_tests[*]}): ")
-OMP_TOOL_LIBRARIES="$archer" TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+pattern=$(IFS='|'; echo "^(${threaded_tests[*]}):")
+OMP_TOOL_LIBRARIES="$archer" TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j2 -R "$pattern"
 
 # 3. Fuzzing load_npy
-mkdir -p build-fuzz/corpus
+rm -rf build-fuzz/seeds
+mkdir -p build-fuzz/corpus build-fuzz/seeds
+find tests/reference -name '*.npy' -size -64k -exec cp {} build-fuzz/seeds/ \;
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude \
     tests/fuzz/fuzz_load_npy.cpp -o build-fuzz/fuzz_load_npy
-seeds=$(find tests/reference -name '*.npy' -size -64k)
-# shellcheck disable=SC2086
 build-fuzz/fuzz_load_npy -max_total_time="${DIMSUM_FUZZ_SECONDS:-60}" -max_len=8192 -timeout=10 \
-    -artifact_prefix=build-fuzz/ -print_final_stats=1 build-fuzz/corpus $seeds 2>&1 | tail -n 12
+    -artifact_prefix=build-fuzz/ -print_final_stats=1 build-fuzz/corpus build-fuzz/seeds 2>&1 | tail -n 12
