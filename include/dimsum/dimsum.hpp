@@ -4,7 +4,6 @@
 // First, so that a shape error's "In file included from" trail is as short as it can be.
 #include "dimsum/core/static_error.hpp"
 
-#include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/default.hpp"
 #include "dimsum/ops/elementwise.hpp"
 #include "dimsum/ops/mask.hpp"
@@ -12,6 +11,8 @@
 #include "dimsum/ops/softmax.hpp"
 #include "dimsum/ops/transpose.hpp"
 #include "dimsum/ops/view.hpp"
+#include "dimsum/runtime/threads.hpp"
+#include "dimsum/runtime/workspace.hpp"
 #include "dimsum/nn/attention.hpp"
 #include "dimsum/nn/layers.hpp"
 #include "dimsum/tensor/print.hpp"

@@ -4,6 +4,7 @@
 // `ds::eval(formula, ds::backend::reference::evaluator{})`.
 
 #include "dimsum/backend/cpu/evaluator.hpp"
+#include "dimsum/backend/reference/evaluator.hpp"
 #include "dimsum/evaluation/assign.hpp"
 
 namespace dimsum {
@@ -28,14 +29,17 @@ auto eval(E&& e, Backend backend) {
     else return evaluation::eval_with(backend, e);
 }
 
-// Stores a formula into a tensor or view of the same shape; what `dst = formula` calls.
-template <class Dst, class E>
-void assign(Dst&& dst, const E& e) {
-    if constexpr (!is_invalid<E>) {
-        default_backend backend;
-        if constexpr (is_tensor<std::remove_cvref_t<Dst>>::value) evaluation::assign_with(backend, dst.view(), e);
-        else evaluation::assign_with(backend, dst, e);
+// `dst = formula` and ds::assign (tensor/tensor_view.hpp) evaluate on the default backend.
+template <>
+struct default_assignment<void> {
+    template <class Dst, class E>
+    static void run(Dst&& dst, const E& e) {
+        if constexpr (!is_invalid<E>) {
+            default_backend backend;
+            if constexpr (is_tensor<std::remove_cvref_t<Dst>>::value) evaluation::assign_with(backend, dst.view(), e);
+            else evaluation::assign_with(backend, dst, e);
+        }
     }
-}
+};
 
 }  // namespace dimsum

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "dimsum/core/concepts.hpp"
+#include "dimsum/core/static_error.hpp"
 #include "dimsum/shape/shape.hpp"
 
 namespace dimsum {
@@ -91,10 +92,29 @@ inline std::optional<std::pair<std::ptrdiff_t, std::ptrdiff_t>> reach(const std:
 
 }  // namespace detail
 
-// Declared here, defined with the evaluator (backend/default.hpp): tensors and views assign
-// expressions through it.
+namespace detail {
+template <class>
+inline constexpr fixed_string needs_backend{
+    "dimsum: assigning a formula needs a backend: include <dimsum/dimsum.hpp> (or <dimsum/backend/default.hpp>)"};
+}  // namespace detail
+
+// What `dst = formula` evaluates with: a customisation point that backend/default.hpp
+// specialises for Enable = void. Without that header, assigning a formula is one compile
+// error naming the header to include, not an undefined reference at link time.
+template <class Enable>
+struct default_assignment {
+    template <class Dst, class E>
+    static void run(Dst&&, const E&) {
+        (void)sizeof(static_shape_error<detail::needs_backend<E>>);
+    }
+};
+
+// Stores a formula into a tensor or view of the same shape, on the default backend; what
+// `dst = formula` calls.
 template <class Dst, class E>
-void assign(Dst&& dst, const E& e);
+void assign(Dst&& dst, const E& e) {
+    default_assignment<std::enable_if_t<sizeof(E) != 0>>::run(std::forward<Dst>(dst), e);
+}
 
 template <class T, axis_type... Axes>
 class tensor_view {
