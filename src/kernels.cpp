@@ -33,7 +33,7 @@ namespace dimsum::backend::cpu {
     template void apply_to_block<fn::divide, T, 2>(std::size_t, const T* const*, T*);                            \
     template void apply_to_block<fn::maximum, T, 2>(std::size_t, const T* const*, T*);                           \
     template void apply_to_block<fn::minimum, T, 2>(std::size_t, const T* const*, T*);                           \
-    template void apply_to_block<fn::select, T, 3>(std::size_t, const T* const*, T*);
+    template void apply_to_block<fn::where, T, 3>(std::size_t, const T* const*, T*);
 
 DIMSUM_KERNELS_FOR(float)
 DIMSUM_KERNELS_FOR(double)

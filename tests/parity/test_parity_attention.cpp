@@ -179,7 +179,7 @@ TEST_CASE("the kernel's count of visible keys is the causal mask's rule") {
         for (std::size_t keys : {1, 3, 8}) {
             for (std::size_t q = 0; q < queries; ++q) {
                 std::size_t visible = 0;
-                for (std::size_t k = 0; k < keys; ++k) visible += !ds::backend::reference::in_future(q, k, queries, keys);
+                for (std::size_t k = 0; k < keys; ++k) visible += !ds::evaluation::in_future(q, k, queries, keys);
                 REQUIRE(ds::backend::cpu::detail::visible_keys(q, queries, keys) == visible);
             }
         }

@@ -5,7 +5,7 @@
 #include <xtensor/xstrided_view.hpp>
 #include <xtensor/xview.hpp>
 
-#include <dimsum/backend/reference/reshape_strides.hpp>
+#include <dimsum/evaluation/reshape_strides.hpp>
 
 namespace ds = dimsum;
 

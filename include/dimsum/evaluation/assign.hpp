@@ -38,10 +38,8 @@ template <class E>
 bool reads(const E& e, const byte_range& target) {
     if constexpr (is_tensor_view<E>::value) return reach_of(e).overlaps(target);
     else if constexpr (is_tensor<E>::value) return reach_of(e.view()).overlaps(target);
-    bool hit = false;  // the operands walked as the reference lowering walks them
-    if constexpr (requires { e.operands.first; }) hit = hit || reads(e.operands.first, target);
-    if constexpr (requires { e.operands.second; }) hit = hit || reads(e.operands.second, target);
-    if constexpr (requires { e.operands.third; }) hit = hit || reads(e.operands.third, target);
+    bool hit = false;
+    expr::for_each_operand(e, [&hit, &target](const auto& operand) { hit = hit || reads(operand, target); });
     return hit;
 }
 

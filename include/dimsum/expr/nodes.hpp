@@ -37,6 +37,29 @@ struct operands<A, B, C> {
     B second;
     C third;
 };
+template <class A, class B, class C, class D, class... Rest>
+struct operands<A, B, C, D, Rest...> {  // any number: the fourth and later in `rest`
+    static constexpr std::size_t size = 4 + sizeof...(Rest);
+    A first;
+    B second;
+    C third;
+    operands<D, Rest...> rest;
+};
+
+template <class... T, class F>
+constexpr void for_each_in(const operands<T...>& o, F& f) {
+    if constexpr (sizeof...(T) >= 1) f(o.first);
+    if constexpr (sizeof...(T) >= 2) f(o.second);
+    if constexpr (sizeof...(T) >= 3) f(o.third);
+    if constexpr (sizeof...(T) >= 4) for_each_in(o.rest, f);
+}
+
+// The one walk over a node's operands: f(operand) for each, in order; nothing for a leaf (a
+// tensor or a view, which has no operands).
+template <class Node, class F>
+constexpr void for_each_operand(const Node& node, F&& f) {
+    if constexpr (requires { node.operands; }) for_each_in(node.operands, f);
+}
 
 // A number broadcast to any shape.
 template <class T>

@@ -2,7 +2,7 @@
 // Elementwise arithmetic and functions, between expressions and with scalars, broadcasting
 // as in shape/broadcast.hpp.
 
-#include "dimsum/expr/functors.hpp"
+#include "dimsum/core/functors.hpp"
 #include "dimsum/ops/common.hpp"
 #include "dimsum/shape/broadcast.hpp"
 
@@ -136,7 +136,7 @@ auto where(C&& condition, A&& a, B&& b) {
                                       : detail::element_type_error<TA, TB>("where");
         if constexpr (error.length != 0) return fail<error>();
         else
-            return detail::make_elementwise<fn::select>(expr::hold(std::forward<C>(condition)),
+            return detail::make_elementwise<fn::where>(expr::hold(std::forward<C>(condition)),
                                                         detail::as_operand<T>(std::forward<A>(a)),
                                                         detail::as_operand<T>(std::forward<B>(b)));
     }

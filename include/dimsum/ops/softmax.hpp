@@ -2,7 +2,7 @@
 // softmax and layer_norm along the last axis, or along a named one; and the reductions sum, max and mean
 // along a named axis, which the result drops.
 
-#include "dimsum/expr/functors.hpp"
+#include "dimsum/core/functors.hpp"
 #include "dimsum/ops/common.hpp"
 #include "dimsum/shape/find_axis.hpp"
 #include "dimsum/shape/pick.hpp"

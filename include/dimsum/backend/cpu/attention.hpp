@@ -29,7 +29,7 @@
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
-#include "dimsum/expr/functors.hpp"
+#include "dimsum/core/functors.hpp"
 
 DIMSUM_SIMD_CODE_BEGIN
 
@@ -59,7 +59,7 @@ namespace detail {
 // The operands' places in attention_problem::batch.
 enum operand : std::size_t { q_operand, k_operand, v_operand, o_operand };
 
-// How many keys query q sees: those not in its future (reference::in_future).
+// How many keys query q sees: those not in its future (evaluation::in_future).
 inline std::size_t visible_keys(std::size_t query, std::size_t queries, std::size_t keys) {
     return query + keys + 1 > queries ? std::min(keys, query + keys + 1 - queries) : 0;
 }

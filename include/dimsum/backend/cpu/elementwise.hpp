@@ -1,5 +1,5 @@
 #pragma once
-// The elementwise functions (expr/functors.hpp) applied to blocks of values with xsimd. A
+// The elementwise functions (core/functors.hpp) applied to blocks of values with xsimd. A
 // block function computes out[i] = f(in[0][i], ..., in[N-1][i]) for i < n; it is the only
 // code compiled per function, and the fused pass (fused.hpp) chains them block by block.
 
@@ -9,7 +9,7 @@
 
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/simd.hpp"
-#include "dimsum/expr/functors.hpp"
+#include "dimsum/core/functors.hpp"
 
 DIMSUM_SIMD_CODE_BEGIN
 
@@ -41,7 +41,7 @@ struct on_batches<fn::minimum> {
     }
 };
 template <>
-struct on_batches<fn::select> {
+struct on_batches<fn::where> {
     template <class B>
     B operator()(B condition, B a, B b) const {  // as the scalar bool(condition): NaN counts as true
         return xsimd::select(condition == B(0), b, a);

@@ -1,10 +1,10 @@
 #pragma once
 // The CPU backend: SIMD kernels run in parallel with OpenMP.
 //
-// run(formula, destination) lowers the formula exactly as the reference backend does (a
-// program of plain steps, reference/program.hpp), then runs each step with a fast kernel:
+// run(formula, destination) lowers the formula to a program of plain steps
+// (evaluation/lower.hpp), as the reference backend does, then runs each step with a fast kernel:
 //   matmul(softmax(f(matmul(Q, K^T))), V)
-//                             -> fused attention (attention.hpp), found by attention_pattern.hpp;
+//                             -> fused attention (attention.hpp), found by evaluation/attention_pattern.hpp;
 //                                unless the evaluator is made with fuse_attention = false;
 //   matmul                    -> gemm (gemm.hpp), and when the matmul sits inside an
 //                                elementwise formula of its own shape, that formula becomes the
@@ -24,11 +24,11 @@
 #include <optional>
 #include <vector>
 
-#include "dimsum/backend/cpu/attention_pattern.hpp"
+#include "dimsum/evaluation/attention_pattern.hpp"
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
-#include "dimsum/backend/reference/evaluator.hpp"
-#include "dimsum/backend/reference/step_values.hpp"
+#include "dimsum/evaluation/lower.hpp"
+#include "dimsum/evaluation/step_values.hpp"
 
 // The kernels' definitions, unless they come compiled from dimsum::kernels (kernels.hpp).
 #ifndef DIMSUM_PRECOMPILED_KERNELS
@@ -41,36 +41,17 @@
 
 namespace dimsum::backend::cpu {
 
-using reference::program;
-using reference::step;
-using reference::step_kind;
+using evaluation::program;
+using evaluation::step;
+using evaluation::step_kind;
 
 namespace detail {
-
-// The block function of each step, in the order the lowering numbers the steps (each node,
-// then its operands); null for steps that are not elementwise.
-template <class T, class E>
-block_function<T> block_of(const E&) {
-    return nullptr;
-}
-template <class T, class S, class F, class... X>
-block_function<T> block_of(const expr::elementwise<S, F, X...>&) {
-    return &apply_to_block<F, T, sizeof...(X)>;
-}
-template <class T, class E>
-void collect_block_functions(const E& e, std::vector<block_function<T>>& out) {
-    out.push_back(block_of<T>(e));
-    if constexpr (requires { e.operands.first; }) collect_block_functions<T>(e.operands.first, out);
-    if constexpr (requires { e.operands.second; }) collect_block_functions<T>(e.operands.second, out);
-    if constexpr (requires { e.operands.third; }) collect_block_functions<T>(e.operands.third, out);
-}
 
 // Everything one evaluation needs, kept per thread and element type so that it is allocated
 // once: the lowered program, the values of its steps, and the temporaries that hold them.
 template <class T>
 struct plan {
     program<T> steps;
-    std::vector<block_function<T>> blocks;
     std::vector<strided<const T>> values;
     std::vector<char> computed;
     std::vector<std::size_t> leaves;
@@ -85,8 +66,8 @@ struct plan {
 };
 
 template <class T>
-class executor : public reference::step_values<T, executor<T>> {
-    using values = reference::step_values<T, executor<T>>;
+class executor : public evaluation::step_values<T, executor<T>> {
+    using values = evaluation::step_values<T, executor<T>>;
     friend values;
     using values::fresh;
     using values::value;
@@ -111,16 +92,18 @@ public:
                 // A permutation of a value still to be computed (attention's heads, merged back
                 // into rows): computed straight into dst seen through the inverse permutation,
                 // rather than into a temporary that is then copied.
-                if (!reference::is_view(p_.steps[s.operands[0]].kind)) return write(s.operands[0], unpermuted(s, dst));
+                if (!evaluation::is_view(p_.steps[s.operands[0]].kind)) return write(s.operands[0], unpermuted(s, dst));
                 return write_fused(id, dst);
-            default: return write_fused(id, dst);
+            case step_kind::tensor: case step_kind::number: case step_kind::elementwise: case step_kind::reshape:
+            case step_kind::select:
+                return write_fused(id, dst);  // a fused pass, or a copy of a view
         }
     }
 
 private:
-    std::optional<attention_match<T>> attention_at(std::size_t id) const {
+    std::optional<evaluation::attention_match<T>> attention_at(std::size_t id) const {
         if (!p_.fuse_attention) return std::nullopt;
-        return match_attention(p_.steps, id);
+        return evaluation::match_attention(p_.steps, id);
     }
 
     // dst, which has the permute step s's axes, seen with its operand's axes.
@@ -140,7 +123,7 @@ private:
         for (std::size_t q = 0; q < s.extents[0]; ++q) {
             for (std::size_t k = 0; k < s.extents[1]; ++k) {
                 auto at = static_cast<std::ptrdiff_t>(q) * dst.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.strides[1];
-                dst.data[at] = reference::in_future(q, k, s.extents[0], s.extents[1]) ? T(1) : T(0);
+                dst.data[at] = evaluation::in_future(q, k, s.extents[0], s.extents[1]) ? T(1) : T(0);
             }
         }
     }
@@ -162,7 +145,7 @@ private:
         fused_node<T> node;
         if (s.kind == step_kind::elementwise) {
             node.what = fused_node<T>::kind::function;
-            node.function = p_.blocks[id];
+            node.function = block_of<T>(s.op);
             node.operand_count = s.operand_count;
             for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_nodes(s.operands[o], in_place, dst);
         } else if (s.kind == step_kind::number) {
@@ -173,7 +156,7 @@ private:
             node.input = p_.fused.inputs.size();
             if (id == in_place) p_.in_place_input = node.input;
             strided<const T> v = id == in_place ? strided<const T>{dst.data, dst.rank, dst.extents, dst.strides} : value(id);
-            p_.fused.inputs.push_back(reference::broadcast_to_rank(v, dst.rank));
+            p_.fused.inputs.push_back(evaluation::broadcast_to_rank(v, dst.rank));
         }
         p_.fused.nodes.push_back(node);
         return p_.fused.nodes.size() - 1;
@@ -301,12 +284,12 @@ private:
     }
 
     // dst = the attention `match` describes (attention_pattern.hpp), by the fused kernel.
-    void attend(const attention_match<T>& match, const strided<T>& dst) {
+    void attend(const evaluation::attention_match<T>& match, const strided<T>& dst) {
         const step<T>& scores = p_.steps[match.scores];
         const std::size_t r = dst.rank;
-        strided<const T> q = reference::broadcast_to_rank(value(scores.operands[0]), r);   // (..., queries, d)
-        strided<const T> kt = reference::broadcast_to_rank(value(scores.operands[1]), r);  // (..., d, keys)
-        strided<const T> v = reference::broadcast_to_rank(value(match.values), r);         // (..., keys, dv)
+        strided<const T> q = evaluation::broadcast_to_rank(value(scores.operands[0]), r);   // (..., queries, d)
+        strided<const T> kt = evaluation::broadcast_to_rank(value(scores.operands[1]), r);  // (..., d, keys)
+        strided<const T> v = evaluation::broadcast_to_rank(value(match.values), r);         // (..., keys, dv)
         attention_problem<T> problem;
         problem.q = last_two_axes(q);
         problem.k = transposed(last_two_axes(kt));
@@ -375,8 +358,8 @@ private:
     // dst = the matmul step `id`, then `epilogue` (a fused program reading dst) over it.
     void multiply(std::size_t id, const strided<T>& destination, fused_program<T>* epilogue) {
         const step<T>& s = p_.steps[id];
-        strided<const T> a = reference::broadcast_to_rank(value(s.operands[0]), s.rank);
-        strided<const T> b = reference::broadcast_to_rank(value(s.operands[1]), s.rank);
+        strided<const T> a = evaluation::broadcast_to_rank(value(s.operands[0]), s.rank);
+        strided<const T> b = evaluation::broadcast_to_rank(value(s.operands[1]), s.rank);
         strided<T> dst = destination;
         fold_batch_into_rows(a, b, dst, epilogue ? &epilogue->inputs : nullptr);
         gemm_problem<T> problem;
@@ -407,10 +390,8 @@ public:
         temporaries& memory = thread_temporaries();
         try {
             p.steps.clear();
-            p.blocks.clear();
-            std::size_t root = reference::detail::lower<T>(e, p.steps);
-            detail::collect_block_functions<T>(e, p.blocks);
-            detail::executor<T>(p).write(root, reference::to_strided(dst));
+            std::size_t root = evaluation::lower<T>(e, p.steps);
+            detail::executor<T>(p).write(root, evaluation::to_strided(dst));
         } catch (...) {
             memory.abandon();  // the thread as it was before, whatever failed
             throw;

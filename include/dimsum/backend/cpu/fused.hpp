@@ -14,7 +14,7 @@
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
-#include "dimsum/backend/reference/strided.hpp"
+#include "dimsum/evaluation/strided.hpp"
 
 namespace dimsum::backend::cpu {
 

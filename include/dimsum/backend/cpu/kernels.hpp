@@ -9,12 +9,13 @@
 #include <cstddef>
 #include <vector>
 
-#include "dimsum/backend/reference/strided.hpp"
+#include "dimsum/evaluation/strided.hpp"
+#include "dimsum/core/functors.hpp"
 
 namespace dimsum::backend::cpu {
 
-using reference::max_rank;
-using reference::strided;
+using evaluation::max_rank;
+using evaluation::strided;
 
 // ---- matrix products (gemm.hpp)
 
@@ -108,7 +109,7 @@ struct score_epilogue {
 
 // O = softmax(f(Q K^T)) V along the keys for every item of the batch, where f multiplies by
 // `scale`, then applies `scores` if given; then, if `causal`, keys in a query's future
-// (reference::in_future) get weight 0. A query whose keys are all masked gets O = 0.
+// (evaluation::in_future) get weight 0. A query whose keys are all masked gets O = 0.
 // Operands hold item 0.
 template <class T>
 struct attention_problem {
@@ -135,6 +136,28 @@ template <class F, class T, std::size_t N>
 void apply_to_block(std::size_t n, const T* const* in, T* out);
 
 inline constexpr std::size_t max_function_operands = 3;
+
+// The block function of each op code.
+template <class T>
+block_function<T> block_of(op_code op) {
+    switch (op) {
+        case op_code::add: return &apply_to_block<fn::add, T, 2>;
+        case op_code::subtract: return &apply_to_block<fn::subtract, T, 2>;
+        case op_code::multiply: return &apply_to_block<fn::multiply, T, 2>;
+        case op_code::divide: return &apply_to_block<fn::divide, T, 2>;
+        case op_code::negate: return &apply_to_block<fn::negate, T, 1>;
+        case op_code::exp: return &apply_to_block<fn::exp, T, 1>;
+        case op_code::log: return &apply_to_block<fn::log, T, 1>;
+        case op_code::sqrt: return &apply_to_block<fn::sqrt, T, 1>;
+        case op_code::tanh: return &apply_to_block<fn::tanh, T, 1>;
+        case op_code::abs: return &apply_to_block<fn::abs, T, 1>;
+        case op_code::erf: return &apply_to_block<fn::erf, T, 1>;
+        case op_code::maximum: return &apply_to_block<fn::maximum, T, 2>;
+        case op_code::minimum: return &apply_to_block<fn::minimum, T, 2>;
+        case op_code::where: return &apply_to_block<fn::where, T, 3>;
+    }
+    __builtin_unreachable();  // every code is handled above
+}
 
 template <class T>
 struct fused_node {

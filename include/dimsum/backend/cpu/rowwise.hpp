@@ -16,8 +16,8 @@
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
-#include "dimsum/backend/reference/strided.hpp"
-#include "dimsum/expr/functors.hpp"
+#include "dimsum/evaluation/strided.hpp"
+#include "dimsum/core/functors.hpp"
 
 DIMSUM_SIMD_CODE_BEGIN
 

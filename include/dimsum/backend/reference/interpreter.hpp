@@ -8,10 +8,19 @@
 #include <vector>
 
 #include "dimsum/backend/reference/kernels.hpp"
-#include "dimsum/backend/reference/program.hpp"
-#include "dimsum/backend/reference/step_values.hpp"
+#include "dimsum/evaluation/program.hpp"
+#include "dimsum/evaluation/strided.hpp"
+#include "dimsum/evaluation/step_values.hpp"
 
 namespace dimsum::backend::reference {
+
+using evaluation::in_future;
+using evaluation::max_operands;
+using evaluation::program;
+using evaluation::step;
+using evaluation::step_kind;
+using evaluation::step_values;
+
 
 namespace detail {
 // The interpreter's own storage for its steps' values, constructed before step_values uses it.
@@ -50,8 +59,10 @@ public:
             case step_kind::sum: reduce<fn::sum, T>(value(s.operands[0]), dst, s.axis); return;
             case step_kind::max: reduce<fn::max, T>(value(s.operands[0]), dst, s.axis); return;
             case step_kind::mean: reduce<fn::mean, T>(value(s.operands[0]), dst, s.axis); return;
-            default:
+            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
+            case step_kind::permute: case step_kind::reshape: case step_kind::select:
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = read(id, index); });
+                return;
         }
     }
 
@@ -70,10 +81,14 @@ private:
                 for (std::size_t i = 0; i < s.operand_count; ++i) {
                     arguments[i] = read(s.operands[i], broadcast_index(s, steps_[s.operands[i]], index).data());
                 }
-                return s.function(arguments);
+                return fn::evaluate(s.op, arguments);
             }
-            default: return value(id).at(index);
+            case step_kind::tensor: case step_kind::permute: case step_kind::reshape: case step_kind::select:
+            case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
+            case step_kind::max: case step_kind::mean:
+                return value(id).at(index);
         }
+        __builtin_unreachable();  // every kind is handled above
     }
 
     // The index into an operand broadcast to step s: right-aligned, 0 along extents of 1.

@@ -7,10 +7,18 @@
 #include <limits>
 #include <type_traits>
 
-#include "dimsum/backend/reference/strided.hpp"
-#include "dimsum/expr/functors.hpp"
+#include "dimsum/evaluation/strided.hpp"
+#include "dimsum/core/functors.hpp"
 
 namespace dimsum::backend::reference {
+
+// The plain data of evaluation/ that this backend's loops walk.
+using evaluation::broadcast_to_rank;
+using evaluation::for_each_index;
+using evaluation::max_rank;
+using evaluation::strided;
+using evaluation::to_strided;
+
 
 template <class T>
 using accumulator_t = std::conditional_t<std::is_same_v<T, float>, double, long double>;

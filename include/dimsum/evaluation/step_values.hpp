@@ -6,10 +6,10 @@
 #include <cstddef>
 #include <vector>
 
-#include "dimsum/backend/reference/program.hpp"
-#include "dimsum/backend/reference/reshape_strides.hpp"
+#include "dimsum/evaluation/program.hpp"
+#include "dimsum/evaluation/reshape_strides.hpp"
 
-namespace dimsum::backend::reference {
+namespace dimsum::evaluation {
 
 // `from` is the operand's value. A reshape that the layout cannot express needs the operand
 // in row-major order first: copy() makes such a copy of it and returns it.
@@ -31,7 +31,7 @@ strided<const T> view_of(const step<T>& s, strided<const T> from, Copy&& copy) {
                 m.strides[i] = from.strides[i + 1];
             }
             return m;
-        default: {  // reshape
+        case step_kind::reshape: {
             if (m.size() != 0) {
                 auto strides = reshape_strides(m.extents, m.strides, m.rank, s.extents, s.rank);
                 if (!strides) {  // the layout does not allow it: copy into row-major order first
@@ -45,7 +45,12 @@ strided<const T> view_of(const step<T>& s, strided<const T> from, Copy&& copy) {
             m.extents = s.extents;
             return m;
         }
+        case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
+        case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
+        case step_kind::max: case step_kind::mean:
+            break;  // not views
     }
+    return from;  // never reached: only view steps come here
 }
 
 // The value of each step, for an executor `Derived` that provides write(id, strided<T>) (the
@@ -102,12 +107,15 @@ private:
                     return copy;
                 });
             }
-            default: {
+            case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise: case step_kind::matmul:
+            case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
+            case step_kind::mean: {  // an array the executor computes
                 strided<T> m = fresh(s.rank, s.extents);
                 self().write(id, m);
                 return {m.data, m.rank, m.extents, m.strides};
             }
         }
+        __builtin_unreachable();  // every kind is handled above
     }
     Derived& self() { return static_cast<Derived&>(*this); }
 
@@ -136,4 +144,4 @@ private:
     std::vector<char>& computed_;
 };
 
-}  // namespace dimsum::backend::reference
+}  // namespace dimsum::evaluation

@@ -17,14 +17,10 @@
 #include <limits>
 #include <optional>
 
-#include "dimsum/backend/reference/evaluator.hpp"
-#include "dimsum/backend/reference/program.hpp"
+#include "dimsum/evaluation/program.hpp"
 
-namespace dimsum::backend::cpu::detail {
+namespace dimsum::evaluation {
 
-using reference::program;
-using reference::step;
-using reference::step_kind;
 
 template <class T>
 struct attention_match {
@@ -35,10 +31,10 @@ struct attention_match {
     bool causal = false;
 };
 
-// Whether step s applies the elementwise function F to N operands.
-template <class F, std::size_t N, class T>
-bool applies(const step<T>& s) {
-    return s.kind == step_kind::elementwise && s.operand_count == N && s.function == &reference::detail::apply_to<F, T, N>;
+// Whether step s applies the elementwise function `op`.
+template <class T>
+bool applies(const step<T>& s, op_code op) {
+    return s.kind == step_kind::elementwise && s.op == op;
 }
 
 // Whether step s can be the scores Q K^T of attention weights of `weights`' extents: a
@@ -75,7 +71,7 @@ std::optional<attention_match<T>> match_attention(const program<T>& steps, std::
 
     // a causal mask applied last: where(causal_mask, -infinity, rest)
     const step<T>& last = steps[f];
-    if (applies<fn::select, 3>(last)) {
+    if (applies(last, op_code::where)) {
         const step<T>& mask = steps[last.operands[0]];
         const step<T>& fill = steps[last.operands[1]];
         const std::size_t r = weights.rank;
@@ -92,11 +88,11 @@ std::optional<attention_match<T>> match_attention(const program<T>& steps, std::
     auto scores = [&](std::size_t operand) { return is_scores(steps[rest.operands[operand]], weights); };
     if (is_scores(rest, weights)) {
         match.scores = match.score_function = f;
-    } else if (applies<fn::multiply, 2>(rest) && ((scores(0) && number(1)) || (number(0) && scores(1)))) {
+    } else if (applies(rest, op_code::multiply) && ((scores(0) && number(1)) || (number(0) && scores(1)))) {
         std::size_t s = scores(0) ? 0 : 1;
         match.scores = match.score_function = rest.operands[s];
         match.scale = steps[rest.operands[1 - s]].number;
-    } else if (applies<fn::divide, 2>(rest) && scores(0) && number(1)) {
+    } else if (applies(rest, op_code::divide) && scores(0) && number(1)) {
         match.scores = match.score_function = rest.operands[0];
         match.scale = T(1) / steps[rest.operands[1]].number;
     } else if (auto found = find_scores(steps, f, weights); found && rest.kind == step_kind::elementwise) {
@@ -108,4 +104,4 @@ std::optional<attention_match<T>> match_attention(const program<T>& steps, std::
     return match;  // the scores have the weights' rank, which is the outer product's
 }
 
-}  // namespace dimsum::backend::cpu::detail
+}  // namespace dimsum::evaluation

@@ -8,9 +8,10 @@
 #include <cstddef>
 #include <vector>
 
-#include "dimsum/backend/reference/strided.hpp"
+#include "dimsum/evaluation/strided.hpp"
+#include "dimsum/core/functors.hpp"
 
-namespace dimsum::backend::reference {
+namespace dimsum::evaluation {
 
 enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshape, select, matmul, softmax, layer_norm, sum, max, mean };
 
@@ -39,7 +40,7 @@ struct step {
 
     strided<const T> tensor{};                // tensor: the user's memory
     T number{};                               // number; layer_norm: epsilon
-    T (*function)(const T*) = nullptr;        // elementwise: f(operand values)
+    op_code op{};                             // elementwise: which function of the operands
     std::array<std::size_t, max_rank> order{};  // permute: result axis i is operand axis order[i]
     std::size_t axis = 0;                     // select, softmax, layer_norm, reductions
     std::size_t index = 0;                    // select
@@ -48,4 +49,4 @@ struct step {
 template <class T>
 using program = std::vector<step<T>>;
 
-}  // namespace dimsum::backend::reference
+}  // namespace dimsum::evaluation

@@ -10,7 +10,7 @@
 #include "dimsum/core/next_index.hpp"
 #include "dimsum/tensor/tensor_view.hpp"
 
-namespace dimsum::backend::reference {
+namespace dimsum::evaluation {
 
 inline constexpr std::size_t max_rank = 8;
 
@@ -69,4 +69,4 @@ void for_each_index(const std::array<std::size_t, max_rank>& extents, std::size_
     } while (dimsum::detail::next_index(index.data(), extents.data(), rank));
 }
 
-}  // namespace dimsum::backend::reference
+}  // namespace dimsum::evaluation

@@ -7,9 +7,9 @@
 #include <cstddef>
 #include <optional>
 
-#include "dimsum/backend/reference/strided.hpp"
+#include "dimsum/evaluation/strided.hpp"
 
-namespace dimsum::backend::reference {
+namespace dimsum::evaluation {
 
 using extents_t = std::array<std::size_t, max_rank>;
 using strides_array = std::array<std::ptrdiff_t, max_rank>;
@@ -60,4 +60,4 @@ inline std::optional<strides_array> reshape_strides(const extents_t& old_extents
     return strides;
 }
 
-}  // namespace dimsum::backend::reference
+}  // namespace dimsum::evaluation

@@ -1,0 +1,89 @@
+#pragma once
+// The elementwise functions, one small type each, and their op codes. A functor is generic
+// in its argument type, so that a backend can call it on scalars or on SIMD batches alike;
+// `name` is what error messages call the operation; `code` is what a lowered program carries
+// (evaluation/), so that every backend, a GPU's included, knows what a step computes without
+// the formula's type.
+
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+namespace dimsum {
+
+// dimsum's closed set of elementwise functions. A backend dispatches on it with a switch that
+// has no default, so that a code added here is a -Wswitch error wherever it is not handled.
+enum class op_code : std::uint8_t {
+    add, subtract, multiply, divide, negate,
+    exp, log, sqrt, tanh, abs, erf,
+    maximum, minimum,
+    where,  // where(condition, a, b): the condition a mask of 0 and 1
+};
+
+}  // namespace dimsum
+
+namespace dimsum::fn {
+
+
+struct add { static constexpr std::string_view name = "add"; static constexpr op_code code = op_code::add; constexpr auto operator()(auto a, auto b) const { return a + b; } };
+struct subtract { static constexpr std::string_view name = "subtract"; static constexpr op_code code = op_code::subtract; constexpr auto operator()(auto a, auto b) const { return a - b; } };
+struct multiply { static constexpr std::string_view name = "multiply"; static constexpr op_code code = op_code::multiply; constexpr auto operator()(auto a, auto b) const { return a * b; } };
+struct divide { static constexpr std::string_view name = "divide"; static constexpr op_code code = op_code::divide; constexpr auto operator()(auto a, auto b) const { return a / b; } };
+struct negate { static constexpr std::string_view name = "negate"; static constexpr op_code code = op_code::negate; constexpr auto operator()(auto a) const { return -a; } };
+
+struct exp { static constexpr std::string_view name = "exp"; static constexpr op_code code = op_code::exp; auto operator()(auto a) const { using std::exp; return exp(a); } };
+struct log { static constexpr std::string_view name = "log"; static constexpr op_code code = op_code::log; auto operator()(auto a) const { using std::log; return log(a); } };
+struct sqrt { static constexpr std::string_view name = "sqrt"; static constexpr op_code code = op_code::sqrt; auto operator()(auto a) const { using std::sqrt; return sqrt(a); } };
+struct tanh { static constexpr std::string_view name = "tanh"; static constexpr op_code code = op_code::tanh; auto operator()(auto a) const { using std::tanh; return tanh(a); } };
+struct abs { static constexpr std::string_view name = "abs"; static constexpr op_code code = op_code::abs; auto operator()(auto a) const { using std::abs; return abs(a); } };
+struct erf { static constexpr std::string_view name = "erf"; static constexpr op_code code = op_code::erf; auto operator()(auto a) const { using std::erf; return erf(a); } };
+
+// max and min propagate NaN from either side, as torch.maximum does.
+struct maximum {
+    static constexpr std::string_view name = "max";
+    static constexpr op_code code = op_code::maximum;
+    constexpr auto operator()(auto a, auto b) const { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
+};
+struct minimum {
+    static constexpr std::string_view name = "min";
+    static constexpr op_code code = op_code::minimum;
+    constexpr auto operator()(auto a, auto b) const { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
+};
+
+// where(condition, a, b)
+struct where {
+    static constexpr std::string_view name = "where";
+    static constexpr op_code code = op_code::where;
+    constexpr auto operator()(bool condition, auto a, auto b) const { return condition ? a : b; }
+};
+
+
+// The function `op` on scalar arguments (a mask as 0 or 1): what each code means, and how
+// the reference backend computes it.
+template <class T>
+T evaluate(op_code op, const T* a) {
+    switch (op) {
+        case op_code::add: return fn::add{}(a[0], a[1]);
+        case op_code::subtract: return fn::subtract{}(a[0], a[1]);
+        case op_code::multiply: return fn::multiply{}(a[0], a[1]);
+        case op_code::divide: return fn::divide{}(a[0], a[1]);
+        case op_code::negate: return fn::negate{}(a[0]);
+        case op_code::exp: return fn::exp{}(a[0]);
+        case op_code::log: return fn::log{}(a[0]);
+        case op_code::sqrt: return fn::sqrt{}(a[0]);
+        case op_code::tanh: return fn::tanh{}(a[0]);
+        case op_code::abs: return fn::abs{}(a[0]);
+        case op_code::erf: return fn::erf{}(a[0]);
+        case op_code::maximum: return fn::maximum{}(a[0], a[1]);
+        case op_code::minimum: return fn::minimum{}(a[0], a[1]);
+        case op_code::where: return fn::where{}(a[0] != T(0), a[1], a[2]);
+    }
+    __builtin_unreachable();  // every code is handled above
+}
+
+// Reductions along an axis.
+struct sum { static constexpr std::string_view name = "sum"; };
+struct max { static constexpr std::string_view name = "max"; };
+struct mean { static constexpr std::string_view name = "mean"; };
+
+}  // namespace dimsum::fn
