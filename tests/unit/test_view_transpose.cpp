@@ -64,7 +64,7 @@ TEST_CASE("views of formulas and of strided views, copy-free where the layout al
 }
 
 TEST_CASE("the copy-free reshape test agrees with what a copy gives") {
-    namespace ref = dimsum::backend::reference;
+    namespace ref = dimsum::evaluation;
     ref::extents_t extents{2, 3, 4};
     ref::strides_array contiguous{12, 4, 1}, transposed{1, 2, 6}, padded{24, 8, 1};
     // Merging the last two axes of a row-major array: copy-free.

@@ -93,7 +93,10 @@ inline std::string escaped(std::string_view text, std::size_t shown = 120) {
 // `'<f8' (float64)`, `'>f4' (big-endian float32)`, `'<i8' (int64)`: the dtype as the file
 // spells it and, for common ones, as NumPy names it.
 inline std::string describe_descr(const std::string& d) {
-    std::string out = "'" + escaped(d, 40) + "'";
+    // appended, not `"'" + escaped(...)`: g++ 12 warns (-Wrestrict) about its own inlined
+    // string concatenation there
+    std::string out(1, '\'');
+    out.append(escaped(d, 40)).push_back('\'');
     if (d.size() < 3 || std::string_view("<>|=").find(d[0]) == std::string_view::npos) return out;
     std::string_view digits(d.data() + 2, d.size() - 2);
     if (digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string_view::npos) return out;
@@ -120,7 +123,9 @@ inline std::string describe_shape(const std::vector<std::size_t>& s) {
 // The header text for a message: control bytes escaped, the padding dropped, long ones cut.
 inline std::string quote_header(std::string_view h) {
     while (!h.empty() && (h.back() == ' ' || h.back() == '\n')) h.remove_suffix(1);
-    return "\"" + escaped(h) + "\"";
+    std::string out(1, '"');
+    out.append(escaped(h)).push_back('"');
+    return out;
 }
 
 // The subset of Python literals a .npy header uses, the way numpy.lib.format reads it: a
