@@ -697,6 +697,38 @@ void bench_softmax(bench& s, std::size_t rows, std::size_t cols) {
                     error);
 }
 
+// layer_norm along rows of a transformer's widths, against the same in double.
+void bench_layer_norm(bench& s, std::size_t rows, std::size_t cols) {
+    std::string name = "layer_norm_" + std::to_string(rows) + "x" + std::to_string(cols);
+    if (!s.selected(name)) return;
+    ds::tensor<float, Row, Col> x(Row{rows}, Col{cols});  // (row, col)
+    ds::tensor<float, Row, Col> y(Row{rows}, Col{cols});  // (row, col)
+    ds::fill_normal(x, 11, 3.0, 2.0);
+    // Largest error of sampled rows against layer_norm in double (outputs are of size 1).
+    auto error = [&] {
+        sampler pick;
+        double worst = 0;
+        for (int sample = 0; sample < 8; ++sample) {
+            std::size_t r = pick.below(rows);
+            const float* in = x.data() + r * cols;
+            double mean = 0, variance = 0;
+            for (std::size_t j = 0; j < cols; ++j) mean += in[j];
+            mean /= double(cols);
+            for (std::size_t j = 0; j < cols; ++j) variance += (in[j] - mean) * (in[j] - mean);
+            variance /= double(cols);
+            for (std::size_t j = 0; j < cols; ++j) {
+                double exact = (in[j] - mean) / std::sqrt(variance + 1e-5);
+                double e = std::abs(double(y.data()[r * cols + j]) - exact);
+                if (!(e <= worst)) worst = e;
+            }
+        }
+        return worst;
+    };
+    y.fill(std::numeric_limits<float>::quiet_NaN());
+    bench_streaming(s, name, 2.0 * double(x.size() * sizeof(float)), 1e-5, [&] { ds::assign(y, ds::layer_norm(x)); },
+                    error);
+}
+
 // A transformer-style epilogue: scale, bias, ReLU, residual.
 void bench_elementwise(bench& s, std::size_t rows, std::size_t cols) {
     std::string name = "eltwise_" + std::to_string(rows) + "x" + std::to_string(cols);
@@ -1201,6 +1233,7 @@ int run(const options& opt) {
     }
     std::size_t elements = streaming_floats(opt);  // per array, as the copy
     for (std::size_t cols : {128, 512, 4096}) bench_softmax(s, elements / cols, cols);
+    for (std::size_t cols : {768, 4096}) bench_layer_norm(s, elements / cols, cols);
     bench_elementwise(s, elements / 4096, 4096);
     bench_attention(s);
     bench_attention_memory(s);

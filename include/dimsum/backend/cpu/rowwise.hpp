@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -82,29 +83,55 @@ std::array<wide_t<T>, Count> blocked_sums(const T* x, std::size_t n, Terms terms
     return total;
 }
 
+// The largest magnitude of a contiguous line (NaN if it holds one), and the sum of x[i] - shift
+// summed as blocked_sums sums it.
+template <class T>
+std::pair<T, wide_t<T>> magnitude_and_sum(const T* x, std::size_t n, T shift) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    const batch shift_v(shift);
+    batch top(T(0));
+    auto nan = xsimd::isnan(top);
+    wide_t<T> total = 0;
+    std::size_t i = 0;
+    while (i + width <= n) {
+        batch part(T(0));
+        for (const std::size_t end = std::min(n, i + sum_block); i + width <= end; i += width) {
+            const batch v = batch::load_unaligned(x + i);
+            nan = nan || xsimd::isnan(v);
+            top = xsimd::max(top, xsimd::abs(v));
+            part += v - shift_v;
+        }
+        total += xsimd::hadd(part);
+    }
+    T largest = lanes_max(top);
+    for (; i < n; ++i) {
+        largest = fn::maximum{}(largest, std::abs(x[i]));
+        total += x[i] - shift;
+    }
+    return {xsimd::any(nan) ? std::numeric_limits<T>::quiet_NaN() : largest, total};
+}
+
 // The sum of a contiguous line.
 template <class T>
 T line_sum(const T* x, std::size_t n) {
     return static_cast<T>(blocked_sums<1>(x, n, [](auto v) { return std::array{v}; })[0]);
 }
-// The maximum of a contiguous line, or with `magnitude` the maximum of |x|; NaN if the line
-// holds one (as fn::maximum).
-template <class T, bool magnitude = false>
+// The maximum of a contiguous line; NaN if the line holds one (as fn::maximum).
+template <class T>
 T line_max(const T* x, std::size_t n) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size;
-    constexpr T lowest = magnitude ? T(0) : -std::numeric_limits<T>::infinity();
-    batch top(lowest);
+    batch top(-std::numeric_limits<T>::infinity());
     auto nan = xsimd::isnan(top);  // not `v != v`: an ordered compare on AVX (elementwise.hpp)
     std::size_t i = 0;
     for (; i + width <= n; i += width) {
         batch v = batch::load_unaligned(x + i);
-        if constexpr (magnitude) v = xsimd::abs(v);
         nan = nan || xsimd::isnan(v);
         top = xsimd::max(top, v);
     }
     T result = lanes_max(top);
-    for (; i < n; ++i) result = fn::maximum{}(result, magnitude ? std::abs(x[i]) : x[i]);
+    for (; i < n; ++i) result = fn::maximum{}(result, x[i]);
     return xsimd::any(nan) ? std::numeric_limits<T>::quiet_NaN() : result;
 }
 
@@ -223,16 +250,20 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
     using wide = wide_t<T>;
     constexpr std::size_t width = batch::size;
     if (n == 0) return;
-    // pass 1: the largest magnitude, which sets the scale
-    const T largest = line_max<T, true>(x, n);
+    // pass 1: the largest magnitude, which sets the scale, and the unscaled sum about x[0]
+    const auto [largest, unscaled_sum] = magnitude_and_sum(x, n, x[0]);
     if (!(largest <= std::numeric_limits<T>::max())) {  // NaN or an infinity in the line
         std::fill(y, y + n, std::numeric_limits<T>::quiet_NaN());
         return;
     }
     int exponent = 0;
     std::frexp(largest, &exponent);  // largest = f 2^exponent, f in [0.5, 1); 0 for a line of zeros
-    constexpr int normal = std::numeric_limits<T>::max_exponent - 2;  // 2^-e stays a normal number
-    const T down = std::ldexp(T(1), -std::clamp(exponent, -normal, normal));
+    // A line within 2^+-60 needs no scaling: its squared deviations stay normal numbers. Since
+    // scaling by a power of two changes no rounding, both ways give the same bits, and the
+    // unscaled line saves pass 2.
+    constexpr int unscaled = 60, normal = std::numeric_limits<T>::max_exponent - 2;  // 2^-e stays normal
+    const bool scaled = exponent < -unscaled || exponent > unscaled;
+    const T down = scaled ? std::ldexp(T(1), -std::clamp(exponent, -normal, normal)) : T(1);
     // pass 2: the mean of the scaled line, as its first value plus the mean of the rest about it;
     // the two are never added, since rounding their sum loses the spread's low bits
     const T shift = x[0] * down;
@@ -242,8 +273,8 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
         if constexpr (std::is_same_v<V, T>) return v * down - shift;
         else return xsimd::fms(v, down_v, shift_v);
     };
-    const T mean = static_cast<T>(blocked_sums<1>(x, n, [&](auto v) { return std::array{about_shift(v)}; })[0] /
-                                  wide(n));  // of x' - shift
+    const wide sum = scaled ? blocked_sums<1>(x, n, [&](auto v) { return std::array{about_shift(v)}; })[0] : unscaled_sum;
+    const T mean = static_cast<T>(sum / wide(n));  // of x' - shift
     // pass 3: the variance about the mean, less the square of the deviations' residual sum
     auto deviation = [&](auto v) { return about_shift(v) - decltype(v)(mean); };
     const auto [c, q] = blocked_sums<2>(x, n, [&](auto v) {
