@@ -6,6 +6,7 @@
 // the formula's type.
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -19,6 +20,7 @@ enum class op_code : std::uint8_t {
     maximum, minimum,
     where,  // where(condition, a, b): the condition a mask of 0 and 1
 };
+inline constexpr std::size_t op_code_count = std::size_t(op_code::where) + 1;
 
 }  // namespace dimsum
 

@@ -47,11 +47,27 @@ using evaluation::step_kind;
 
 namespace detail {
 
+// The block function of each elementwise function of a formula, by op code: only these are
+// compiled into a header-only build's translation unit (xsimd's exp, tanh and erf are slow to
+// compile; a table of all fourteen made examples/multi_head.cpp 1 to 2 s slower to build).
+template <class T, class E>
+void add_block(const E&, block_table<T>&) {}
+template <class T, class S, class F, class... X>
+void add_block(const expr::elementwise<S, F, X...>&, block_table<T>& table) {
+    table[std::size_t(F::code)] = &apply_to_block<F, T, sizeof...(X)>;
+}
+template <class T, class E>
+void collect_blocks(const E& e, block_table<T>& table) {
+    add_block<T>(e, table);
+    expr::for_each_operand(e, [&table](const auto& operand) { collect_blocks<T>(operand, table); });
+}
+
 // Everything one evaluation needs, kept per thread and element type so that it is allocated
 // once: the lowered program, the values of its steps, and the temporaries that hold them.
 template <class T>
 struct plan {
     program<T> steps;
+    block_table<T> blocks{};
     std::vector<strided<const T>> values;
     std::vector<char> computed;
     std::vector<std::size_t> leaves;
@@ -145,7 +161,7 @@ private:
         fused_node<T> node;
         if (s.kind == step_kind::elementwise) {
             node.what = fused_node<T>::kind::function;
-            node.function = block_of<T>(s.op);
+            node.function = p_.blocks[std::size_t(s.op)];
             node.operand_count = s.operand_count;
             for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_nodes(s.operands[o], in_place, dst);
         } else if (s.kind == step_kind::number) {
@@ -391,6 +407,7 @@ public:
         try {
             p.steps.clear();
             std::size_t root = evaluation::lower<T>(e, p.steps);
+            detail::collect_blocks<T>(e, p.blocks);
             detail::executor<T>(p).write(root, evaluation::to_strided(dst));
         } catch (...) {
             memory.abandon();  // the thread as it was before, whatever failed

@@ -137,27 +137,9 @@ void apply_to_block(std::size_t n, const T* const* in, T* out);
 
 inline constexpr std::size_t max_function_operands = 3;
 
-// The block function of each op code.
+// The block function of each op code that a program uses (cpu/evaluator.hpp fills it).
 template <class T>
-block_function<T> block_of(op_code op) {
-    switch (op) {
-        case op_code::add: return &apply_to_block<fn::add, T, 2>;
-        case op_code::subtract: return &apply_to_block<fn::subtract, T, 2>;
-        case op_code::multiply: return &apply_to_block<fn::multiply, T, 2>;
-        case op_code::divide: return &apply_to_block<fn::divide, T, 2>;
-        case op_code::negate: return &apply_to_block<fn::negate, T, 1>;
-        case op_code::exp: return &apply_to_block<fn::exp, T, 1>;
-        case op_code::log: return &apply_to_block<fn::log, T, 1>;
-        case op_code::sqrt: return &apply_to_block<fn::sqrt, T, 1>;
-        case op_code::tanh: return &apply_to_block<fn::tanh, T, 1>;
-        case op_code::abs: return &apply_to_block<fn::abs, T, 1>;
-        case op_code::erf: return &apply_to_block<fn::erf, T, 1>;
-        case op_code::maximum: return &apply_to_block<fn::maximum, T, 2>;
-        case op_code::minimum: return &apply_to_block<fn::minimum, T, 2>;
-        case op_code::where: return &apply_to_block<fn::where, T, 3>;
-    }
-    __builtin_unreachable();  // every code is handled above
-}
+using block_table = std::array<block_function<T>, op_code_count>;
 
 template <class T>
 struct fused_node {
