@@ -669,60 +669,61 @@ void bench_streaming(bench& s, const std::string& name, double bytes, double tol
     }
 }
 
+// The largest error of 8 sampled rows of y = f(x) along rows, against `exact`, which writes f
+// of one row in double; relative (softmax's weights) or absolute (layer_norm's outputs are of
+// size 1).
+template <class Exact>
+double worst_row_error(const ds::tensor<float, Row, Col>& x, const ds::tensor<float, Row, Col>& y, bool relative,
+                       Exact exact) {
+    const std::size_t rows = x.extent(0), cols = x.extent(1);
+    std::vector<double> want(cols);
+    sampler pick;
+    double worst = 0;
+    for (int sample = 0; sample < 8; ++sample) {
+        std::size_t r = pick.below(rows);
+        exact(x.data() + r * cols, want.data());
+        for (std::size_t j = 0; j < cols; ++j) {
+            double e = std::abs(double(y.data()[r * cols + j]) - want[j]) / (relative ? want[j] : 1.0);
+            if (!(e <= worst)) worst = e;
+        }
+    }
+    return worst;
+}
+
 void bench_softmax(bench& s, std::size_t rows, std::size_t cols) {
     std::string name = "softmax_" + std::to_string(rows) + "x" + std::to_string(cols);
     if (!s.selected(name)) return;
     ds::tensor<float, Row, Col> x(Row{rows}, Col{cols});  // (row, col)
     ds::tensor<float, Row, Col> y(Row{rows}, Col{cols});  // (row, col)
     ds::fill_normal(x, 7, 0.0, 2.0);
-    // Relative error of sampled rows against softmax in double.
     auto error = [&] {
-        sampler pick;
-        double worst = 0;
-        for (int sample = 0; sample < 8; ++sample) {
-            std::size_t r = pick.below(rows);
-            const float* in = x.data() + r * cols;
+        return worst_row_error(x, y, true, [cols](const float* in, double* out) {
             double top = *std::max_element(in, in + cols), sum = 0;
             for (std::size_t j = 0; j < cols; ++j) sum += std::exp(double(in[j]) - top);
-            for (std::size_t j = 0; j < cols; ++j) {
-                double exact = std::exp(double(in[j]) - top) / sum;
-                double e = std::abs(double(y.data()[r * cols + j]) - exact) / exact;
-                if (!(e <= worst)) worst = e;
-            }
-        }
-        return worst;
+            for (std::size_t j = 0; j < cols; ++j) out[j] = std::exp(double(in[j]) - top) / sum;
+        });
     };
     y.fill(std::numeric_limits<float>::quiet_NaN());
     bench_streaming(s, name, 2.0 * double(x.size() * sizeof(float)), 1e-4, [&] { ds::assign(y, ds::softmax(x)); },
                     error);
 }
 
-// layer_norm along rows of a transformer's widths, against the same in double.
+// layer_norm along rows of a transformer's widths.
 void bench_layer_norm(bench& s, std::size_t rows, std::size_t cols) {
     std::string name = "layer_norm_" + std::to_string(rows) + "x" + std::to_string(cols);
     if (!s.selected(name)) return;
     ds::tensor<float, Row, Col> x(Row{rows}, Col{cols});  // (row, col)
     ds::tensor<float, Row, Col> y(Row{rows}, Col{cols});  // (row, col)
     ds::fill_normal(x, 11, 3.0, 2.0);
-    // Largest error of sampled rows against layer_norm in double (outputs are of size 1).
     auto error = [&] {
-        sampler pick;
-        double worst = 0;
-        for (int sample = 0; sample < 8; ++sample) {
-            std::size_t r = pick.below(rows);
-            const float* in = x.data() + r * cols;
+        return worst_row_error(x, y, false, [cols](const float* in, double* out) {
             double mean = 0, variance = 0;
             for (std::size_t j = 0; j < cols; ++j) mean += in[j];
             mean /= double(cols);
             for (std::size_t j = 0; j < cols; ++j) variance += (in[j] - mean) * (in[j] - mean);
             variance /= double(cols);
-            for (std::size_t j = 0; j < cols; ++j) {
-                double exact = (in[j] - mean) / std::sqrt(variance + 1e-5);
-                double e = std::abs(double(y.data()[r * cols + j]) - exact);
-                if (!(e <= worst)) worst = e;
-            }
-        }
-        return worst;
+            for (std::size_t j = 0; j < cols; ++j) out[j] = (in[j] - mean) / std::sqrt(variance + 1e-5);
+        });
     };
     y.fill(std::numeric_limits<float>::quiet_NaN());
     bench_streaming(s, name, 2.0 * double(x.size() * sizeof(float)), 1e-5, [&] { ds::assign(y, ds::layer_norm(x)); },

@@ -5,22 +5,30 @@
 // failure must reach the caller as std::bad_alloc, with no thread left waiting (ctest's
 // timeout catches a hang), the destination untouched, and the next evaluation as good as if
 // nothing had happened.
-#include "support.hpp"
-
+#include "../parity/parity.hpp"  // its axes, and with_one_and_two_threads
 #include "counting_new.hpp"
-
-#include <functional>
-
-namespace ds = dimsum;
-
-using Batch = ds::axis<"batch">;
-using M = ds::axis<"m">;
-using K = ds::axis<"k">;
-using N = ds::axis<"n">;
 
 namespace {
 
+using parity::with_one_and_two_threads;
+
 constexpr float sentinel = 1234.5f;
+
+// Whether `evaluate` threw std::bad_alloc with the n-th allocation failing, every allocation
+// of it made anew (the workspace released first).
+template <class F>
+bool fails_at(long n, F&& evaluate) {
+    ds::release_workspace();
+    bool threw = false;
+    counting_new::fail_allocation(n);
+    try {
+        evaluate();
+    } catch (const std::bad_alloc&) {
+        threw = true;
+    }
+    counting_new::fail_allocation(0);
+    return threw;
+}
 
 // Evaluates `formula` into `dst` with the 1st, 2nd, ... allocation failing, until one
 // evaluation makes fewer allocations than the one that fails; then once more in full.
@@ -30,17 +38,8 @@ void survives_every_failure(Dst& dst, const Formula& formula) {
     std::size_t failures = 0;
     for (long n = 1;; ++n) {
         INFO("allocation " << n << " fails");
-        ds::release_workspace();  // so that every allocation of the evaluation happens again
         std::fill(dst.data(), dst.data() + dst.size(), sentinel);
-        bool threw = false;
-        counting_new::fail_allocation(n);
-        try {
-            ds::assign(dst, formula);
-        } catch (const std::bad_alloc&) {
-            threw = true;
-        }
-        counting_new::fail_allocation(0);
-        if (!threw) break;
+        if (!fails_at(n, [&] { ds::assign(dst, formula); })) break;
         ++failures;
         CHECK(std::all_of(dst.data(), dst.data() + dst.size(), [](float v) { return v == sentinel; }));  // and go on: a hang must show too
         REQUIRE(n < 10000);
@@ -53,20 +52,10 @@ void survives_every_failure(Dst& dst, const Formula& formula) {
     test::require_close(dst, test::to_xt(want), 1e-4, 1e-5);
 }
 
-template <class F>
-void on_one_and_two_threads(F&& checks) {
-    for (int threads : {1, 2}) {
-        INFO("threads: " << threads);
-        ds::set_num_threads(threads);
-        checks();
-    }
-    ds::set_num_threads(0);
-}
-
 }  // namespace
 
 TEST_CASE("products: a failed allocation anywhere reaches the caller, and leaves the destination untouched") {
-    on_one_and_two_threads([] {
+    with_one_and_two_threads([] {
         // one large product shared by the team (rows, with barriers), with an epilogue
         ds::tensor<float, M, K> a(M{256}, K{256});
         ds::tensor<float, K, N> b(K{256}, N{256});
@@ -97,7 +86,7 @@ TEST_CASE("attention, softmax, layer_norm, reductions, fused passes and copies: 
     using Query = ds::axis<"query">;
     using Key = ds::axis<"key">;
     using D = ds::axis<"d">;
-    on_one_and_two_threads([] {
+    with_one_and_two_threads([] {
         // fused causal attention with an additive mask (a score function run per tile)
         ds::tensor<float, Batch, Query, D> q(Batch{3}, Query{200}, D{16});
         ds::tensor<float, Batch, Key, D> k(Batch{3}, Key{200}, D{16}), v(Batch{3}, Key{200}, D{16});
@@ -154,16 +143,7 @@ TEST_CASE("a failed evaluation leaves the thread as usable as before, and holdin
     auto formula = ds::sum<N>(ds::softmax(ds::softmax(x + 1.0f) * 2.0f));
     for (long n = 1;; ++n) {
         INFO("allocation " << n << " fails");
-        ds::release_workspace();
-        bool threw = false;
-        counting_new::fail_allocation(n);
-        try {
-            ds::assign(sums, formula);
-        } catch (const std::bad_alloc&) {
-            threw = true;
-        }
-        counting_new::fail_allocation(0);
-        if (!threw) break;
+        if (!fails_at(n, [&] { ds::assign(sums, formula); })) break;
         small_evaluations_work();
         REQUIRE(n < 10000);
     }
