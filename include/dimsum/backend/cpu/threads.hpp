@@ -65,10 +65,6 @@ void split_range(int threads, std::size_t count, Prepare&& prepare, Body&& body)
         threads, [&](std::size_t, std::size_t) { prepare(); },
         [&](std::size_t member, std::size_t team) { body(count * member / team, count * (member + 1) / team); });
 }
-template <class Body>
-void split_range(int threads, std::size_t count, Body&& body) {
-    split_range(threads, count, [] {}, body);
-}
 
 }  // namespace backend::cpu
 
