@@ -84,7 +84,9 @@ std::array<wide_t<T>, Count> blocked_sums(const T* x, std::size_t n, Terms terms
 }
 
 // The largest magnitude of a contiguous line (NaN if it holds one), and the sum of x[i] - shift
-// summed as blocked_sums sums it.
+// summed in the same blocks and order as blocked_sums sums it, so that layer_norm's unscaled
+// line gets the bits of its scaled twin. A loop of its own: folding the maximum into
+// blocked_sums' terms (a lambda updating captured accumulators) measured 10 to 20% slower.
 template <class T>
 std::pair<T, wide_t<T>> magnitude_and_sum(const T* x, std::size_t n, T shift) {
     using batch = simd<T>;
@@ -236,8 +238,9 @@ void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* ahead, bool
 // y = (x - mean) / sqrt(variance + epsilon) on one contiguous line (the biased variance, as
 // torch.nn.LayerNorm); y may be x. Float's 24 bits and its range fail the textbook two passes
 // in three ways, each met here:
-// - squares of values past 1.8e19 overflow: the line is first scaled by a power of two (exact)
-//   so that its largest magnitude lies in [0.5, 1);
+// - squares of values past 1.8e19 overflow (and of values below 1e-19 lose bits): a line
+//   whose largest magnitude lies beyond 2^+-60 is scaled by a power of two (exact) to bring it
+//   into [0.5, 1);
 // - a mean rounded to the nearest float leaves a constant line of 12345.678 with deviations of
 //   1e-3, i.e. outputs near 1: values are taken about x[0] (shifted), so a constant line's
 //   deviations are exactly 0 and a large mean costs no bits of the spread, and the variance
