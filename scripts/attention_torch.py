@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch baseline for the dimsum attention benchmark (run by src/bench.cpp).
+"""PyTorch baseline for the dimsum attention benchmark (run by src/bench/attention.cpp).
 
 Times one multi-head attention forward (float32, inference, batch_first),
 input projections and output projection included, for each case given as

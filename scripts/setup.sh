@@ -12,7 +12,7 @@ packages=(
     clang libclang-rt-14-dev    # scripts/sanitize.sh: ThreadSanitizer with libomp, libFuzzer
     catch2                      # Catch2 v2, the unit tests
     python3                     # the docs check
-    libopenblas-dev libdnnl-dev # the baselines of src/bench.cpp, loaded at run time; the library uses neither
+    libopenblas-dev libdnnl-dev # the baselines of dimsum_bench (src/bench/), loaded at run time; the library uses neither
 )
 # Optional (DIMSUM_WITH_TORCH=1): only tests/reference/generate*.py need them, to remake the
 # committed reference data.

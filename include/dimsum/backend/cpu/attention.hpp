@@ -211,8 +211,10 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
                 matrix<const T> kt = transposed(matrix<const T>{k_block, cols, d, p.k.row_stride, p.k.col_stride});
                 for (std::size_t j = 0; j < cols; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, cols - j), d, packed_k + j * d);
             }
-            macro_kernel<T>(rows, cols_pad, d, packed_q, nullptr, 0, panels, nullptr, 0,
-                            matrix<T>{scores, rows, cols_pad, static_cast<std::ptrdiff_t>(block_keys), 1}, false);
+            macro_kernel<T>({.a = {.packed = packed_q},
+                             .b = {.packed = panels},
+                             .depth = d,
+                             .c = matrix<T>{scores, rows, cols_pad, static_cast<std::ptrdiff_t>(block_keys), 1}});
         }
 
         // pass 2: the score function, the masks, the online softmax; P replaces S
@@ -252,9 +254,11 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
             matrix<const T> vb{v_block, cols, dv, p.v.row_stride, p.v.col_stride};
             for (std::size_t c = 0; c < dv; c += nr) pack_b_panel<T>(sub(vb, 0, c), std::min(nr, dv - c), cols, packed_v + c * cols);
         }
-        macro_kernel<T>(rows, dv_pad, cols, nullptr, scores, static_cast<std::ptrdiff_t>(block_keys), packed_v,
-                        v_in_place ? v_block : nullptr, p.v.row_stride,
-                        matrix<T>{out, rows, dv_pad, static_cast<std::ptrdiff_t>(dv_pad), 1}, true);
+        macro_kernel<T>({.a = {.direct = scores, .ld = static_cast<std::ptrdiff_t>(block_keys)},
+                         .b = {.packed = packed_v, .direct = v_in_place ? v_block : nullptr, .ld = p.v.row_stride},
+                         .depth = cols,
+                         .c = matrix<T>{out, rows, dv_pad, static_cast<std::ptrdiff_t>(dv_pad), 1},
+                         .accumulate = true});
     }
 
     if (partial) {

@@ -1,0 +1,377 @@
+// dimsum_bench's attention cases: one multi-head attention layer forward (fused QKV
+// projection with biases, attention, output projection with bias) against PyTorch at its
+// best: the faster of torch.nn.MultiheadAttention and a hand-written version, of 1 and 2
+// threads (scripts/attention_torch.py, run by /usr/bin/python3). Then the memory the layer
+// and causal attention alone need, against sequence length.
+
+#include <unistd.h>
+
+#include <dimsum/dimsum.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench.hpp"
+
+namespace dimsum_bench {
+
+namespace ds = dimsum;
+
+namespace {
+
+using B = ds::axis<"batch">;
+
+struct attention_case {
+    std::string name;
+    std::size_t batch, seq, model, heads;
+    enum class kind { plain, causal, decode } what = kind::plain;  // decode: one query, `seq` cached keys
+
+    std::size_t head() const { return model / heads; }
+    // "batch,seq,model,heads[,causal|decode]", as attention_torch.py and --attention-memory read it
+    std::string spec() const {
+        std::string s = std::to_string(batch) + "," + std::to_string(seq) + "," + std::to_string(model) + "," +
+                        std::to_string(heads);
+        if (what == kind::causal) s += ",causal";
+        if (what == kind::decode) s += ",decode";
+        return s;
+    }
+    // The work that must be done: the projections, then Q K^T and P V, of which a causal
+    // mask leaves half.
+    double flops() const {
+        double b = double(batch), s = double(seq), m = double(model), products = 4.0 * b * double(heads) * double(head());
+        if (what == kind::decode) return 2.0 * b * m * m * 2.0 + products * s;  // q and output projections of one token
+        return 2.0 * b * s * m * m * 4.0 + products * s * s * (what == kind::causal ? 0.5 : 1.0);
+    }
+};
+
+std::optional<attention_case> parse_attention_case(const std::string& spec) {
+    attention_case c;
+    char mode[16] = "";
+    int fields = std::sscanf(spec.c_str(), "%zu,%zu,%zu,%zu,%15s", &c.batch, &c.seq, &c.model, &c.heads, mode);
+    if (fields < 4 || c.heads == 0 || c.model % c.heads != 0) return std::nullopt;
+    std::string m = fields == 5 ? mode : "";
+    if (m == "causal") c.what = attention_case::kind::causal;
+    else if (m == "decode") c.what = attention_case::kind::decode;
+    else if (!m.empty()) return std::nullopt;
+    // the name: no commas (a CSV field), e.g. attention_causal_1x2048x1024x16
+    c.name = "attention_" + (m.empty() ? std::string() : m + "_") + std::to_string(c.batch) + "x" + std::to_string(c.seq) +
+             "x" + std::to_string(c.model) + "x" + std::to_string(c.heads);
+    return c;
+}
+
+// The layer of one case, at one of the two sizes the cases use (model and heads are static
+// extents: one instantiation each).
+template <std::size_t ModelExtent, std::size_t HeadsExtent>
+struct attention_layer {
+    using Model = ds::axis<"model", ModelExtent>;
+    using Heads = ds::axis<"heads", HeadsExtent>;
+    using Head = ds::axis<"head", ModelExtent / HeadsExtent>;
+    using Seq = ds::axis<"seq">;
+    using Cached = ds::axis<"cached">;
+    using layer_type = ds::nn::multi_head_attention<float, Model, Heads, Head>;
+    using Inner = typename layer_type::Inner;
+    using Part = typename layer_type::Part;
+
+    attention_case c;
+    layer_type layer;
+    ds::tensor<float, B, Seq, Model> x, y;                     // (batch, seq, model); decoding: seq = 1
+    ds::tensor<float, B, Heads, Cached, Head> k_cache, v_cache;  // decoding: the keys and values so far
+    ds::nn::attention_options options;
+
+    explicit attention_layer(const attention_case& which) : c(which) {
+        const bool decode = c.what == attention_case::kind::decode;
+        const double bound = 1.0 / std::sqrt(double(ModelExtent));  // as torch.nn.Linear
+        layer.w_qkv.emplace();
+        ds::fill_uniform(*layer.w_qkv, 11, -bound, bound);
+        ds::fill_uniform(layer.b_qkv, 12, -0.1, 0.1);
+        ds::fill_uniform(layer.w_o, 13, -bound, bound);
+        ds::fill_uniform(layer.b_o, 14, -0.1, 0.1);
+        x = ds::tensor<float, B, Seq, Model>(B{c.batch}, Seq{decode ? 1 : c.seq});
+        y = x;
+        ds::fill_normal(x, 15);
+        if (decode) {
+            k_cache = ds::tensor<float, B, Heads, Cached, Head>(B{c.batch}, Heads{}, Cached{c.seq}, Head{});
+            v_cache = k_cache;
+            ds::fill_normal(k_cache, 16);
+            ds::fill_normal(v_cache, 17);
+        }
+        options.causal = c.what == attention_case::kind::causal;
+    }
+
+    // y = the layer of x, on `backend`.
+    template <class Backend>
+    void run_on(Backend backend) {
+        if (c.what != attention_case::kind::decode) return layer.forward_on(backend, x, x, y.view(), options);
+        // One new token: its query attends to the cached keys and values.
+        auto w = ds::view<Model, Part, Inner>(std::as_const(*layer.w_qkv));  // (model, part, heads x head)
+        auto b = ds::view<Part, Inner>(std::as_const(layer.b_qkv));          // (part, heads x head)
+        auto q = ds::transpose<Seq, Heads>(
+            ds::view<B, Seq, Heads, Head>(ds::matmul(x, ds::select<Part>(w, 0)) + ds::select<Part>(b, 0)));  // (batch, heads, 1, head)
+        auto z = ds::nn::attention(q, k_cache, v_cache);  // (batch, heads, 1, head)
+        ds::evaluation::assign_with(backend, y.view(),
+                                    ds::matmul(ds::view<B, Seq, Inner>(ds::transpose<Heads, Seq>(z)), layer.w_o) + layer.b_o);
+    }
+    void run() { run_on(ds::backend::cpu::evaluator{}); }
+
+    // The largest difference from the same layer evaluated step by step (no fusion),
+    // relative to the output's largest value.
+    double error() {
+        auto fused = y;
+        run_on(ds::backend::cpu::evaluator{.fuse_attention = false});
+        double worst = 0, scale = 0;
+        for (std::size_t i = 0; i < y.size(); ++i) {
+            worst = std::max(worst, std::abs(double(fused.data()[i]) - double(y.data()[i])));
+            scale = std::max(scale, std::abs(double(y.data()[i])));
+            if (std::isnan(fused.data()[i])) worst = std::numeric_limits<double>::quiet_NaN();
+        }
+        y = fused;
+        return worst / scale;
+    }
+};
+
+// Calls f(layer) with the layer of case c.
+template <class F>
+void with_attention_layer(const attention_case& c, F&& f) {
+    if (c.model == 768 && c.heads == 12) {
+        attention_layer<768, 12> layer(c);
+        return f(layer);
+    }
+    if (c.model == 1024 && c.heads == 16) {
+        attention_layer<1024, 16> layer(c);
+        return f(layer);
+    }
+    throw std::runtime_error("attention case " + c.spec() + ": model and heads must be 768,12 or 1024,16");
+}
+
+// The time of one call: after two calls to warm up, the mean over a batch of calls lasting
+// the time budget (one call with --quick). attention_torch.py measures the same way; each
+// side keeps its fastest batch over its turns.
+template <class F>
+double batch_seconds(const options& opt, F&& f) {
+    f();
+    f();
+    auto start = clock_type::now();
+    int calls = 0;
+    double spent = 0;
+    do {
+        f();
+        ++calls;
+        spent = std::chrono::duration<double>(clock_type::now() - start).count();
+    } while (!opt.quick && spent < 0.2);
+    return spent / calls;
+}
+
+// This process's resident memory now, and its peak since reset_peak_memory(), in bytes.
+std::size_t resident_bytes(const char* field) {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);) {
+        if (line.starts_with(field)) return std::stoul(line.substr(std::strlen(field))) * 1024;  // kB
+    }
+    return 0;
+}
+void reset_peak_memory() {
+    std::ofstream("/proc/self/clear_refs") << "5";  // the peak (VmHWM) starts again from the current size
+}
+
+}  // namespace
+
+// --attention-memory=[core:]SPEC (in a fresh process, see attention_memory_mb): the memory
+// one call of the layer (with core:, of causal attention alone) needs beyond its inputs,
+// weights and output, in MB.
+int measure_attention_memory(const options& opt, std::string spec) {
+    const bool core = spec.starts_with("core:");  // the attention formula only, not the layer
+    if (core) spec = spec.substr(5);
+    std::optional<attention_case> c = parse_attention_case(spec);
+    if (!c) {
+        std::fprintf(stderr, "dimsum_bench: bad attention case %s\n", spec.c_str());
+        return 2;
+    }
+    ds::set_num_threads(opt.threads.back());
+    auto measure = [](auto&& run) {
+        std::size_t before = resident_bytes("VmRSS:");
+        reset_peak_memory();
+        for (int call = 0; call < 2; ++call) run();
+        std::printf("%.2f\n", double(resident_bytes("VmHWM:") - before) * 1e-6);
+    };
+    if (core) {  // the attention alone: Q, K, V and the output (batch, heads, seq, head) exist already
+        using Heads = ds::axis<"heads">;
+        using Seq = ds::axis<"seq">;
+        using Head = ds::axis<"head">;
+        ds::tensor<float, B, Heads, Seq, Head> q(B{c->batch}, Heads{c->heads}, Seq{c->seq}, Head{c->head()});
+        auto k = q, v = q, z = q;
+        ds::fill_normal(q, 1);
+        ds::fill_normal(k, 2);
+        ds::fill_normal(v, 3);
+        measure([&] { ds::assign(z, ds::nn::causal_attention(q, k, v)); });
+        return 0;
+    }
+    with_attention_layer(*c, [&](auto& layer) { measure([&] { layer.run(); }); });
+    return 0;
+}
+
+namespace {
+
+// The extra memory of case c, measured in a fresh copy of this program (a process's peak
+// memory only grows, and this one has run other cases); NaN if that failed.
+double attention_memory_mb(const options& opt, const attention_case& c, bool core = false) {
+    std::string command = "'/proc/" + std::to_string(getpid()) + "/exe' --threads=" + std::to_string(opt.threads.back()) +
+                          " --attention-memory=" + (core ? "core:" : "") + c.spec();
+    std::FILE* child = popen(command.c_str(), "r");
+    if (!child) return std::numeric_limits<double>::quiet_NaN();
+    double mb = std::numeric_limits<double>::quiet_NaN();
+    if (std::fscanf(child, "%lf", &mb) != 1) mb = std::numeric_limits<double>::quiet_NaN();
+    if (pclose(child) != 0) mb = std::numeric_limits<double>::quiet_NaN();
+    return mb;
+}
+
+struct torch_result {
+    double ms = 0, extra_mb = 0;
+    std::string how;  // e.g. "module, 2 threads"
+};
+
+// PyTorch's best of each case (one timed batch per configuration: one turn), by case name;
+// empty, with `why`, when it cannot run. `verify`: check its two versions agree first.
+std::map<std::string, torch_result> torch_attention(const options& opt, const std::vector<attention_case>& cases,
+                                                    bool verify, std::string& why) {
+    std::map<std::string, torch_result> results;
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        why = "/usr/bin/python3 is missing";
+        return results;
+    }
+    std::string command = std::string("/usr/bin/python3 '" DIMSUM_TORCH_SCRIPT "' --rounds=1") +
+                          (opt.quick ? " --quick" : "") + (verify ? "" : " --no-verify");
+    for (const attention_case& c : cases) command += " --case " + c.name + ":" + c.spec();
+    std::FILE* child = popen(command.c_str(), "r");
+    if (!child) {
+        why = "cannot run " + command;
+        return results;
+    }
+    char line[512];
+    while (std::fgets(line, sizeof line, child)) {
+        std::string text = line;
+        if (text.starts_with("torch_attention_unavailable,")) why = text.substr(28, text.find('\n') - 28);
+        if (!text.starts_with("torch_attention_best,")) continue;
+        char name[128], impl[32];
+        int threads;
+        torch_result r;
+        if (std::sscanf(line, "torch_attention_best,%127[^,],%31[^,],%d,%lf,%lf", name, impl, &threads, &r.ms, &r.extra_mb) == 5) {
+            r.how = std::string(impl) + " on " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");  // no comma: a CSV field
+            results[name] = r;
+        }
+    }
+    if (pclose(child) != 0 && why.empty()) why = "attention_torch.py failed";
+    if (results.empty() && why.empty()) why = "attention_torch.py gave no result";
+    return results;
+}
+
+}  // namespace
+
+void bench_attention(bench& s) {
+    const bool small = s.opt.small;
+    std::vector<attention_case> cases;
+    auto add = [&](const std::string& spec) {
+        if (auto c = parse_attention_case(spec); c && s.selected(c->name)) cases.push_back(*c);
+    };
+    if (small) {
+        add("2,24,768,12");
+        add("1,40,1024,16,causal");
+        add("1,300,1024,16,decode");
+    } else {
+        add("8,128,768,12");
+        add("1,512,768,12");
+        add("1,2048,1024,16,causal");
+        add("1,4096,1024,16,causal");
+        add("1,4096,1024,16,decode");
+    }
+    if (cases.empty()) return;
+
+    std::string why = small ? "--small" : "";
+    std::fprintf(s.out.table, "\n%-34s %7s %9s %8s %6s  %9s %-20s %7s  %8s %8s\n", "attention case", "threads", "ms",
+                 "GFLOP/s", "peak", "torch ms", "torch ran as", "speedup", "MB", "torch MB");
+    for (const attention_case& c : cases) {
+        double mb = attention_memory_mb(s.opt, c);
+        with_attention_layer(c, [&](auto& layer) {
+            layer.y.fill(std::numeric_limits<float>::quiet_NaN());
+            layer.run();
+            s.out.check(c.name + ": dimsum against its unfused formula", layer.error(), 1e-4);
+            // Turns, as for the GEMM: dimsum with each thread count, then PyTorch, and again;
+            // each keeps its best. PyTorch's turn runs in fresh processes.
+            std::vector<double> seconds(s.opt.threads.size(), std::numeric_limits<double>::infinity());
+            std::optional<torch_result> torch_best;
+            for (int turn = 0; turn < rounds(s.opt); ++turn) {
+                for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
+                    ds::set_num_threads(s.opt.threads[t]);
+                    settle(s.opt);
+                    seconds[t] = std::min(seconds[t], batch_seconds(s.opt, [&] { layer.run(); }));
+                }
+                if (!small && (turn == 0 || torch_best)) {
+                    auto found = torch_attention(s.opt, {c}, turn == 0, why);
+                    if (auto r = found.find(c.name); r != found.end() && (!torch_best || r->second.ms < torch_best->ms)) {
+                        torch_best = r->second;
+                    }
+                }
+            }
+            if (!torch_best) std::fprintf(s.out.table, "skipped: pytorch: %s; %s is compared with the FMA peak only\n",
+                                          why.c_str(), c.name.c_str());
+            for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
+                const int threads = s.opt.threads[t];
+                const double gflops = c.flops() / seconds[t] * 1e-9;
+                const torch_result* t_best = torch_best ? &*torch_best : nullptr;
+                std::fprintf(s.out.table, "%-34s %7d %9.2f %8.1f %5.0f%%  %9.2f %-20s %7.2f  %8.1f %8.1f\n", c.name.c_str(),
+                             threads, seconds[t] * 1e3, gflops, 100.0 * gflops / s.limits.fma_peak[t], t_best ? t_best->ms : NAN,
+                             t_best ? t_best->how.c_str() : "-", t_best ? t_best->ms * 1e-3 / seconds[t] : NAN, mb,
+                             t_best ? t_best->extra_mb : NAN);
+                if (s.out.csv) {
+                    auto csv_row = [&](const char* baseline, double mine, double theirs, const char* unit, const std::string& how) {
+                        std::fprintf(s.out.csv, "%s,%d,%.6g,%s,%.6g,%.6g,%s,%s\n", c.name.c_str(), threads, mine, baseline,
+                                     theirs, mine / theirs, unit, how.c_str());
+                    };
+                    if (t_best) csv_row("pytorch", gflops, c.flops() / t_best->ms * 1e-6, "GFLOP/s", t_best->how);
+                    csv_row("fma_peak", gflops, s.limits.fma_peak[t], "GFLOP/s", "xsimd fma chains");
+                    if (t_best && t == s.opt.threads.size() - 1) {
+                        csv_row("pytorch_memory", mb, t_best->extra_mb, "MB", "peak memory beyond inputs and weights");
+                    }
+                }
+            }
+        });
+        std::fflush(s.out.table);
+    }
+}
+
+// Memory against sequence length (causal, model 1024, 16 heads): it grows like seq, where
+// the scores alone would grow like seq^2.
+void bench_attention_memory(bench& s) {
+    std::fprintf(s.out.table, "\n%-38s %7s %9s %14s %14s\n", "attention memory (causal, 1024, 16)", "seq", "layer MB",
+                 "attention MB", "seq x seq MB");
+    for (std::size_t seq : s.opt.small ? std::vector<std::size_t>{256, 512} : std::vector<std::size_t>{1024, 2048, 4096, 8192, 16384}) {
+        attention_case c = *parse_attention_case("1," + std::to_string(seq) + ",1024,16,causal");
+        c.name = "attention_memory_seq" + std::to_string(seq);
+        if (!s.selected(c.name)) continue;
+        double mb = attention_memory_mb(s.opt, c), core_mb = attention_memory_mb(s.opt, c, true);
+        double scores_mb = 16.0 * double(seq) * double(seq) * sizeof(float) * 1e-6;
+        std::fprintf(s.out.table, "%-38s %7zu %9.1f %14.1f %14.1f\n", c.name.c_str(), seq, mb, core_mb, scores_mb);
+        if (s.out.csv) {
+            std::fprintf(s.out.csv, "%s,%d,%.6g,seq_x_seq_scores,%.6g,%.6g,MB,the scores of all heads in float\n",
+                         c.name.c_str(), s.opt.threads.back(), mb, scores_mb, mb / scores_mb);
+            std::fprintf(s.out.csv, "%s_core,%d,%.6g,seq_x_seq_scores,%.6g,%.6g,MB,causal attention of given Q K V\n",
+                         c.name.c_str(), s.opt.threads.back(), core_mb, scores_mb, core_mb / scores_mb);
+        }
+        if (!(mb < 1e9) || !(core_mb < 1e9)) {  // NaN: a child failed
+            s.out.check(c.name + ": memory measurement", std::numeric_limits<double>::infinity(), 0);
+        }
+    }
+}
+
+}  // namespace dimsum_bench

@@ -1,0 +1,130 @@
+// dimsum_bench's options, its report (the table and the CSV) and its timing rules.
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "bench.hpp"
+
+namespace dimsum_bench {
+
+namespace {
+
+const char* usage =
+    "usage: dimsum_bench [--quick] [--small] [--csv[=FILE]] [--threads=1,2] [--filter=TEXT]\n"
+    "                    [--rounds=N] [--openblas-core=auto|detect|keep|NAME]\n"
+    "  --quick              one timed call per case after the warm-up: a smoke test, not a measurement\n"
+    "  --small              small sizes (with --quick, for ctest)\n"
+    "  --csv                CSV on stdout (the table goes to stderr); --csv=FILE writes FILE\n"
+    "  --threads=LIST       thread counts to run, default 1,2\n"
+    "  --filter=TEXT        only the cases whose name contains TEXT\n"
+    "  --rounds=N           turns each contender takes, keeping its best (default 3; more on a noisy machine)\n"
+    "  --openblas-core=...  the OpenBLAS kernels. auto (default): OpenBLAS's own detection, unless\n"
+    "                       it picks kernels narrower than the CPU supports (it falls back to SSE3\n"
+    "                       on CPUs newer than it knows), then SkylakeX or Haswell; detect: its own\n"
+    "                       detection; keep: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE as in the\n"
+    "                       environment (otherwise ignored); NAME: that core type, e.g. Haswell\n";
+
+}  // namespace
+
+std::optional<options> parse_options(int argc, char** argv) {
+    options o;
+    for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i];
+        auto value_of = [&](std::string_view prefix) { return arg.substr(prefix.size()); };
+        if (arg == "--quick") {
+            o.quick = true;
+        } else if (arg == "--small") {
+            o.small = true;
+        } else if (arg.starts_with("--openblas-core=")) {
+            o.openblas_core = value_of("--openblas-core=");
+        } else if (arg == "--csv") {
+            o.csv = true;
+        } else if (arg.starts_with("--csv=")) {
+            o.csv = true;
+            o.csv_path = value_of("--csv=");
+        } else if (arg.starts_with("--rounds=")) {
+            o.rounds = std::atoi(value_of("--rounds=").c_str());
+            if (o.rounds < 1) {
+                std::fprintf(stderr, "dimsum_bench: bad count in %s\n%s", arg.c_str(), usage);
+                return std::nullopt;
+            }
+        } else if (arg.starts_with("--attention-memory=")) {
+            o.attention_memory = value_of("--attention-memory=");
+        } else if (arg.starts_with("--filter=")) {
+            o.filter = value_of("--filter=");
+        } else if (arg.starts_with("--threads=")) {
+            o.threads.clear();
+            std::string list = value_of("--threads=");
+            for (std::size_t at = 0; at < list.size();) {
+                std::size_t comma = std::min(list.find(',', at), list.size());
+                int n = std::atoi(list.substr(at, comma - at).c_str());
+                if (n < 1) {
+                    std::fprintf(stderr, "dimsum_bench: bad thread count in %s\n%s", arg.c_str(), usage);
+                    return std::nullopt;
+                }
+                o.threads.push_back(n);
+                at = comma + 1;
+            }
+        } else {
+            std::fprintf(stderr, "%s", usage);
+            if (arg == "--help" || arg == "-h") std::exit(0);
+            return std::nullopt;
+        }
+    }
+    return o;
+}
+
+report::report(const options& o) : opt(o) {
+    if (!o.csv) return;
+    if (o.csv_path == "-") {
+        csv = stdout;
+        table = stderr;
+    } else if (!(csv = std::fopen(o.csv_path.c_str(), "w"))) {
+        throw std::runtime_error("cannot write " + o.csv_path);
+    }
+    std::fprintf(csv, "name,threads,dimsum,baseline_name,baseline,ratio,unit,baseline_how\n");
+}
+
+report::~report() {
+    if (csv && csv != stdout) std::fclose(csv);
+}
+
+void report::table_header() const {
+    std::fprintf(table, "\n%-28s %7s %10s  %-14s %10s %-7s %7s  %s\n", "case", "threads", "dimsum", "baseline",
+                 "value", "unit", "ratio", "baseline ran as");
+}
+
+void report::add(const row& r) const {
+    double ratio = r.dimsum / r.baseline;
+    std::fprintf(table, "%-28s %7d %10.2f  %-14s %10.2f %-7s %7.3f  %s\n", r.name.c_str(), r.threads, r.dimsum,
+                 r.baseline_name.c_str(), r.baseline, r.unit, ratio, r.how.c_str());
+    if (csv) {
+        std::fprintf(csv, "%s,%d,%.6g,%s,%.6g,%.6g,%s,%s\n", r.name.c_str(), r.threads, r.dimsum,
+                     r.baseline_name.c_str(), r.baseline, ratio, r.unit, r.how.c_str());
+    }
+    std::fflush(table);
+}
+
+void report::check(const std::string& what, double error, double tolerance) {
+    if (error <= tolerance) return;  // false for NaN too
+    std::fprintf(stderr, "dimsum_bench: WRONG RESULT: %s: error %.3g, tolerance %.3g\n", what.c_str(), error,
+                 tolerance);
+    failed = true;
+}
+
+timing case_timing(const options& opt) { return opt.quick ? timing{0.0, 1} : timing{0.2, 5}; }
+timing yardstick_timing(const options& opt) { return opt.quick ? timing{0.02, 5} : timing{0.2, 5}; }
+
+int rounds(const options& opt) { return opt.quick ? 1 : opt.rounds; }
+
+void settle(const options& opt) {
+    if (!opt.quick) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
+}  // namespace dimsum_bench

@@ -1,0 +1,141 @@
+// dimsum_bench's matrix product cases: plain products of a transformer's sizes and the two
+// batched products of attention, against OpenBLAS, oneDNN and the FMA peak.
+
+#include <dimsum/dimsum.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "bench.hpp"
+
+namespace dimsum_bench {
+
+namespace ds = dimsum;
+
+namespace {
+
+using M = ds::axis<"m">;
+using N = ds::axis<"n">;
+using K = ds::axis<"k">;
+using B = ds::axis<"batch">;
+
+// The worst error of 64 sampled entries of c against a double-precision product, relative
+// to the sum of |a_ik b_kj|: float accumulation in any order stays far below 1e-4.
+double gemm_error(const gemm_case& g, const float* a, const float* b, const float* c) {
+    sampler pick;
+    double worst = 0;
+    for (int s = 0; s < 64; ++s) {
+        std::size_t item = pick.below(g.batch), i = pick.below(g.m), j = pick.below(g.n);
+        const float* a_row = a + (item * g.m + i) * g.k;  // a (batch, m, k)
+        double exact = 0, scale = 0;
+        for (std::size_t p = 0; p < g.k; ++p) {
+            double y = g.b_transposed ? b[(item * g.n + j) * g.k + p]   // b (batch, n, k)
+                                      : b[(item * g.k + p) * g.n + j];  // b (batch, k, n)
+            exact += double(a_row[p]) * y;
+            scale += std::abs(double(a_row[p]) * y);
+        }
+        double error = std::abs(double(c[(item * g.m + i) * g.n + j]) - exact) / (scale + 1e-30);
+        if (!(error <= worst)) worst = error;  // NaN sticks
+    }
+    return worst;
+}
+
+constexpr double gemm_tolerance = 1e-4;
+
+// A baseline at its best. For a batch with several threads, both the library threading each
+// product and an OpenMP loop over the batch with one library thread each; the faster wins.
+template <class Library>
+std::pair<double, std::string> library_seconds(const options& opt, const Library& lib, const gemm_case& g,
+                                               int threads, const float* a, const float* b, float* c) {
+    std::size_t a_step = g.m * g.k, b_step = g.k * g.n, c_step = g.m * g.n;
+    auto product = [&](std::size_t item) {
+        lib.gemm(g.b_transposed, g.m, g.n, g.k, a + item * a_step, b + item * b_step, c + item * c_step);
+    };
+    settle(opt);
+    lib.set_threads(threads);
+    double best = best_seconds(opt, [&] {
+        for (std::size_t item = 0; item < g.batch; ++item) product(item);
+    });
+    std::string how = "library threads";
+    if (g.batch > 1 && threads > 1) {
+        settle(opt);
+        lib.set_threads(1);
+        double looped = best_seconds(opt, [&] {
+#pragma omp parallel for num_threads(threads) schedule(static)
+            for (std::ptrdiff_t item = 0; item < std::ptrdiff_t(g.batch); ++item) product(std::size_t(item));
+        });
+        if (looped < best) {
+            best = looped;
+            how = "omp loop over batch";
+        }
+    }
+    return {best, how};
+}
+
+// One GEMM case: `run` evaluates the dimsum formula into c; a, b and c are dimsum tensors
+// whose memory the baselines read and compare against.
+template <class TA, class TB, class TC, class Run>
+void bench_gemm(bench& s, const gemm_case& g, const TA& a, const TB& b, TC& c, Run run) {
+    constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+    TC c_baseline = c;  // touched, like every buffer, before timing
+    for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
+        int threads = s.opt.threads[t];
+        std::string label = g.name + " (" + std::to_string(threads) + " threads)";
+        fastest mine, blas, dnnl;
+        // Each result is checked: a result left unwritten (NaN) or wrong fails the run.
+        auto baseline = [&](const auto& lib, fastest& best) {
+            c_baseline.fill(nan);
+            auto [seconds, how] = library_seconds(s.opt, lib, g, threads, a.data(), b.data(), c_baseline.data());
+            best.keep(seconds, how);
+            s.out.check(label + ": " + lib.name, gemm_error(g, a.data(), b.data(), c_baseline.data()), gemm_tolerance);
+        };
+        for (int round = 0; round < rounds(s.opt); ++round) {
+            ds::set_num_threads(threads);
+            c.fill(nan);
+            settle(s.opt);
+            mine.keep(best_seconds(s.opt, run), "");
+            s.out.check(label + ": dimsum", gemm_error(g, a.data(), b.data(), c.data()), gemm_tolerance);
+            if (s.blas) baseline(*s.blas, blas);
+            if (s.dnnl) baseline(*s.dnnl, dnnl);
+        }
+        double gflops = g.flops() / mine.seconds * 1e-9;
+        if (s.blas) s.out.add({g.name, threads, gflops, openblas::name, g.flops() / blas.seconds * 1e-9, "GFLOP/s", blas.how});
+        if (s.dnnl) s.out.add({g.name, threads, gflops, onednn::name, g.flops() / dnnl.seconds * 1e-9, "GFLOP/s", dnnl.how});
+        s.out.add({g.name, threads, gflops, "fma_peak", s.limits.fma_peak[t], "GFLOP/s", "xsimd fma chains"});
+    }
+}
+
+}  // namespace
+
+void bench_gemm_case(bench& s, const gemm_case& g) {
+    if (!s.selected(g.name)) return;
+    if (g.batch == 1) {
+        ds::tensor<float, M, K> a(M{g.m}, K{g.k});  // (m, k)
+        ds::tensor<float, K, N> b(K{g.k}, N{g.n});  // (k, n)
+        ds::tensor<float, M, N> c(M{g.m}, N{g.n});  // (m, n)
+        ds::fill_uniform(a, 1);
+        ds::fill_uniform(b, 2);
+        bench_gemm(s, g, a, b, c, [&] { ds::assign(c, ds::matmul(a, b)); });
+    } else if (g.b_transposed) {
+        // Attention scores: q k^T for every batch item.
+        ds::tensor<float, B, M, K> q(B{g.batch}, M{g.m}, K{g.k});  // (batch, m, k)
+        ds::tensor<float, B, N, K> k(B{g.batch}, N{g.n}, K{g.k});  // (batch, n, k)
+        ds::tensor<float, B, M, N> c(B{g.batch}, M{g.m}, N{g.n});  // (batch, m, n)
+        ds::fill_uniform(q, 3);
+        ds::fill_uniform(k, 4);
+        bench_gemm(s, g, q, k, c, [&] { ds::assign(c, ds::matmul(q, ds::transpose(k))); });
+    } else {
+        // Attention's weighted values: p v for every batch item.
+        ds::tensor<float, B, M, K> p(B{g.batch}, M{g.m}, K{g.k});  // (batch, m, k)
+        ds::tensor<float, B, K, N> v(B{g.batch}, K{g.k}, N{g.n});  // (batch, k, n)
+        ds::tensor<float, B, M, N> c(B{g.batch}, M{g.m}, N{g.n});  // (batch, m, n)
+        ds::fill_uniform(p, 5, 0.0, 1.0);
+        ds::fill_uniform(v, 6);
+        bench_gemm(s, g, p, v, c, [&] { ds::assign(c, ds::matmul(p, v)); });
+    }
+}
+
+}  // namespace dimsum_bench

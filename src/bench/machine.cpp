@@ -1,0 +1,136 @@
+// What dimsum_bench says about the machine, and the yardsticks every ratio divides by: the
+// FMA peak and the copy bandwidth, measured in the same run as the cases.
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <xsimd/xsimd.hpp>
+
+#include <dimsum/backend/cpu/simd.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench.hpp"
+
+namespace dimsum_bench {
+
+namespace ds = dimsum;
+
+namespace {
+
+using simd = xsimd::batch<float>;
+
+// Independent accumulator chains: two FMA ports with a 4-cycle latency need 8 in flight,
+// 16 leaves room and still fits the registers.
+constexpr int fma_chains = 16;
+
+[[gnu::noinline]] float fma_chains_run(std::int64_t iterations, float seed) {
+    simd acc[fma_chains];
+    for (int i = 0; i < fma_chains; ++i) acc[i] = simd(seed + float(i));
+    simd mul(1.0f - seed * 1e-7f), add(seed * 1e-7f);
+    for (std::int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 16
+        for (int i = 0; i < fma_chains; ++i) acc[i] = xsimd::fma(acc[i], mul, add);
+    }
+    simd sum = acc[0];
+    for (int i = 1; i < fma_chains; ++i) sum += acc[i];
+    return xsimd::hadd(sum);
+}
+
+volatile float fma_sink;  // keeps the chains' results alive
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);) {
+        if (line.starts_with("model name")) return line.substr(line.find(':') + 2);
+    }
+    return "unknown";
+}
+
+// How many cores other processes keep busy, from /proc/stat over a quarter of a second
+// while this one sleeps: another build or benchmark makes every figure low and noisy.
+double busy_cores() {
+    auto sample = [](double& idle, double& total) {
+        std::ifstream in("/proc/stat");
+        std::string cpu;
+        in >> cpu;
+        idle = total = 0;
+        double value;
+        for (int field = 0; field < 8 && in >> value; ++field) {
+            total += value;
+            if (field == 3 || field == 4) idle += value;  // idle, iowait
+        }
+    };
+    double idle0, total0, idle1, total1;
+    sample(idle0, total0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    sample(idle1, total1);
+    if (total1 <= total0) return 0;
+    return (1.0 - (idle1 - idle0) / (total1 - total0)) * omp_get_num_procs();
+}
+
+}  // namespace
+
+double fma_peak_gflops(const options& opt, int threads) {
+    std::int64_t iterations = opt.quick ? 400'000 : 4'000'000;  // 4M: about 10 ms a call
+    std::vector<float> results(threads);
+    double seconds = best_seconds(yardstick_timing(opt), [&] {
+#pragma omp parallel num_threads(threads)
+        results[omp_get_thread_num()] = fma_chains_run(iterations, 1.0f + float(omp_get_thread_num()));
+    });
+    for (float r : results) fma_sink = r;
+    return 2.0 * fma_chains * double(simd::size) * double(iterations) * threads / seconds * 1e-9;
+}
+
+// memcpy, each thread its own contiguous part; bytes read plus bytes written.
+double copy_gbps(const options& opt, int threads, std::vector<float>& src, std::vector<float>& dst) {
+    std::size_t count = src.size();
+    double seconds = best_seconds(yardstick_timing(opt), [&] {
+#pragma omp parallel num_threads(threads)
+        {
+            std::size_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            std::size_t begin = count * t / nt, end = count * (t + 1) / nt;
+            std::memcpy(dst.data() + begin, src.data() + begin, (end - begin) * sizeof(float));
+        }
+    });
+    return 2.0 * double(count * sizeof(float)) / seconds * 1e-9;
+}
+
+void print_machine(const report& out) {
+    char date[32];
+    std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M", std::localtime(&now));
+    std::fprintf(out.table, "dimsum_bench, %s%s\n", date, out.opt.quick ? ", --quick: a smoke test, not a measurement" : "");
+    std::fprintf(out.table, "cpu: %s, %d cores visible\n", cpu_model().c_str(), omp_get_num_procs());
+    double busy = busy_cores();
+    if (busy > 0.25) {
+        std::fprintf(out.table, "warning: %.1f cores busy with other work before the run: the figures will be low\n",
+                     busy);
+    }
+    std::fprintf(out.table, "compiler: g++ %s, xsimd %d.%d.%d (%s, %zu floats)\n", __VERSION__, XSIMD_VERSION_MAJOR,
+                 XSIMD_VERSION_MINOR, XSIMD_VERSION_PATCH, ds::backend::cpu::simd_arch::name(), ds::backend::cpu::simd<float>::size);
+}
+
+// Floats per array for the bandwidth cases: arrays beyond the caches, i.e. twice the
+// last-level cache (300 MiB of L3 on the machine of docs/performance.md, so 64 MiB arrays
+// would measure the cache), and at least 64 MiB.
+std::size_t streaming_floats(const options& opt) {
+    if (opt.small) return std::size_t(1) << 20;
+    long cache = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (cache <= 0) cache = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    std::size_t bytes = std::max<std::size_t>(std::size_t(64) << 20, 2 * static_cast<std::size_t>(std::max(cache, 0L)));
+    std::size_t floats = bytes / sizeof(float);
+    constexpr std::size_t unit = std::size_t(1) << 16;  // a multiple of every row length used
+    return (floats + unit - 1) / unit * unit;
+}
+
+}  // namespace dimsum_bench

@@ -1,0 +1,132 @@
+// dimsum_bench's memory-bound cases (softmax, layer_norm, a transformer-style epilogue),
+// against the copy bandwidth.
+
+#include <dimsum/dimsum.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+
+namespace dimsum_bench {
+
+namespace ds = dimsum;
+
+namespace {
+
+using Row = ds::axis<"row">;
+using Col = ds::axis<"col">;
+
+// Memory-bound formulas: `run` evaluates into y; `error` checks y; `bytes` is what the
+// formula must at least move (every input read once, the output written once).
+template <class Run, class Error>
+void bench_streaming(bench& s, const std::string& name, double bytes, double tolerance, Run run, Error error) {
+    for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
+        int threads = s.opt.threads[t];
+        fastest mine;
+        for (int round = 0; round < rounds(s.opt); ++round) {
+            ds::set_num_threads(threads);
+            settle(s.opt);
+            mine.keep(best_seconds(s.opt, run), "");
+        }
+        double gbps = bytes / mine.seconds * 1e-9;
+        s.out.check(name + " (" + std::to_string(threads) + " threads): dimsum", error(), tolerance);
+        s.out.add({name, threads, gbps, "copy_bandwidth", s.limits.copy[t], "GB/s", "memcpy"});
+    }
+}
+
+// The largest error of 8 sampled rows of y = f(x) along rows, against `exact`, which writes f
+// of one row in double; relative (softmax's weights) or absolute (layer_norm's outputs are of
+// size 1).
+template <class Exact>
+double worst_row_error(const ds::tensor<float, Row, Col>& x, const ds::tensor<float, Row, Col>& y, bool relative,
+                       Exact exact) {
+    const std::size_t rows = x.extent(0), cols = x.extent(1);
+    std::vector<double> want(cols);
+    sampler pick;
+    double worst = 0;
+    for (int sample = 0; sample < 8; ++sample) {
+        std::size_t r = pick.below(rows);
+        exact(x.data() + r * cols, want.data());
+        for (std::size_t j = 0; j < cols; ++j) {
+            double e = std::abs(double(y.data()[r * cols + j]) - want[j]) / (relative ? want[j] : 1.0);
+            if (!(e <= worst)) worst = e;
+        }
+    }
+    return worst;
+}
+
+}  // namespace
+
+void bench_softmax(bench& s, std::size_t rows, std::size_t cols) {
+    std::string name = "softmax_" + std::to_string(rows) + "x" + std::to_string(cols);
+    if (!s.selected(name)) return;
+    ds::tensor<float, Row, Col> x(Row{rows}, Col{cols});  // (row, col)
+    ds::tensor<float, Row, Col> y(Row{rows}, Col{cols});  // (row, col)
+    ds::fill_normal(x, 7, 0.0, 2.0);
+    auto error = [&] {
+        return worst_row_error(x, y, true, [cols](const float* in, double* out) {
+            double top = *std::max_element(in, in + cols), sum = 0;
+            for (std::size_t j = 0; j < cols; ++j) sum += std::exp(double(in[j]) - top);
+            for (std::size_t j = 0; j < cols; ++j) out[j] = std::exp(double(in[j]) - top) / sum;
+        });
+    };
+    y.fill(std::numeric_limits<float>::quiet_NaN());
+    bench_streaming(s, name, 2.0 * double(x.size() * sizeof(float)), 1e-4, [&] { ds::assign(y, ds::softmax(x)); },
+                    error);
+}
+
+// layer_norm along rows of a transformer's widths.
+void bench_layer_norm(bench& s, std::size_t rows, std::size_t cols) {
+    std::string name = "layer_norm_" + std::to_string(rows) + "x" + std::to_string(cols);
+    if (!s.selected(name)) return;
+    ds::tensor<float, Row, Col> x(Row{rows}, Col{cols});  // (row, col)
+    ds::tensor<float, Row, Col> y(Row{rows}, Col{cols});  // (row, col)
+    ds::fill_normal(x, 11, 3.0, 2.0);
+    auto error = [&] {
+        return worst_row_error(x, y, false, [cols](const float* in, double* out) {
+            double mean = 0, variance = 0;
+            for (std::size_t j = 0; j < cols; ++j) mean += in[j];
+            mean /= double(cols);
+            for (std::size_t j = 0; j < cols; ++j) variance += (in[j] - mean) * (in[j] - mean);
+            variance /= double(cols);
+            for (std::size_t j = 0; j < cols; ++j) out[j] = (in[j] - mean) / std::sqrt(variance + 1e-5);
+        });
+    };
+    y.fill(std::numeric_limits<float>::quiet_NaN());
+    bench_streaming(s, name, 2.0 * double(x.size() * sizeof(float)), 1e-5, [&] { ds::assign(y, ds::layer_norm(x)); },
+                    error);
+}
+
+// A transformer-style epilogue: scale, bias, ReLU, residual.
+void bench_elementwise(bench& s, std::size_t rows, std::size_t cols) {
+    std::string name = "eltwise_" + std::to_string(rows) + "x" + std::to_string(cols);
+    if (!s.selected(name)) return;
+    ds::tensor<float, Row, Col> x(Row{rows}, Col{cols});  // (row, col)
+    ds::tensor<float, Col> bias(Col{cols});               // (col)
+    ds::tensor<float, Row, Col> r(Row{rows}, Col{cols});  // (row, col) the residual
+    ds::tensor<float, Row, Col> y(Row{rows}, Col{cols});  // (row, col)
+    ds::fill_uniform(x, 8);
+    ds::fill_uniform(bias, 9);
+    ds::fill_uniform(r, 10);
+    auto error = [&] {
+        sampler pick;
+        double worst = 0;
+        for (int sample = 0; sample < 256; ++sample) {
+            std::size_t i = pick.below(rows), j = pick.below(cols), at = i * cols + j;
+            double exact = std::max(double(x.data()[at]) * 0.5 + double(bias.data()[j]), 0.0) + double(r.data()[at]);
+            double e = std::abs(double(y.data()[at]) - exact);
+            if (!(e <= worst)) worst = e;
+        }
+        return worst;
+    };
+    y.fill(std::numeric_limits<float>::quiet_NaN());
+    double bytes = double((3 * x.size() + bias.size()) * sizeof(float));
+    bench_streaming(s, name, bytes, 1e-5, [&] { ds::assign(y, ds::max(x * 0.5f + bias, 0.0f) + r); }, error);
+}
+
+}  // namespace dimsum_bench
