@@ -5,7 +5,7 @@
 #include <xtensor/xstrided_view.hpp>
 #include <xtensor/xview.hpp>
 
-#include <dimsum/evaluation/reshape_strides.hpp>
+#include <dimsum/evaluation/layout.hpp>
 
 namespace ds = dimsum;
 
@@ -64,27 +64,27 @@ TEST_CASE("views of formulas and of strided views, copy-free where the layout al
 }
 
 TEST_CASE("the copy-free reshape test agrees with what a copy gives") {
-    namespace ref = dimsum::evaluation;
-    ref::extents_t extents{2, 3, 4};
-    ref::strides_array contiguous{12, 4, 1}, transposed{1, 2, 6}, padded{24, 8, 1};
+    namespace ev = dimsum::evaluation;
+    const ev::extents_t extents{2, 3, 4};
+    const ev::layout contiguous{3, extents, {12, 4, 1}}, transposed{3, extents, {1, 2, 6}}, padded{3, extents, {24, 8, 1}};
     // Merging the last two axes of a row-major array: copy-free.
-    auto merged = ref::reshape_strides(extents, contiguous, 3, {2, 12}, 2);
+    auto merged = ev::reshape(contiguous, 2, {2, 12});
     REQUIRE(merged);
-    REQUIRE((*merged)[0] == 12);
-    REQUIRE((*merged)[1] == 1);
+    REQUIRE(merged->strides[0] == 12);
+    REQUIRE(merged->strides[1] == 1);
     // Merging axes that are not laid out together: needs a copy.
-    REQUIRE(!ref::reshape_strides(extents, transposed, 3, {6, 4}, 2));
+    REQUIRE(!ev::reshape(transposed, 2, {6, 4}));
     // Padded rows still split and merge within a row.
-    auto within = ref::reshape_strides(extents, padded, 3, {2, 3, 2, 2}, 4);
+    auto within = ev::reshape(padded, 4, {2, 3, 2, 2});
     REQUIRE(within);
-    REQUIRE(*within == ref::strides_array{24, 8, 2, 1});
+    REQUIRE(within->strides == ev::strides_t{24, 8, 2, 1});
     // Rows padded to 8: merging the batch with the rows is free, a row with the padding is not.
-    auto rows = ref::reshape_strides(extents, padded, 3, {6, 4}, 2);
+    auto rows = ev::reshape(padded, 2, {6, 4});
     REQUIRE(rows);
-    REQUIRE((*rows)[0] == 8);
-    REQUIRE(!ref::reshape_strides(extents, padded, 3, {2, 12}, 2));
+    REQUIRE(rows->strides[0] == 8);
+    REQUIRE(!ev::reshape(padded, 2, {2, 12}));
     // Extents of 1 constrain nothing.
-    REQUIRE(ref::reshape_strides({1, 5}, {999, 3}, 2, {5, 1}, 2));
+    REQUIRE(ev::reshape(ev::layout{2, {1, 5}, {999, 3}}, 2, {5, 1}));
 }
 
 TEST_CASE("select takes one slice along a named axis") {

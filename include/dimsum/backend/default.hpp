@@ -7,6 +7,8 @@
 #include "dimsum/backend/reference/evaluator.hpp"
 #include "dimsum/evaluation/assign.hpp"
 
+#include <string>
+
 namespace dimsum {
 
 using default_backend = backend::cpu::evaluator;
@@ -27,6 +29,22 @@ template <operand E, class Backend>
 auto eval(E&& e, Backend backend) {
     if constexpr (is_invalid<E>) return invalid_expression{};
     else return evaluation::eval_with(backend, e);
+}
+
+// The plan the default backend follows to evaluate a formula, as text: which kernels it calls,
+// what fused into each, which operands are views, what temporaries it needs
+// (evaluation/explain.hpp). E.g. `std::cout << ds::explain(attention(q, k, v));`
+template <operand E>
+std::string explain(const E& e) {
+    if constexpr (is_invalid<E>) return std::string{};  // its error has been reported
+    else return default_backend{}.explain(e);
+}
+
+// The same for a backend of the caller's choice.
+template <operand E, class Backend>
+std::string explain(const E& e, const Backend& backend) {
+    if constexpr (is_invalid<E>) return std::string{};
+    else return backend.explain(e);
 }
 
 // `dst = formula` and ds::assign (tensor/tensor_view.hpp) evaluate on the default backend.

@@ -1,9 +1,9 @@
 #pragma once
-// Finds attention in a lowered program (reference/program.hpp): the steps of
+// Finds attention in a lowered program (program.hpp): the steps of
 //     matmul(softmax(f(matmul(Q, K^T))), V)        softmax along the keys,
 // where f, the score function, is any elementwise formula of the scores of the same shape.
-// The CPU executor then runs the fused kernel (attention.hpp), which never holds the
-// queries x keys matrix. Two parts of f are taken out for the kernel to do itself, however
+// The planner (plan.hpp) then makes it one `attention` entry, which a backend runs as a fused
+// kernel that never holds the queries x keys matrix. Two parts of f are taken out for the kernel to do itself, however
 // the user spells them:
 //   - a causal mask applied last, masked_fill(s, causal_mask(...), -infinity), so that the
 //     kernel can skip the tiles above the diagonal;
@@ -16,38 +16,35 @@
 #include <cstddef>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "dimsum/evaluation/program.hpp"
 
 namespace dimsum::evaluation {
 
-
-template <class T>
 struct attention_match {
     std::size_t scores = 0;          // the matmul(Q, K^T) step: operands Q and K^T
     std::size_t values = 0;          // V
     std::size_t score_function = 0;  // what is left of f, as a formula of `scores`; == scores if nothing
-    T scale = 1;
+    double scale = 1;                // the number the scores are multiplied by ...
+    bool divides = false;            // ... or divided by: computed as 1 / scale in the element type
     bool causal = false;
 };
 
 // Whether step s applies the elementwise function `op`.
-template <class T>
-bool applies(const step<T>& s, op_code op) {
+inline bool applies(const step& s, op_code op) {
     return s.kind == step_kind::elementwise && s.op == op;
 }
 
 // Whether step s can be the scores Q K^T of attention weights of `weights`' extents: a
 // matmul of those extents (not one that the score function broadcasts).
-template <class T>
-bool is_scores(const step<T>& s, const step<T>& weights) {
+inline bool is_scores(const step& s, const step& weights) {
     return s.kind == step_kind::matmul && s.rank == weights.rank && s.extents == weights.extents;
 }
 
 // The first scores (is_scores) inside the elementwise formula rooted at `id`.
-template <class T>
-std::optional<std::size_t> find_scores(const program<T>& steps, std::size_t id, const step<T>& weights) {
-    const step<T>& s = steps[id];
+inline std::optional<std::size_t> find_scores(const std::vector<step>& steps, std::size_t id, const step& weights) {
+    const step& s = steps[id];
     if (is_scores(s, weights)) return id;
     if (s.kind != step_kind::elementwise) return std::nullopt;
     for (std::size_t o = 0; o < s.operand_count; ++o) {
@@ -57,33 +54,32 @@ std::optional<std::size_t> find_scores(const program<T>& steps, std::size_t id, 
 }
 
 // The attention rooted at matmul step `id`, if it is one.
-template <class T>
-std::optional<attention_match<T>> match_attention(const program<T>& steps, std::size_t id) {
-    const step<T>& outer = steps[id];
+inline std::optional<attention_match> match_attention(const std::vector<step>& steps, std::size_t id) {
+    const step& outer = steps[id];
     if (outer.kind != step_kind::matmul || outer.rank < 2) return std::nullopt;
-    const step<T>& weights = steps[outer.operands[0]];
+    const step& weights = steps[outer.operands[0]];
     if (weights.kind != step_kind::softmax || weights.axis != weights.rank - 1 || weights.rank != outer.rank) {
         return std::nullopt;
     }
-    attention_match<T> match;
+    attention_match match;
     match.values = outer.operands[1];
     std::size_t f = weights.operands[0];
 
     // a causal mask applied last: where(causal_mask, -infinity, rest)
-    const step<T>& last = steps[f];
+    const step& last = steps[f];
     if (applies(last, op_code::where)) {
-        const step<T>& mask = steps[last.operands[0]];
-        const step<T>& fill = steps[last.operands[1]];
+        const step& mask = steps[last.operands[0]];
+        const step& fill = steps[last.operands[1]];
         const std::size_t r = weights.rank;
         if (mask.kind == step_kind::causal_mask && mask.extents[0] == weights.extents[r - 2] &&
             mask.extents[1] == weights.extents[r - 1] && fill.kind == step_kind::number &&
-            fill.number == -std::numeric_limits<T>::infinity()) {
+            fill.number == -std::numeric_limits<double>::infinity()) {
             match.causal = true;
             f = last.operands[2];
         }
     }
     // the scores, perhaps scaled by a number
-    const step<T>& rest = steps[f];
+    const step& rest = steps[f];
     auto number = [&](std::size_t operand) { return steps[rest.operands[operand]].kind == step_kind::number; };
     auto scores = [&](std::size_t operand) { return is_scores(steps[rest.operands[operand]], weights); };
     if (is_scores(rest, weights)) {
@@ -94,7 +90,8 @@ std::optional<attention_match<T>> match_attention(const program<T>& steps, std::
         match.scale = steps[rest.operands[1 - s]].number;
     } else if (applies(rest, op_code::divide) && scores(0) && number(1)) {
         match.scores = match.score_function = rest.operands[0];
-        match.scale = T(1) / steps[rest.operands[1]].number;
+        match.scale = steps[rest.operands[1]].number;
+        match.divides = true;
     } else if (auto found = find_scores(steps, f, weights); found && rest.kind == step_kind::elementwise) {
         match.scores = *found;
         match.score_function = f;
@@ -102,6 +99,16 @@ std::optional<attention_match<T>> match_attention(const program<T>& steps, std::
         return std::nullopt;
     }
     return match;  // the scores have the weights' rank, which is the outer product's
+}
+
+}  // namespace dimsum::evaluation
+
+namespace dimsum::evaluation {
+
+// The factor the scores are multiplied by, in the element type T.
+template <class T>
+T scale_of(const attention_match& match) {
+    return match.divides ? T(1) / static_cast<T>(match.scale) : static_cast<T>(match.scale);
 }
 
 }  // namespace dimsum::evaluation

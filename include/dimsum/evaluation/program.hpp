@@ -1,19 +1,49 @@
 #pragma once
-// A formula lowered to plain data: a tree of steps over one element type T, which the
-// interpreter (interpreter.hpp) evaluates. Lowering is the only part of the reference backend
-// compiled once per formula type, and it is small: everything that loops is compiled once
-// per element type. Booleans (masks) travel as T: 1 for true, 0 for false.
+// A formula lowered to plain data (lower.hpp): a tree of steps, each with its extents, its
+// element type and an op code, and no pointer to memory. A program's leaves are bindings,
+// operand slots that the caller fills with memory when the program runs, so a program does
+// not depend on where its tensors live (host or device). Every backend executes programs;
+// none sees a formula's type. Booleans (masks) travel as numbers: 1 for true, 0 for false.
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
-#include "dimsum/evaluation/strided.hpp"
 #include "dimsum/core/functors.hpp"
+#include "dimsum/evaluation/layout.hpp"
+#include "dimsum/shape/axis.hpp"
 
 namespace dimsum::evaluation {
 
 enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshape, select, matmul, softmax, layer_norm, sum, max, mean };
+
+// The element types a program can hold.
+enum class element_type : std::uint8_t { float32, float64 };
+
+template <class T>
+constexpr element_type element_type_of() {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "dimsum: evaluates float and double tensors");
+    return std::is_same_v<T, float> ? element_type::float32 : element_type::float64;
+}
+
+constexpr std::size_t size_of(element_type type) {
+    switch (type) {
+        case element_type::float32: return 4;
+        case element_type::float64: return 8;
+    }
+    return 0;
+}
+
+constexpr std::string_view name_of(element_type type) {
+    switch (type) {
+        case element_type::float32: return "float";
+        case element_type::float64: return "double";
+    }
+    return "";
+}
 
 inline constexpr std::size_t max_operands = 3;  // where(condition, a, b)
 
@@ -23,30 +53,88 @@ constexpr bool in_future(std::size_t query, std::size_t key, std::size_t queries
     return key + queries > query + keys;
 }
 
-// Whether a step's value is memory that exists already, seen through strides (a tensor, or a
+// Whether a step's value is memory that exists already, seen through a layout (a tensor, or a
 // view of another step's value), rather than an array that an executor computes.
 constexpr bool is_view(step_kind kind) {
     return kind == step_kind::tensor || kind == step_kind::permute || kind == step_kind::reshape ||
            kind == step_kind::select;
 }
 
-template <class T>
 struct step {
     step_kind kind;
+    element_type type = element_type::float32;     // what the value holds
+    element_type computes_in = element_type::float32;  // what arithmetic on it uses
     std::size_t rank = 0;
-    std::array<std::size_t, max_rank> extents{};  // of this step's value
+    extents_t extents{};                 // of this step's value
+    const axis_desc* axes = nullptr;     // their names (static storage), for explain()
     std::array<std::size_t, max_operands> operands{};
     std::size_t operand_count = 0;
 
-    strided<const T> tensor{};                // tensor: the user's memory
-    T number{};                               // number; layer_norm: epsilon
-    op_code op{};                             // elementwise: which function of the operands
-    std::array<std::size_t, max_rank> order{};  // permute: result axis i is operand axis order[i]
-    std::size_t axis = 0;                     // select, softmax, layer_norm, reductions
-    std::size_t index = 0;                    // select
+    std::size_t binding = 0;   // tensor: which of the program's bindings holds it
+    double number = 0;         // number (exact for float and double); layer_norm: epsilon
+    op_code op{};              // elementwise: which function of the operands
+    order_t order{};           // permute: result axis i is operand axis order[i]
+    std::size_t axis = 0;      // select, softmax, layer_norm, reductions
+    std::size_t index = 0;     // select
 };
 
-template <class T>
-using program = std::vector<step<T>>;
+struct program {
+    std::vector<step> steps;
+    std::size_t root = 0;           // the step whose value the program computes
+    std::size_t binding_count = 0;
+
+    void clear() {
+        steps.clear();
+        root = 0;
+        binding_count = 0;
+    }
+};
+
+// What fills a binding when a program runs: memory of an element type, seen through a layout.
+struct binding {
+    const void* data = nullptr;
+    element_type type = element_type::float32;
+    layout where{};
+};
+
+// The names of the step kinds and op codes, as explain() prints them.
+constexpr std::string_view name_of(step_kind kind) {
+    switch (kind) {
+        case step_kind::tensor: return "tensor";
+        case step_kind::number: return "number";
+        case step_kind::causal_mask: return "causal_mask";
+        case step_kind::elementwise: return "elementwise";
+        case step_kind::permute: return "transpose";
+        case step_kind::reshape: return "view";
+        case step_kind::select: return "select";
+        case step_kind::matmul: return "matmul";
+        case step_kind::softmax: return "softmax";
+        case step_kind::layer_norm: return "layer_norm";
+        case step_kind::sum: return "sum";
+        case step_kind::max: return "max";
+        case step_kind::mean: return "mean";
+    }
+    return "";
+}
+
+constexpr std::string_view name_of(op_code op) {
+    switch (op) {
+        case op_code::add: return fn::add::name;
+        case op_code::subtract: return fn::subtract::name;
+        case op_code::multiply: return fn::multiply::name;
+        case op_code::divide: return fn::divide::name;
+        case op_code::negate: return fn::negate::name;
+        case op_code::exp: return fn::exp::name;
+        case op_code::log: return fn::log::name;
+        case op_code::sqrt: return fn::sqrt::name;
+        case op_code::tanh: return fn::tanh::name;
+        case op_code::abs: return fn::abs::name;
+        case op_code::erf: return fn::erf::name;
+        case op_code::maximum: return fn::maximum::name;
+        case op_code::minimum: return fn::minimum::name;
+        case op_code::where: return fn::where::name;
+    }
+    return "";
+}
 
 }  // namespace dimsum::evaluation

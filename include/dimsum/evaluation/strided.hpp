@@ -1,18 +1,18 @@
 #pragma once
-// What the reference kernels see of a tensor: a pointer, extents and strides, with the rank
-// known only at run time. Kernels written over it are compiled once per element type, not
-// once per formula, which keeps formulas quick to compile.
+// What kernels see of a tensor: a pointer, extents and strides, with the rank known only at
+// run time. Kernels written over it are compiled once per element type, not once per formula,
+// which keeps formulas quick to compile. A strided array is a layout (layout.hpp) placed at an
+// address.
 
 #include <array>
 #include <cstddef>
 #include <stdexcept>
 
 #include "dimsum/core/next_index.hpp"
+#include "dimsum/evaluation/layout.hpp"
 #include "dimsum/tensor/tensor_view.hpp"
 
 namespace dimsum::evaluation {
-
-inline constexpr std::size_t max_rank = 8;
 
 template <class T>
 struct strided {
@@ -44,17 +44,22 @@ strided<T> to_strided(const tensor_view<T, A...>& v) {
     return s;
 }
 
-// The same elements read as `rank` axes: missing leading axes and axes of extent 1 get
-// stride 0, so that any index along them reads the one element there (broadcasting).
+// The layout of s, offsets counted from s.data.
 template <class T>
-strided<T> broadcast_to_rank(strided<T> s, std::size_t rank) {
-    strided<T> out{s.data, rank, {}, {}};
-    std::size_t lead = rank - s.rank;
-    for (std::size_t i = 0; i < rank; ++i) {
-        out.extents[i] = i < lead ? 1 : s.extents[i - lead];
-        out.strides[i] = i < lead || out.extents[i] == 1 ? 0 : s.strides[i - lead];
-    }
-    return out;
+layout layout_of(const strided<T>& s) {
+    return {s.rank, s.extents, s.strides, 0};
+}
+
+// Layout l at address `base`.
+template <class T>
+strided<T> strided_at(T* base, const layout& l) {
+    return {base + l.offset, l.rank, l.extents, l.strides};
+}
+
+// The same elements read as `rank` axes (layout.hpp's broadcast).
+template <class T>
+strided<T> broadcast_to_rank(const strided<T>& s, std::size_t rank) {
+    return strided_at(s.data, broadcast(layout_of(s), rank));
 }
 
 // Calls f(index) for every index of `extents` (the first `rank`) in row-major order.

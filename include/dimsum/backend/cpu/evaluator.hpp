@@ -1,34 +1,29 @@
 #pragma once
 // The CPU backend: SIMD kernels run in parallel with OpenMP.
 //
-// run(formula, destination) lowers the formula to a program of plain steps
-// (evaluation/lower.hpp), as the reference backend does, then runs each step with a fast kernel:
-//   matmul(softmax(f(matmul(Q, K^T))), V)
-//                             -> fused attention (attention.hpp), found by evaluation/attention_pattern.hpp;
-//                                unless the evaluator is made with fuse_attention = false;
-//   matmul                    -> gemm (gemm.hpp), and when the matmul sits inside an
-//                                elementwise formula of its own shape, that formula becomes the
-//                                GEMM's epilogue, applied to each block of C while it is in cache;
-//   softmax, layer_norm,
-//   sum, max, mean            -> the line kernels (rowwise.hpp);
-//   elementwise steps         -> one fused pass (fused.hpp) over the result, whose inputs are
-//                                tensors, views of them, and the values of the steps above;
-//   permute, reshape, select  -> new strides over their operand's value, no copy where the
-//                                layout allows.
-// Values that must exist in memory live in this thread's temporaries (workspace.hpp), kept
-// from one evaluation to the next, so a formula evaluated in a loop allocates nothing after
-// its first evaluation.
+// run(formula, destination) lowers the formula (evaluation/lower.hpp), plans it
+// (evaluation/plan.hpp) and maps each entry of the plan to a kernel:
+//   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C;
+//   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
+//                 a fused pass over each tile of scores;
+//   fused, copy -> one fused elementwise pass (fused.hpp);
+//   rowwise    -> the line kernels (rowwise.hpp);
+//   mask       -> a loop.
+// The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
+// one evaluation to the next, so a formula evaluated in a loop allocates nothing after its
+// first evaluation.
 
 #include <array>
 #include <cstddef>
-#include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
-#include "dimsum/evaluation/attention_pattern.hpp"
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/evaluation/explain.hpp"
 #include "dimsum/evaluation/lower.hpp"
-#include "dimsum/evaluation/step_values.hpp"
+#include "dimsum/evaluation/plan.hpp"
 
 // The kernels' definitions, unless they come compiled from dimsum::kernels (kernels.hpp).
 #ifndef DIMSUM_PRECOMPILED_KERNELS
@@ -41,7 +36,9 @@
 
 namespace dimsum::backend::cpu {
 
-using evaluation::program;
+using evaluation::entry;
+using evaluation::entry_kind;
+using evaluation::no_step;
 using evaluation::step;
 using evaluation::step_kind;
 
@@ -63,79 +60,89 @@ void collect_blocks(const E& e, block_table<T>& table) {
 }
 
 // Everything one evaluation needs, kept per thread and element type so that it is allocated
-// once: the lowered program, the values of its steps, and the temporaries that hold them.
+// once: the program, its bindings, its plan, and the executor's own tables.
 template <class T>
-struct plan {
-    program<T> steps;
+struct state {
+    evaluation::program program;
+    std::vector<evaluation::binding> bindings;
+    evaluation::plan plan;
     block_table<T> blocks{};
-    std::vector<strided<const T>> values;
-    std::vector<char> computed;
-    std::vector<std::size_t> leaves;
+    std::vector<T*> temporaries;  // the plan's, in this evaluation's memory
     fused_program<T> fused;
     std::size_t in_place_input = 0;  // which of fused.inputs reads the destination (or the scores tile)
-    bool fuse_attention = true;
 
-    static plan& of_this_thread() {
-        thread_local plan p;
-        return p;
+    static state& of_this_thread() {
+        thread_local state s;
+        return s;
     }
 };
 
+// Runs a plan: each entry by its kernel.
 template <class T>
-class executor : public evaluation::step_values<T, executor<T>> {
-    using values = evaluation::step_values<T, executor<T>>;
-    friend values;
-    using values::fresh;
-    using values::value;
-
+class executor {
 public:
-    explicit executor(plan<T>& p) : values(p.steps, p.values, p.computed), p_(p) {}
+    executor(state<T>& s, const strided<T>& destination) : s_(s), steps_(s.program.steps), destination_(destination) {}
 
-    // Writes the value of step `id` into dst, which has that step's extents.
-    void write(std::size_t id, const strided<T>& dst) {
-        const step<T>& s = p_.steps[id];
-        switch (s.kind) {
-            case step_kind::matmul:
-                if (auto match = attention_at(id)) return attend(*match, dst);
-                return multiply(id, dst, nullptr);
-            case step_kind::softmax: return cpu::softmax<T>(value(s.operands[0]), dst, s.axis);
-            case step_kind::layer_norm: return cpu::layer_norm<T>(value(s.operands[0]), dst, s.axis, s.number);
-            case step_kind::sum: return cpu::reduce<fn::sum, T>(value(s.operands[0]), dst, s.axis);
-            case step_kind::max: return cpu::reduce<fn::max, T>(value(s.operands[0]), dst, s.axis);
-            case step_kind::mean: return cpu::reduce<fn::mean, T>(value(s.operands[0]), dst, s.axis);
-            case step_kind::causal_mask: return causal_mask(s, dst);
-            case step_kind::permute:
-                // A permutation of a value still to be computed (attention's heads, merged back
-                // into rows): computed straight into dst seen through the inverse permutation,
-                // rather than into a temporary that is then copied.
-                if (!evaluation::is_view(p_.steps[s.operands[0]].kind)) return write(s.operands[0], unpermuted(s, dst));
-                return write_fused(id, dst);
-            case step_kind::tensor: case step_kind::number: case step_kind::elementwise: case step_kind::reshape:
-            case step_kind::select:
-                return write_fused(id, dst);  // a fused pass, or a copy of a view
+    void run() {
+        for (const evaluation::binding& b : s_.bindings) {
+            if (b.type != evaluation::element_type_of<T>()) throw std::logic_error("dimsum: a program mixes element types");
         }
+        s_.temporaries.clear();
+        for (std::size_t size : s_.plan.temporaries) s_.temporaries.push_back(thread_temporaries().template allocate<T>(size));
+        for (const entry& e : s_.plan.entries) run(e);
     }
 
 private:
-    std::optional<evaluation::attention_match<T>> attention_at(std::size_t id) const {
-        if (!p_.fuse_attention) return std::nullopt;
-        return evaluation::match_attention(p_.steps, id);
-    }
-
-    // dst, which has the permute step s's axes, seen with its operand's axes.
-    static strided<T> unpermuted(const step<T>& s, const strided<T>& dst) {
-        strided<T> inner = dst;
-        for (std::size_t i = 0; i < s.rank; ++i) {
-            inner.extents[s.order[i]] = dst.extents[i];
-            inner.strides[s.order[i]] = dst.strides[i];
+    void run(const entry& e) {
+        const step& s = steps_[e.step];
+        const strided<T> dst = at(e.out);
+        switch (e.kind) {
+            case entry_kind::gemm: return multiply(e, dst);
+            case entry_kind::attention: return attend(e, dst);
+            case entry_kind::fused: case entry_kind::copy:
+                s_.fused.clear();
+                add_nodes(e.step, no_step, dst);
+                return run_fused<T>(s_.fused, dst, true);
+            case entry_kind::rowwise: return rowwise(s, dst);
+            case entry_kind::mask: return causal_mask(s, dst);
         }
-        return inner;
     }
 
-    // Memory for a step's value: this evaluation's temporaries.
-    T* allocate(std::size_t count) { return thread_temporaries().template allocate<T>(count); }
+    // The memory of a place: the destination's or a temporary's (writable), or a binding's.
+    strided<T> at(const evaluation::place& p) const {
+        switch (p.memory) {
+            case evaluation::memory_kind::destination: return evaluation::strided_at(destination_.data, p.where);
+            case evaluation::memory_kind::temporary: return evaluation::strided_at(s_.temporaries[p.index], p.where);
+            case evaluation::memory_kind::binding: break;  // read only: value() reads it
+        }
+        throw std::logic_error("dimsum: a plan writes to a tensor it reads");
+    }
+    // The value of step `id`, which the plan has placed.
+    strided<const T> value(std::size_t id) const {
+        const evaluation::place& p = s_.plan.values[id];
+        if (p.memory == evaluation::memory_kind::binding) {
+            return evaluation::strided_at(static_cast<const T*>(s_.bindings[p.index].data), p.where);
+        }
+        const strided<T> m = at(p);
+        return {m.data, m.rank, m.extents, m.strides};
+    }
 
-    static void causal_mask(const step<T>& s, const strided<T>& dst) {
+    void rowwise(const step& s, const strided<T>& dst) const {
+        const strided<const T> x = value(s.operands[0]);
+        switch (s.kind) {
+            case step_kind::softmax: return cpu::softmax<T>(x, dst, s.axis);
+            case step_kind::layer_norm: return cpu::layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number));
+            case step_kind::sum: return cpu::reduce<fn::sum, T>(x, dst, s.axis);
+            case step_kind::max: return cpu::reduce<fn::max, T>(x, dst, s.axis);
+            case step_kind::mean: return cpu::reduce<fn::mean, T>(x, dst, s.axis);
+            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
+            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::matmul:
+                break;
+        }
+        throw std::logic_error("dimsum: a rowwise entry of another step");
+    }
+
+    static void causal_mask(const step& s, const strided<T>& dst) {
         for (std::size_t q = 0; q < s.extents[0]; ++q) {
             for (std::size_t k = 0; k < s.extents[1]; ++k) {
                 auto at = static_cast<std::ptrdiff_t>(q) * dst.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.strides[1];
@@ -144,64 +151,28 @@ private:
         }
     }
 
-    // The steps an elementwise formula rooted at `id` reads as inputs, in evaluation order.
-    void find_leaves(std::size_t id, std::vector<std::size_t>& leaves) const {
-        const step<T>& s = p_.steps[id];
-        if (s.kind == step_kind::elementwise) {
-            for (std::size_t o = 0; o < s.operand_count; ++o) find_leaves(s.operands[o], leaves);
-        } else if (s.kind != step_kind::number) {
-            leaves.push_back(id);
-        }
-    }
-
-    // Appends the fused nodes of step `id` to p_.fused; returns the index of its node. The
+    // Appends the fused nodes of step `id` to s_.fused; returns the index of its node. The
     // step `in_place`, if any, reads the destination itself (the GEMM epilogue's C).
     std::size_t add_nodes(std::size_t id, std::size_t in_place, const strided<T>& dst) {
-        const step<T>& s = p_.steps[id];
+        const step& s = steps_[id];
         fused_node<T> node;
         if (s.kind == step_kind::elementwise) {
             node.what = fused_node<T>::kind::function;
-            node.function = p_.blocks[std::size_t(s.op)];
+            node.function = s_.blocks[std::size_t(s.op)];
             node.operand_count = s.operand_count;
             for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_nodes(s.operands[o], in_place, dst);
         } else if (s.kind == step_kind::number) {
             node.what = fused_node<T>::kind::constant;
-            node.value = s.number;
+            node.value = static_cast<T>(s.number);
         } else {
             node.what = fused_node<T>::kind::input;
-            node.input = p_.fused.inputs.size();
-            if (id == in_place) p_.in_place_input = node.input;
+            node.input = s_.fused.inputs.size();
+            if (id == in_place) s_.in_place_input = node.input;
             strided<const T> v = id == in_place ? strided<const T>{dst.data, dst.rank, dst.extents, dst.strides} : value(id);
-            p_.fused.inputs.push_back(evaluation::broadcast_to_rank(v, dst.rank));
+            s_.fused.inputs.push_back(evaluation::broadcast_to_rank(v, dst.rank));
         }
-        p_.fused.nodes.push_back(node);
-        return p_.fused.nodes.size() - 1;
-    }
-
-    // An elementwise formula (or a view, copied): one fused pass, or the epilogue of a matmul.
-    void write_fused(std::size_t id, const strided<T>& dst) {
-        // pass 1: the inputs' values, which may need kernels of their own
-        std::size_t first_leaf = p_.leaves.size();
-        find_leaves(id, p_.leaves);
-        std::size_t in_place = p_.steps.size();  // none
-        for (std::size_t i = first_leaf; i < p_.leaves.size(); ++i) {
-            std::size_t leaf = p_.leaves[i];
-            const step<T>& s = p_.steps[leaf];
-            if (in_place == p_.steps.size() && s.kind == step_kind::matmul && s.rank == dst.rank && s.rank >= 2 &&
-                s.extents == dst.extents && leaf != id && !attention_at(leaf)) {
-                in_place = leaf;  // computed straight into dst, the rest of the formula its epilogue
-                value(s.operands[0]);
-                value(s.operands[1]);
-            } else {
-                value(leaf);
-            }
-        }
-        p_.leaves.resize(first_leaf);
-        // pass 2: the fused program (nothing below recurses, so p_.fused is free)
-        p_.fused.clear();
-        add_nodes(id, in_place, dst);
-        if (in_place == p_.steps.size()) run_fused<T>(p_.fused, dst, true);
-        else multiply(in_place, dst, &p_.fused);
+        s_.fused.nodes.push_back(node);
+        return s_.fused.nodes.size() - 1;
     }
 
     struct epilogue_context {
@@ -299,9 +270,10 @@ private:
         return batch;
     }
 
-    // dst = the attention `match` describes (attention_pattern.hpp), by the fused kernel.
-    void attend(const evaluation::attention_match<T>& match, const strided<T>& dst) {
-        const step<T>& scores = p_.steps[match.scores];
+    // dst = the attention the entry describes (evaluation/attention_pattern.hpp), by the fused kernel.
+    void attend(const entry& e, const strided<T>& dst) {
+        const evaluation::attention_match& match = e.attention;
+        const step& scores = steps_[match.scores];
         const std::size_t r = dst.rank;
         strided<const T> q = evaluation::broadcast_to_rank(value(scores.operands[0]), r);   // (..., queries, d)
         strided<const T> kt = evaluation::broadcast_to_rank(value(scores.operands[1]), r);  // (..., d, keys)
@@ -312,20 +284,13 @@ private:
         problem.v = last_two_axes(v);
         problem.o = last_two_axes(dst);
         problem.batch = leading_axes(dst, q, kt, v, dst);
-        problem.scale = match.scale;
+        problem.scale = evaluation::scale_of<T>(match);
         problem.causal = match.causal;
-        score_context context{&p_.fused, 0, {nullptr, r, scores.extents, {}}};
-        if (match.score_function != match.scores) {
-            // the rest of the score function: its inputs' values first, then its program
-            std::size_t first_leaf = p_.leaves.size();
-            find_leaves(match.score_function, p_.leaves);
-            for (std::size_t i = first_leaf; i < p_.leaves.size(); ++i) {
-                if (p_.leaves[i] != match.scores) value(p_.leaves[i]);
-            }
-            p_.leaves.resize(first_leaf);
-            p_.fused.clear();
+        score_context context{&s_.fused, 0, {nullptr, r, scores.extents, {}}};
+        if (match.score_function != match.scores) {  // the rest of the score function, on each tile
+            s_.fused.clear();
             add_nodes(match.score_function, match.scores, context.scores);
-            context.tile_input = p_.in_place_input;
+            context.tile_input = s_.in_place_input;
             problem.scores = {&apply_score_function, &reserve_score_function, &context};
         }
         attention<T>(problem);
@@ -371,24 +336,30 @@ private:
         }
     }
 
-    // dst = the matmul step `id`, then `epilogue` (a fused program reading dst) over it.
-    void multiply(std::size_t id, const strided<T>& destination, fused_program<T>* epilogue) {
-        const step<T>& s = p_.steps[id];
+    // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
+    void multiply(const entry& e, const strided<T>& destination) {
+        const step& s = steps_[e.step];
         strided<const T> a = evaluation::broadcast_to_rank(value(s.operands[0]), s.rank);
         strided<const T> b = evaluation::broadcast_to_rank(value(s.operands[1]), s.rank);
         strided<T> dst = destination;
-        fold_batch_into_rows(a, b, dst, epilogue ? &epilogue->inputs : nullptr);
+        if (e.epilogue != no_step) {
+            s_.fused.clear();
+            add_nodes(e.epilogue, e.step, dst);
+        }
+        fold_batch_into_rows(a, b, dst, e.epilogue != no_step ? &s_.fused.inputs : nullptr);
         gemm_problem<T> problem;
         problem.a = last_two_axes(a);
         problem.b = last_two_axes(b);
         problem.c = last_two_axes(dst);
         problem.batch = leading_axes(dst, a, b, dst);
-        if (!epilogue) return gemm<T>(problem);
-        epilogue_context context{epilogue, dst};
+        if (e.epilogue == no_step) return gemm<T>(problem);
+        epilogue_context context{&s_.fused, dst};
         gemm<T>(problem, gemm_epilogue{&apply_epilogue, &reserve_epilogue, &context});
     }
 
-    plan<T>& p_;
+    state<T>& s_;
+    const std::vector<step>& steps_;
+    strided<T> destination_;
 };
 
 }  // namespace detail
@@ -398,22 +369,30 @@ public:
     // Whether attention formulas run fused (attention.hpp) or step by step, as written.
     bool fuse_attention = true;
 
+    evaluation::planner_options planning() const { return {fuse_attention, true}; }
+
     // Writes the value of e into dst, a view of e's shape that e does not read.
     template <class E, class T, class... A>
     void run(const E& e, const tensor_view<T, A...>& dst) {
-        auto& p = detail::plan<T>::of_this_thread();
-        p.fuse_attention = fuse_attention;
+        auto& s = detail::state<T>::of_this_thread();
         temporaries& memory = thread_temporaries();
         try {
-            p.steps.clear();
-            std::size_t root = evaluation::lower<T>(e, p.steps);
-            detail::collect_blocks<T>(e, p.blocks);
-            detail::executor<T>(p).write(root, evaluation::to_strided(dst));
+            const strided<T> destination = evaluation::to_strided(dst);
+            evaluation::lower<T>(e, s.program, s.bindings);
+            evaluation::make_plan(s.program, s.bindings, evaluation::layout_of(destination), planning(), s.plan);
+            detail::collect_blocks<T>(e, s.blocks);
+            detail::executor<T>(s, destination).run();
         } catch (...) {
             memory.abandon();  // the thread as it was before, whatever failed
             throw;
         }
         memory.finish();
+    }
+
+    // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).
+    template <class E>
+    std::string explain(const E& e) const {
+        return evaluation::explain_formula(e, planning(), "cpu");
     }
 };
 

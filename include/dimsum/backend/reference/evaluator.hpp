@@ -2,23 +2,40 @@
 // The reference backend: obviously correct, the oracle every fast backend is tested against.
 // It stays in the tree.
 //
-// run(formula, destination) lowers the formula to a program (evaluation/lower.hpp), a tree
-// of steps over plain data, and interprets it (interpreter.hpp) with plain loops that
-// accumulate in double (long double for double tensors).
+// run(formula, destination) lowers the formula (evaluation/lower.hpp), plans it without
+// fusion (evaluation/plan.hpp: every matmul, softmax and elementwise pass its own entry) and
+// runs the plan with plain loops that accumulate in double (long double for double tensors).
+
+#include <string>
+#include <vector>
 
 #include "dimsum/backend/reference/interpreter.hpp"
+#include "dimsum/evaluation/explain.hpp"
 #include "dimsum/evaluation/lower.hpp"
+#include "dimsum/evaluation/plan.hpp"
 
 namespace dimsum::backend::reference {
 
 class evaluator {
 public:
+    static constexpr evaluation::planner_options planning{false, false};
+
     // Writes the value of e into dst, a view of e's shape that e does not read.
     template <class E, class T, class... A>
     void run(const E& e, const tensor_view<T, A...>& dst) {
-        program<T> steps;
-        std::size_t root = evaluation::lower<T>(e, steps);
-        interpreter<T>(steps).write(root, to_strided(dst));
+        evaluation::program program;
+        std::vector<evaluation::binding> bindings;
+        evaluation::plan plan;
+        const strided<T> destination = to_strided(dst);
+        evaluation::lower<T>(e, program, bindings);
+        evaluation::make_plan(program, bindings, evaluation::layout_of(destination), planning, plan);
+        interpreter<T>(program, bindings, plan, destination).run();
+    }
+
+    // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).
+    template <class E>
+    std::string explain(const E& e) const {
+        return evaluation::explain_formula(e, planning, "reference");
     }
 };
 

@@ -1,81 +1,86 @@
 #pragma once
-// Evaluates a lowered formula (program.hpp) with plain loops. A step's value is either read
-// element by element (tensors, numbers, masks, elementwise steps) or materialised once into
-// a strided array (matmul, softmax, layer_norm, reductions; permute, reshape and select, which only
-// change strides where the layout allows).
+// Runs a plan (evaluation/plan.hpp) made without fusion, with plain loops: each gemm,
+// rowwise and mask entry by a reference kernel (kernels.hpp), each fused or copy entry
+// element by element, reading the formula's steps.
 
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "dimsum/backend/reference/kernels.hpp"
+#include "dimsum/evaluation/plan.hpp"
 #include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
-#include "dimsum/evaluation/step_values.hpp"
 
 namespace dimsum::backend::reference {
 
+using evaluation::entry;
+using evaluation::entry_kind;
 using evaluation::in_future;
 using evaluation::max_operands;
-using evaluation::program;
 using evaluation::step;
 using evaluation::step_kind;
-using evaluation::step_values;
-
-
-namespace detail {
-// The interpreter's own storage for its steps' values, constructed before step_values uses it.
-template <class T>
-struct value_storage {
-    std::vector<strided<const T>> values;
-    std::vector<char> computed;
-    std::vector<std::unique_ptr<T[]>> buffers;
-};
-}  // namespace detail
 
 template <class T>
-class interpreter : private detail::value_storage<T>, public step_values<T, interpreter<T>> {
-    using storage = detail::value_storage<T>;
-    using values = step_values<T, interpreter<T>>;
-    friend values;
-    using values::fresh;
-    using values::steps_;
-    using values::value;
-
+class interpreter {
 public:
-    explicit interpreter(const program<T>& steps) : values(steps, storage::values, storage::computed) {}
+    interpreter(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
+                const evaluation::plan& pl, const strided<T>& destination)
+        : steps_(p.steps), bindings_(bindings), plan_(pl), destination_(destination) {}
 
-    // Writes the value of step `id` into dst, which has that step's extents.
-    void write(std::size_t id, strided<T> dst) {
-        const step<T>& s = steps_[id];
-        switch (s.kind) {
-            case step_kind::matmul: {
-                strided<const T> a = broadcast_to_rank(value(s.operands[0]), s.rank);
-                strided<const T> b = broadcast_to_rank(value(s.operands[1]), s.rank);
-                matmul<T>(a, b, dst);
-                return;
-            }
-            case step_kind::softmax: softmax<T>(value(s.operands[0]), dst, s.axis); return;
-            case step_kind::layer_norm: layer_norm<T>(value(s.operands[0]), dst, s.axis, s.number); return;
-            case step_kind::sum: reduce<fn::sum, T>(value(s.operands[0]), dst, s.axis); return;
-            case step_kind::max: reduce<fn::max, T>(value(s.operands[0]), dst, s.axis); return;
-            case step_kind::mean: reduce<fn::mean, T>(value(s.operands[0]), dst, s.axis); return;
-            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
-            case step_kind::permute: case step_kind::reshape: case step_kind::select:
-                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = read(id, index); });
-                return;
+    void run() {
+        for (const evaluation::binding& b : bindings_) {
+            if (b.type != evaluation::element_type_of<T>()) throw std::logic_error("dimsum: a program mixes element types");
         }
+        for (std::size_t size : plan_.temporaries) temporaries_.emplace_back(new T[size]());
+        for (const entry& e : plan_.entries) run(e);
     }
 
 private:
-    // The element of step `id` at `index` (that step's rank).
-    T read(std::size_t id, const std::size_t* index) {
-        const step<T>& s = steps_[id];
+    void run(const entry& e) {
+        if (e.kind == entry_kind::attention || e.epilogue != evaluation::no_step) {
+            throw std::logic_error("dimsum: the reference backend runs plans without fusion");
+        }
+        const step& s = steps_[e.step];
+        const strided<T> dst = at(e.out);
+        switch (e.kind) {
+            case entry_kind::gemm:
+                return matmul<T>(broadcast_to_rank(value(s.operands[0]), s.rank),
+                                 broadcast_to_rank(value(s.operands[1]), s.rank), dst);
+            case entry_kind::rowwise: return rowwise(s, dst);
+            case entry_kind::mask:
+                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
+                    dst.at(index) = in_future(index[0], index[1], s.extents[0], s.extents[1]) ? T(1) : T(0);
+                });
+                return;
+            case entry_kind::fused: case entry_kind::copy:
+                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = read(e.step, index); });
+                return;
+            case entry_kind::attention: return;  // refused above
+        }
+    }
+
+    void rowwise(const step& s, const strided<T>& dst) const {
+        const strided<const T> x = value(s.operands[0]);
         switch (s.kind) {
-            case step_kind::number: return s.number;
-            case step_kind::causal_mask: {
-                std::size_t q = s.extents[0] == 1 ? 0 : index[0], k = s.extents[1] == 1 ? 0 : index[1];
-                return in_future(q, k, s.extents[0], s.extents[1]) ? T(1) : T(0);
-            }
+            case step_kind::softmax: return softmax<T>(x, dst, s.axis);
+            case step_kind::layer_norm: return layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number));
+            case step_kind::sum: return reduce<fn::sum, T>(x, dst, s.axis);
+            case step_kind::max: return reduce<fn::max, T>(x, dst, s.axis);
+            case step_kind::mean: return reduce<fn::mean, T>(x, dst, s.axis);
+            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
+            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::matmul:
+                break;
+        }
+        throw std::logic_error("dimsum: a rowwise entry of another step");
+    }
+
+    // The element of step `id` at `index` (that step's rank): numbers and elementwise steps
+    // computed here, every other step read from the value the plan placed.
+    T read(std::size_t id, const std::size_t* index) const {
+        const step& s = steps_[id];
+        switch (s.kind) {
+            case step_kind::number: return static_cast<T>(s.number);
             case step_kind::elementwise: {
                 T arguments[max_operands];
                 for (std::size_t i = 0; i < s.operand_count; ++i) {
@@ -83,28 +88,44 @@ private:
                 }
                 return fn::evaluate(s.op, arguments);
             }
-            case step_kind::tensor: case step_kind::permute: case step_kind::reshape: case step_kind::select:
-            case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
-            case step_kind::max: case step_kind::mean:
+            case step_kind::tensor: case step_kind::causal_mask: case step_kind::permute: case step_kind::reshape:
+            case step_kind::select: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
+            case step_kind::sum: case step_kind::max: case step_kind::mean:
                 return value(id).at(index);
         }
         __builtin_unreachable();  // every kind is handled above
     }
 
     // The index into an operand broadcast to step s: right-aligned, 0 along extents of 1.
-    static std::array<std::size_t, max_rank> broadcast_index(const step<T>& s, const step<T>& operand,
-                                                             const std::size_t* index) {
+    static std::array<std::size_t, max_rank> broadcast_index(const step& s, const step& operand, const std::size_t* index) {
         std::array<std::size_t, max_rank> at{};
         std::size_t lead = s.rank - operand.rank;
         for (std::size_t i = 0; i < operand.rank; ++i) at[i] = operand.extents[i] == 1 ? 0 : index[lead + i];
         return at;
     }
 
-    // A new array, owned by the interpreter until it is done.
-    T* allocate(std::size_t count) {
-        storage::buffers.emplace_back(new T[count]());
-        return storage::buffers.back().get();
+    strided<T> at(const evaluation::place& p) const {
+        switch (p.memory) {
+            case evaluation::memory_kind::destination: return evaluation::strided_at(destination_.data, p.where);
+            case evaluation::memory_kind::temporary: return evaluation::strided_at(temporaries_[p.index].get(), p.where);
+            case evaluation::memory_kind::binding: break;
+        }
+        throw std::logic_error("dimsum: a plan writes to a tensor it reads");
     }
+    strided<const T> value(std::size_t id) const {
+        const evaluation::place& p = plan_.values[id];
+        if (p.memory == evaluation::memory_kind::binding) {
+            return evaluation::strided_at(static_cast<const T*>(bindings_[p.index].data), p.where);
+        }
+        const strided<T> m = at(p);
+        return {m.data, m.rank, m.extents, m.strides};
+    }
+
+    const std::vector<step>& steps_;
+    const std::vector<evaluation::binding>& bindings_;
+    const evaluation::plan& plan_;
+    strided<T> destination_;
+    std::vector<std::unique_ptr<T[]>> temporaries_;
 };
 
 }  // namespace dimsum::backend::reference

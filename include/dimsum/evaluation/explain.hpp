@@ -1,0 +1,240 @@
+#pragma once
+// A plan as text, one line per entry, in the spirit of Halide's print_loop_nest: what each
+// kernel call computes and writes, which nodes fused into it, which operands are views that
+// cost no copy, and the temporaries. `ds::explain(formula)` (backend/default.hpp) prints the
+// plan of the default backend; each evaluator has explain(formula) for its own.
+//
+//   in0, in1, ...  the formula's tensors, in the order they appear in it;
+//   t0, t1, ...    temporaries the plan allocates;
+//   out            the destination.
+// An operand written `transpose(view(t0))` is t0 read through new strides: no copy.
+
+#include <cstddef>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dimsum/evaluation/lower.hpp"
+#include "dimsum/evaluation/plan.hpp"
+
+namespace dimsum::evaluation {
+
+namespace explaining {
+
+class printer {
+public:
+    printer(const program& p, const plan& pl) : steps_(p.steps), plan_(pl), number_(pl.temporaries.size(), no_step) {
+        // temporaries numbered in the order entries write them
+        std::size_t next = 0;
+        for (const entry& e : plan_.entries) {
+            if (e.out.memory == memory_kind::temporary && number_[e.out.index] == no_step) number_[e.out.index] = next++;
+        }
+        for (std::size_t& n : number_) n = n == no_step ? next++ : n;
+    }
+
+    std::string text(std::string_view backend) {
+        const std::size_t size = size_of(steps_.empty() ? element_type::float32 : steps_[0].type);
+        std::size_t bytes = 0;
+        for (std::size_t count : plan_.temporaries) bytes += count * size;
+        out_ << backend << " plan, " << name_of(steps_.empty() ? element_type::float32 : steps_[0].type) << ": "
+             << plan_.entries.size() << (plan_.entries.size() == 1 ? " entry, " : " entries, ") << plan_.temporaries.size()
+             << (plan_.temporaries.size() == 1 ? " temporary" : " temporaries");
+        if (!plan_.temporaries.empty()) out_ << " (" << human_bytes(bytes) << ")";
+        out_ << '\n';
+        for (std::size_t i = 0; i < plan_.entries.size(); ++i) write_entry(i + 1, plan_.entries[i]);
+        for (std::size_t b = 0, id = 0; id < steps_.size(); ++id) {  // bindings are numbered as first read
+            if (steps_[id].kind != step_kind::tensor || steps_[id].binding != b) continue;
+            out_ << "  in" << b++ << ' ';
+            shape(steps_[id]);
+            out_ << '\n';
+        }
+        std::vector<std::size_t> by_number(number_.size());
+        for (std::size_t t = 0; t < number_.size(); ++t) by_number[number_[t]] = t;
+        for (std::size_t n = 0; n < by_number.size(); ++n) {
+            const std::size_t count = plan_.temporaries[by_number[n]];
+            out_ << "  t" << n << ' ' << count << " elements, " << human_bytes(count * size) << '\n';
+        }
+        return out_.str();
+    }
+
+private:
+    static std::string human_bytes(std::size_t bytes) {
+        std::ostringstream s;
+        s.precision(1);
+        s << std::fixed;
+        if (bytes < 1024) s << bytes << " B";
+        else if (bytes < 1024 * 1024) s << bytes / 1024.0 << " KiB";
+        else s << bytes / (1024.0 * 1024.0) << " MiB";
+        return s.str();
+    }
+
+    void shape(const step& s) {
+        out_ << '(';
+        for (std::size_t i = 0; i < s.rank; ++i) {
+            out_ << (i ? ", " : "");
+            if (s.axes && !s.axes[i].name.empty()) out_ << s.axes[i].name << '=';
+            out_ << s.extents[i];
+        }
+        out_ << ')';
+    }
+
+    void memory(const place& p) {
+        switch (p.memory) {
+            case memory_kind::destination: out_ << "out"; return;
+            case memory_kind::temporary: out_ << 't' << number_[p.index]; return;
+            case memory_kind::binding: out_ << "in" << p.index; return;
+        }
+    }
+
+    // Step id as an entry reads it: a value another entry computed, a view of one, or an
+    // elementwise formula computed in the entry itself. `product` prints as `inner`: the
+    // entry's own product or scores.
+    void operand(std::size_t id, std::size_t product = no_step, std::string_view inner = {}) {
+        const step& s = steps_[id];
+        if (id == product) {
+            out_ << inner;
+            return;
+        }
+        if (plan_.placed[id] && !is_view(s.kind)) return memory(plan_.values[id]);
+        formula(id, product, inner);
+    }
+
+    // Step id's own node, its operands as operand() prints them.
+    void formula(std::size_t id, std::size_t product = no_step, std::string_view inner = {}) {
+        const step& s = steps_[id];
+        switch (s.kind) {
+            case step_kind::tensor: out_ << "in" << s.binding; return;
+            case step_kind::number: out_ << s.number; return;
+            case step_kind::elementwise:
+                out_ << name_of(s.op) << '(';
+                for (std::size_t o = 0; o < s.operand_count; ++o) {
+                    out_ << (o ? ", " : "");
+                    operand(s.operands[o], product, inner);
+                }
+                out_ << ')';
+                return;
+            case step_kind::permute: case step_kind::reshape: case step_kind::select: {
+                const std::size_t from = s.operands[0];
+                const bool copied = plan_.placed[id] && plan_.values[id].memory == memory_kind::temporary &&
+                                    (!plan_.placed[from] || plan_.values[from].memory != memory_kind::temporary ||
+                                     plan_.values[from].index != plan_.values[id].index);
+                out_ << name_of(s.kind) << '(';
+                if (copied) memory(plan_.values[id]);  // over a row-major copy of the operand
+                else operand(from, product, inner);
+                if (s.kind == step_kind::select) out_ << ", " << s.index;
+                out_ << ')';
+                return;
+            }
+            case step_kind::causal_mask: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
+            case step_kind::sum: case step_kind::max: case step_kind::mean:
+                out_ << name_of(s.kind);  // computed by an entry of its own
+                return;
+        }
+    }
+
+    void write_entry(std::size_t number, const entry& e) {
+        const step& s = steps_[e.epilogue != no_step ? e.epilogue : e.step];
+        const step& own = steps_[e.step];
+        out_ << "  " << number << ". ";
+        std::string kind;
+        switch (e.kind) {
+            case entry_kind::gemm: kind = "gemm"; break;
+            case entry_kind::attention: kind = "attention"; break;
+            case entry_kind::fused: kind = "fused"; break;
+            case entry_kind::copy: kind = "copy"; break;
+            case entry_kind::rowwise: kind = "rowwise"; break;
+            case entry_kind::mask: kind = "mask"; break;
+        }
+        out_ << kind << std::string(kind.size() < 11 ? 11 - kind.size() : 1, ' ');
+        memory(e.out);
+        out_ << ' ';
+        shape(s);
+        if (!(e.out.where == row_major(e.out.where.rank, e.out.where.extents))) out_ << " (strided)";
+        out_ << " = ";
+        switch (e.kind) {
+            case entry_kind::gemm:
+                if (e.epilogue == no_step) {
+                    product(own);
+                } else {
+                    std::ostringstream inner;
+                    std::swap(inner, out_);
+                    product(own);
+                    std::swap(inner, out_);
+                    formula(e.epilogue, e.step, inner.str());
+                    out_ << "  [epilogue fused]";
+                }
+                break;
+            case entry_kind::attention: attention(e); break;
+            case entry_kind::fused: case entry_kind::copy: formula(e.step); break;
+            case entry_kind::rowwise:
+                out_ << name_of(own.kind) << '<' << axis_name(steps_[own.operands[0]], own.axis) << ">(";
+                operand(own.operands[0]);
+                out_ << ')';
+                break;
+            case entry_kind::mask: out_ << "causal_mask"; break;
+        }
+        out_ << '\n';
+    }
+
+    std::string axis_name(const step& s, std::size_t axis) const {
+        if (s.axes && !s.axes[axis].name.empty()) return std::string(s.axes[axis].name);
+        return "axis " + std::to_string(axis);
+    }
+
+    void product(const step& matmul) {
+        out_ << "matmul(";
+        operand(matmul.operands[0]);
+        out_ << ", ";
+        operand(matmul.operands[1]);
+        out_ << ')';
+    }
+
+    void attention(const entry& e) {
+        const attention_match& m = e.attention;
+        const step& scores = steps_[m.scores];
+        out_ << "softmax(";
+        std::ostringstream inner;
+        std::swap(inner, out_);
+        out_ << "matmul(";
+        operand(scores.operands[0]);
+        out_ << ", ";
+        operand(scores.operands[1]);
+        out_ << ')';
+        std::swap(inner, out_);
+        if (m.score_function != m.scores) formula(m.score_function, m.scores, inner.str());
+        else out_ << inner.str();
+        if (m.scale != 1 || m.divides) out_ << (m.divides ? " / " : " * ") << m.scale;
+        if (m.causal) out_ << ", causal";
+        out_ << ") x ";
+        operand(m.values);
+        out_ << "  [fused: no (queries, keys) matrix" << (m.causal ? ", tiles above the diagonal skipped" : "") << ']';
+    }
+
+    const std::vector<step>& steps_;
+    const plan& plan_;
+    std::vector<std::size_t> number_;  // each temporary's number in the text
+    std::ostringstream out_;
+};
+
+}  // namespace explaining
+
+// The plan as text (see the top of this file).
+inline std::string explain(const program& p, const plan& pl, std::string_view backend) {
+    return explaining::printer(p, pl).text(backend);
+}
+
+// The plan of formula e for a new tensor of its shape, made with `options`.
+template <class E>
+std::string explain_formula(const E& e, planner_options options, std::string_view backend) {
+    using T = value_type_of<E>;
+    program p;
+    std::vector<binding> bindings;
+    lower<T>(e, p, bindings);
+    const step& root = p.steps[p.root];
+    plan pl;
+    make_plan(p, bindings, row_major(root.rank, root.extents), options, pl);
+    return explain(p, pl, backend);
+}
+
+}  // namespace dimsum::evaluation

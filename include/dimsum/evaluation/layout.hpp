@@ -1,0 +1,188 @@
+#pragma once
+// Where an array's elements lie, without the memory: extents, strides and the offset of the
+// first element, counted in elements. Every change of view that evaluation makes (permute,
+// select, reshape, broadcast, fold, tile) is a function from layout to layout here, so that a
+// plan (plan.hpp) can say where every value lives before any memory exists, and a backend adds
+// its own base pointer (host or device) when it runs. Everything is constexpr over plain
+// arrays, so that device code can call it (nvcc's --expt-relaxed-constexpr).
+//
+// The laws these functions keep are tested in tests/unit/test_layout.cpp: a permutation then
+// its inverse is the identity; coalesce keeps the offset of every index; a reshape of a
+// row-major layout is the row-major layout of the new extents.
+
+#include <array>
+#include <cstddef>
+#include <optional>
+
+namespace dimsum::evaluation {
+
+inline constexpr std::size_t max_rank = 8;
+
+using extents_t = std::array<std::size_t, max_rank>;
+using strides_t = std::array<std::ptrdiff_t, max_rank>;
+using order_t = std::array<std::size_t, max_rank>;  // a permutation: result axis i is axis order[i]
+
+struct layout {
+    std::size_t rank = 0;
+    extents_t extents{};
+    strides_t strides{};
+    std::ptrdiff_t offset = 0;  // of element (0, ..., 0)
+
+    constexpr std::size_t size() const {
+        std::size_t n = 1;
+        for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
+        return n;
+    }
+    constexpr std::ptrdiff_t at(const std::size_t* index) const {
+        std::ptrdiff_t o = offset;
+        for (std::size_t i = 0; i < rank; ++i) o += static_cast<std::ptrdiff_t>(index[i]) * strides[i];
+        return o;
+    }
+    friend constexpr bool operator==(const layout&, const layout&) = default;
+};
+
+// The last axis varies fastest, with stride 1.
+constexpr layout row_major(std::size_t rank, const extents_t& extents) {
+    layout l{rank, extents, {}, 0};
+    std::ptrdiff_t stride = 1;
+    for (std::size_t i = rank; i-- > 0;) {
+        l.strides[i] = stride;
+        stride *= static_cast<std::ptrdiff_t>(extents[i]);
+    }
+    return l;
+}
+
+// Result axis i is axis order[i] of l.
+constexpr layout permute(const layout& l, const order_t& order) {
+    layout p = l;
+    for (std::size_t i = 0; i < l.rank; ++i) {
+        p.extents[i] = l.extents[order[i]];
+        p.strides[i] = l.strides[order[i]];
+    }
+    return p;
+}
+
+// The inverse: l is the permuted layout, the result has the axes as they were before `order`.
+constexpr layout unpermute(const layout& l, const order_t& order) {
+    layout p = l;
+    for (std::size_t i = 0; i < l.rank; ++i) {
+        p.extents[order[i]] = l.extents[i];
+        p.strides[order[i]] = l.strides[i];
+    }
+    return p;
+}
+
+// The elements at `index` along `axis`: one axis fewer.
+constexpr layout select(const layout& l, std::size_t axis, std::size_t index) {
+    layout s = l;
+    s.offset += static_cast<std::ptrdiff_t>(index) * l.strides[axis];
+    s.rank = l.rank - 1;
+    for (std::size_t i = axis; i < s.rank; ++i) {
+        s.extents[i] = l.extents[i + 1];
+        s.strides[i] = l.strides[i + 1];
+    }
+    s.extents[s.rank] = 0;
+    s.strides[s.rank] = 0;
+    return s;
+}
+
+// The same elements read as `rank` axes, right-aligned: missing leading axes and axes of
+// extent 1 get stride 0, so that any index along them reads the one element there.
+constexpr layout broadcast(const layout& l, std::size_t rank) {
+    layout b{rank, {}, {}, l.offset};
+    const std::size_t lead = rank - l.rank;
+    for (std::size_t i = 0; i < rank; ++i) {
+        b.extents[i] = i < lead ? 1 : l.extents[i - lead];
+        b.strides[i] = i < lead || b.extents[i] == 1 ? 0 : l.strides[i - lead];
+    }
+    return b;
+}
+
+// Whether axis `axis` and the next one are one axis: stepping off the end of the inner one
+// lands where the next step of the outer one does (or the outer one has extent 1).
+constexpr bool continues(const layout& l, std::size_t axis) {
+    return l.extents[axis] == 1 || l.strides[axis] == l.strides[axis + 1] * static_cast<std::ptrdiff_t>(l.extents[axis + 1]);
+}
+
+// Axis `axis` merged into the next one, whose extent becomes the product; requires
+// continues(l, axis). One axis fewer, the same offset for every index.
+constexpr layout fold(const layout& l, std::size_t axis) {
+    layout f = l;
+    const std::size_t extent = l.extents[axis] * l.extents[axis + 1];
+    for (std::size_t i = axis; i + 1 < l.rank; ++i) {
+        f.extents[i] = l.extents[i + 1];
+        f.strides[i] = l.strides[i + 1];
+    }
+    f.rank = l.rank - 1;
+    f.extents[axis] = extent;
+    f.extents[f.rank] = 0;
+    f.strides[f.rank] = 0;
+    return f;
+}
+
+// The fewest axes that reach the same offsets in the same order: axes of extent 1 dropped and
+// axes that continue one another folded. An empty layout stays as it is.
+constexpr layout coalesce(const layout& l) {
+    if (l.size() == 0) return l;
+    layout c{0, {}, {}, l.offset};
+    for (std::size_t i = 0; i < l.rank; ++i) {
+        if (l.extents[i] == 1) continue;
+        c.extents[c.rank] = l.extents[i];
+        c.strides[c.rank] = l.strides[i];
+        ++c.rank;
+        if (c.rank >= 2 && continues(c, c.rank - 2)) c = fold(c, c.rank - 2);
+    }
+    return c;
+}
+
+// The box of l from `first`, of `extents`.
+constexpr layout tile(const layout& l, const extents_t& first, const extents_t& extents) {
+    layout t = l;
+    for (std::size_t i = 0; i < l.rank; ++i) {
+        t.offset += static_cast<std::ptrdiff_t>(first[i]) * l.strides[i];
+        t.extents[i] = extents[i];
+    }
+    return t;
+}
+
+// l with `rank` new extents and no copy, if its strides allow it: the test NumPy makes before
+// a reshape. Axes of extent 1 constrain nothing; every group of old axes that merges or splits
+// must continue one another. An empty l takes any extents of size 0.
+constexpr std::optional<layout> reshape(const layout& l, std::size_t rank, const extents_t& extents) {
+    layout r{rank, extents, {}, l.offset};
+    if (l.size() == 0) {  // no element to place: any strides do, the row-major ones read best
+        r = row_major(rank, extents);
+        r.offset = l.offset;
+        if (r.size() != 0) return std::nullopt;
+        return r;
+    }
+    const layout old = coalesce(l);  // no extents of 1; as few axes as possible
+    std::size_t oi = 0, ni = 0;
+    while (ni < rank && oi < old.rank) {
+        // grow a group on each side until both hold the same number of elements
+        std::size_t oj = oi + 1, nj = ni + 1;
+        std::size_t old_count = old.extents[oi], new_count = extents[ni];
+        while (old_count != new_count) {
+            if (new_count < old_count) {
+                if (nj == rank) return std::nullopt;
+                new_count *= extents[nj++];
+            } else {
+                if (oj == old.rank) return std::nullopt;
+                old_count *= old.extents[oj++];
+            }
+        }
+        if (oj != oi + 1) return std::nullopt;  // coalesced axes that still do not continue
+        r.strides[nj - 1] = old.strides[oi];
+        for (std::size_t k = nj - 1; k > ni; --k) r.strides[k - 1] = r.strides[k] * static_cast<std::ptrdiff_t>(extents[k]);
+        ni = nj;
+        oi = oj;
+    }
+    for (; ni < rank; ++ni) {  // what remains on the new side must be extents of 1
+        if (extents[ni] != 1) return std::nullopt;
+        r.strides[ni] = 1;  // any stride does; 1 is the row-major one
+    }
+    if (oi != old.rank) return std::nullopt;
+    return r;
+}
+
+}  // namespace dimsum::evaluation

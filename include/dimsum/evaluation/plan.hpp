@@ -1,0 +1,267 @@
+#pragma once
+// The planner: a lowered program (program.hpp) becomes a plan, the list of kernel calls a
+// backend makes, in order, and the temporaries they need. Every decision about how a formula
+// runs is made here, once, for every backend:
+//   matmul(softmax(f(matmul(Q, K^T))), V)  -> one `attention` entry (attention_pattern.hpp);
+//   a matmul inside an elementwise formula of its own shape
+//                                          -> one `gemm` entry whose epilogue is that formula,
+//                                             applied to each block of the product in cache;
+//   any other matmul                       -> a `gemm` entry;
+//   softmax, layer_norm, sum, max, mean    -> a `rowwise` entry;
+//   an elementwise formula                 -> one `fused` pass over its result, whose inputs
+//                                             are tensors, views and other entries' values;
+//   a view written to memory               -> a `copy`;
+//   permute, reshape, select               -> no entry: a new layout of their operand's value,
+//                                             unless a reshape needs the operand row-major
+//                                             first (a `copy` into a temporary);
+//   a permutation of a value still to be computed
+//                                          -> the value is computed straight into the
+//                                             destination seen through the inverse permutation.
+// A plan holds no pointer: each value is a place (a binding, a temporary or the destination,
+// and a layout in it), so that an executor can run it on any memory of the same layouts.
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "dimsum/evaluation/attention_pattern.hpp"
+#include "dimsum/evaluation/layout.hpp"
+#include "dimsum/evaluation/program.hpp"
+
+namespace dimsum::evaluation {
+
+inline constexpr std::size_t no_step = std::numeric_limits<std::size_t>::max();
+
+// Where a value lives: memory, and the value's layout in it.
+enum class memory_kind : std::uint8_t { binding, temporary, destination };
+struct place {
+    memory_kind memory = memory_kind::destination;
+    std::size_t index = 0;  // which binding or temporary
+    layout where{};
+};
+
+enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, mask };
+
+struct entry {
+    entry_kind kind;
+    // gemm, attention: the matmul step; fused, copy: the root of the pass; rowwise, mask: the step
+    std::size_t step = 0;
+    place out{};  // what the entry writes: the value of `step`, or of `epilogue` if there is one
+    std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
+    attention_match attention{};     // attention: what the matcher found
+};
+
+struct plan {
+    std::vector<entry> entries;
+    std::vector<std::size_t> temporaries;  // their sizes, in elements of the program's type
+    std::vector<place> values;             // of each step whose value some entry reads
+    std::vector<char> placed;              // whether values[step] is set
+    std::vector<std::size_t> leaves;       // the planner's scratch, kept for its capacity
+
+    void clear() {
+        entries.clear();
+        temporaries.clear();
+        values.clear();
+        placed.clear();
+        leaves.clear();
+    }
+};
+
+struct planner_options {
+    bool fuse_attention = true;  // attention as one entry (else matmul, softmax, matmul)
+    bool fuse_epilogues = true;  // elementwise formulas of a product into its gemm
+};
+
+// The layout of view step s (permute, select, reshape) of a value laid out as `from`, if the
+// layout can express it (a reshape may need a row-major copy first).
+inline std::optional<layout> view_layout(const step& s, const layout& from) {
+    switch (s.kind) {
+        case step_kind::permute: return permute(from, s.order);
+        case step_kind::select: return select(from, s.axis, s.index);
+        case step_kind::reshape: return reshape(from, s.rank, s.extents);
+        case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
+        case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
+        case step_kind::max: case step_kind::mean:
+            break;  // not views
+    }
+    return std::nullopt;
+}
+
+class planner {
+public:
+    // `bindings` give the layouts of the program's tensors, `destination` that of the memory
+    // its value goes to; no memory is read.
+    planner(const program& p, const std::vector<binding>& bindings, const layout& destination, planner_options options,
+            plan& out)
+        : steps_(p.steps), bindings_(bindings), options_(options), plan_(out) {
+        plan_.clear();
+        plan_.values.resize(steps_.size());
+        plan_.placed.assign(steps_.size(), 0);
+        write(p.root, {memory_kind::destination, 0, destination});
+    }
+
+private:
+    // The place of step id's value, planning the entries that compute it the first time.
+    const place& value(std::size_t id) {
+        if (!plan_.placed[id]) {
+            place p = compute(id);
+            plan_.values[id] = p;
+            plan_.placed[id] = 1;
+        }
+        return plan_.values[id];
+    }
+
+    place compute(std::size_t id) {
+        const step& s = steps_[id];
+        switch (s.kind) {
+            case step_kind::tensor: return {memory_kind::binding, s.binding, bindings_[s.binding].where};
+            case step_kind::permute: case step_kind::select: case step_kind::reshape: {
+                if (s.kind == step_kind::reshape && copy_is_certain(s)) {  // computed into the copy at once
+                    const step& operand = steps_[s.operands[0]];
+                    place copy = temporary(operand.rank, operand.extents);
+                    write(s.operands[0], copy);
+                    return {copy.memory, copy.index, *view_layout(s, copy.where)};
+                }
+                const place from = value(s.operands[0]);
+                if (auto view = view_layout(s, from.where)) return {from.memory, from.index, *view};
+                // a reshape that the layout cannot express: a row-major copy of the operand first
+                place copy = temporary(from.where.rank, from.where.extents);
+                write(s.operands[0], copy);
+                return {copy.memory, copy.index, *view_layout(s, copy.where)};
+            }
+            case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise: case step_kind::matmul:
+            case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
+            case step_kind::mean: {  // an array that entries compute
+                place array = temporary(s.rank, s.extents);
+                write(id, array);
+                return array;
+            }
+        }
+        __builtin_unreachable();  // every kind is handled above
+    }
+
+    place temporary(std::size_t rank, const extents_t& extents) {
+        place t{memory_kind::temporary, plan_.temporaries.size(), row_major(rank, extents)};
+        plan_.temporaries.push_back(t.where.size());
+        return t;
+    }
+
+    void add(entry_kind kind, std::size_t step, const place& out, std::size_t epilogue = no_step,
+             const attention_match& attention = {}) {
+        plan_.entries.push_back({kind, step, out, epilogue, attention});
+    }
+
+    // Plans the entries that write the value of step `id` into `dst` (of that step's extents).
+    void write(std::size_t id, const place& dst) {
+        const step& s = steps_[id];
+        switch (s.kind) {
+            case step_kind::matmul:
+                if (auto match = attention_at(id)) return attend(id, *match, dst);
+                value(s.operands[0]);
+                value(s.operands[1]);
+                return add(entry_kind::gemm, id, dst);
+            case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
+            case step_kind::mean:
+                value(s.operands[0]);
+                return add(entry_kind::rowwise, id, dst);
+            case step_kind::causal_mask: return add(entry_kind::mask, id, dst);
+            case step_kind::permute:
+                // A permutation of a value still to be computed (attention's heads, merged back
+                // into rows): computed straight into dst seen through the inverse permutation,
+                // rather than into a temporary that is then copied.
+                if (!is_view(steps_[s.operands[0]].kind)) {
+                    return write(s.operands[0], {dst.memory, dst.index, unpermute(dst.where, s.order)});
+                }
+                return write_fused(id, dst);
+            case step_kind::tensor: case step_kind::number: case step_kind::elementwise: case step_kind::reshape:
+            case step_kind::select:
+                return write_fused(id, dst);  // a fused pass, or a copy of a view
+        }
+    }
+
+    std::optional<attention_match> attention_at(std::size_t id) const {
+        if (!options_.fuse_attention) return std::nullopt;
+        return match_attention(steps_, id);
+    }
+
+    // The steps an elementwise formula rooted at `id` reads as inputs, in evaluation order,
+    // appended to plan_.leaves.
+    void find_leaves(std::size_t id) {
+        const step& s = steps_[id];
+        if (s.kind == step_kind::elementwise) {
+            for (std::size_t o = 0; o < s.operand_count; ++o) find_leaves(s.operands[o]);
+        } else if (s.kind != step_kind::number) {
+            plan_.leaves.push_back(id);
+        }
+    }
+
+    // An elementwise formula (or a view, copied): one fused pass, or the epilogue of a matmul
+    // that is computed straight into dst.
+    void write_fused(std::size_t id, const place& dst) {
+        const std::size_t first_leaf = plan_.leaves.size();
+        find_leaves(id);
+        std::size_t product = no_step;
+        for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
+            const std::size_t leaf = plan_.leaves[i];
+            const step& s = steps_[leaf];
+            if (options_.fuse_epilogues && product == no_step && s.kind == step_kind::matmul && s.rank >= 2 &&
+                s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id && !attention_at(leaf)) {
+                product = leaf;
+                value(s.operands[0]);
+                value(s.operands[1]);
+            } else {
+                value(leaf);
+            }
+        }
+        plan_.leaves.resize(first_leaf);
+        if (product != no_step) return add(entry_kind::gemm, product, dst, id);
+        add(steps_[id].kind == step_kind::elementwise ? entry_kind::fused : entry_kind::copy, id, dst);
+    }
+
+    // The fused attention: Q, K^T, V and the inputs of the rest of the score function first.
+    void attend(std::size_t id, const attention_match& match, const place& dst) {
+        const step& scores = steps_[match.scores];
+        value(scores.operands[0]);
+        value(scores.operands[1]);
+        value(match.values);
+        if (match.score_function != match.scores) {
+            const std::size_t first_leaf = plan_.leaves.size();
+            find_leaves(match.score_function);
+            for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
+                if (plan_.leaves[i] != match.scores) value(plan_.leaves[i]);
+            }
+            plan_.leaves.resize(first_leaf);
+        }
+        add(entry_kind::attention, id, dst, no_step, match);
+    }
+
+    // Whether reshape step s will need its operand copied into row-major order, known before
+    // the operand exists: when the operand is a permutation of a value still to be computed
+    // (row-major in its own axes), such as attention's heads merged back into rows. The
+    // operand is then computed straight into the copy, with no temporary between.
+    bool copy_is_certain(const step& s) const {
+        const step& permutation = steps_[s.operands[0]];
+        if (permutation.kind != step_kind::permute || plan_.placed[s.operands[0]] || plan_.placed[permutation.operands[0]]) {
+            return false;
+        }
+        const step& inner = steps_[permutation.operands[0]];
+        if (is_view(inner.kind)) return false;  // its layout is not row-major
+        const layout permuted = permute(row_major(inner.rank, inner.extents), permutation.order);
+        return permuted.size() != 0 && !reshape(permuted, s.rank, s.extents);
+    }
+
+    const std::vector<step>& steps_;
+    const std::vector<binding>& bindings_;
+    planner_options options_;
+    plan& plan_;
+};
+
+// The plan of program p over memory of these layouts, into `out` (cleared first).
+inline void make_plan(const program& p, const std::vector<binding>& bindings, const layout& destination,
+                      planner_options options, plan& out) {
+    planner(p, bindings, destination, options, out);
+}
+
+}  // namespace dimsum::evaluation

@@ -1,0 +1,249 @@
+// The planner (evaluation/plan.hpp) and the attention matcher (evaluation/attention_pattern.hpp)
+// on small formulas: which entries a formula becomes, what the matcher takes out of the score
+// function, and what it must refuse. And explain()'s text for the README's attention.
+#include "support.hpp"
+
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "multi_head_attention.hpp"
+
+namespace {
+
+namespace ds = dimsum;
+namespace ev = dimsum::evaluation;
+
+using Batch = ds::axis<"batch">;
+using Query = ds::axis<"query">;
+using Key = ds::axis<"key">;
+using Head = ds::axis<"head", 4>;
+using Model = ds::axis<"model", 6>;
+
+constexpr float infinity = std::numeric_limits<float>::infinity();
+
+struct planned {
+    ev::program program;
+    std::vector<ev::binding> bindings;
+    ev::plan plan;
+
+    std::vector<ev::entry_kind> kinds() const {
+        std::vector<ev::entry_kind> k;
+        for (const ev::entry& e : plan.entries) k.push_back(e.kind);
+        return k;
+    }
+};
+
+template <class E>
+planned plan_of(const E& e, ev::planner_options options = {}) {
+    planned p;
+    ev::lower<float>(e, p.program, p.bindings);
+    const ev::step& root = p.program.steps[p.program.root];
+    ev::make_plan(p.program, p.bindings, ev::row_major(root.rank, root.extents), options, p.plan);
+    return p;
+}
+
+// What the matcher finds at the formula's root.
+template <class E>
+std::optional<ev::attention_match> match_of(const E& e) {
+    planned p = plan_of(e);
+    return ev::match_attention(p.program.steps, p.program.root);
+}
+
+struct qkv {
+    ds::tensor<float, Batch, Query, Head> q{Batch{2}, Query{5}};
+    ds::tensor<float, Batch, Key, Head> k{Batch{2}, Key{7}};
+    ds::tensor<float, Batch, Key, Head> v{Batch{2}, Key{7}};
+    ds::tensor<float, Query, Key> mask{Query{5}, Key{7}};
+
+    auto scores() const { return ds::matmul(q, ds::transpose(k)); }
+    auto causal() const { return ds::causal_mask(Query{5}, Key{7}); }
+};
+
+using kinds = std::vector<ev::entry_kind>;
+
+}  // namespace
+
+TEST_CASE("the matcher takes the scale out however it is written") {
+    qkv t;
+    auto times = match_of(ds::matmul(ds::softmax(t.scores() * 0.5f), t.v));
+    REQUIRE(times);
+    CHECK(times->scale == 0.5);
+    CHECK(!times->divides);
+    CHECK(times->score_function == times->scores);
+    CHECK(!times->causal);
+
+    auto before = match_of(ds::matmul(ds::softmax(0.5f * t.scores()), t.v));
+    REQUIRE(before);
+    CHECK(before->scale == 0.5);
+    CHECK(before->score_function == before->scores);
+
+    auto divided = match_of(ds::matmul(ds::softmax(t.scores() / 8.0f), t.v));
+    REQUIRE(divided);
+    CHECK(divided->scale == 8.0);
+    CHECK(divided->divides);
+    CHECK(ev::scale_of<float>(*divided) == 0.125f);
+
+    auto plain = match_of(ds::matmul(ds::softmax(t.scores()), t.v));
+    REQUIRE(plain);
+    CHECK(plain->scale == 1.0);
+    CHECK(plain->score_function == plain->scores);
+}
+
+TEST_CASE("the matcher takes a causal mask applied last, and only then") {
+    qkv t;
+    auto last = match_of(ds::matmul(ds::softmax(ds::masked_fill(t.scores() * 0.5f, t.causal(), -infinity)), t.v));
+    REQUIRE(last);
+    CHECK(last->causal);
+    CHECK(last->scale == 0.5);
+    CHECK(last->score_function == last->scores);
+
+    // masked first, then scaled: the kernel cannot skip tiles for it, so the mask stays in the score function
+    auto not_last = match_of(ds::matmul(ds::softmax(ds::masked_fill(t.scores(), t.causal(), -infinity) * 0.5f), t.v));
+    REQUIRE(not_last);
+    CHECK(!not_last->causal);
+    CHECK(not_last->score_function != not_last->scores);
+
+    // a causal mask that fills with another number is an ordinary score function
+    auto finite = match_of(ds::matmul(ds::softmax(ds::masked_fill(t.scores(), t.causal(), -1e4f)), t.v));
+    REQUIRE(finite);
+    CHECK(!finite->causal);
+    CHECK(finite->score_function != finite->scores);
+}
+
+TEST_CASE("additive and padding masks stay in the score function") {
+    qkv t;
+    auto additive = match_of(ds::matmul(ds::softmax(t.scores() * 0.5f + t.mask), t.v));
+    REQUIRE(additive);
+    CHECK(additive->score_function != additive->scores);
+    CHECK(additive->scale == 1.0);  // the scale is part of the score function here
+
+    // a padding mask: 0 for the keys that count, -infinity for the padding, the same for every query
+    ds::tensor<float, Key> padding(Key{7});
+    auto padded = match_of(ds::matmul(ds::softmax(t.scores() / 2.0f + padding), t.v));
+    REQUIRE(padded);
+    CHECK(!padded->causal);
+    CHECK(padded->score_function != padded->scores);
+}
+
+TEST_CASE("formulas that are not attention do not match") {
+    qkv t;
+    // softmax along the queries, not the keys
+    CHECK(!match_of(ds::matmul(ds::softmax<Query>(t.scores()), t.v)));
+    // no product of queries and keys inside the softmax
+    CHECK(!match_of(ds::matmul(ds::softmax(t.mask), t.v)));
+    // scores that the score function broadcasts to a larger shape
+    ds::tensor<float, ds::axis<"extra", 3>, Batch, Query, Key> bias(Batch{2}, Query{5}, Key{7});
+    CHECK(!match_of(ds::matmul(ds::softmax(t.scores() + bias), t.v)));
+    // a plain product
+    CHECK(!match_of(ds::matmul(t.q, ds::transpose(t.k))));
+}
+
+TEST_CASE("the planner fuses what it can and says where each value lives") {
+    qkv t;
+    ds::tensor<float, Head, Model> w;
+    ds::tensor<float, Model> bias;
+    ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
+
+    // a product with a bias and an activation: one gemm, the rest its epilogue
+    auto projected = plan_of(ds::tanh(ds::matmul(t.q, w) + bias));
+    CHECK(projected.kinds() == kinds{ev::entry_kind::gemm});
+    CHECK(projected.plan.entries[0].epilogue == projected.program.root);
+    CHECK(projected.plan.temporaries.empty());
+    // without fusion (the reference backend's plan), the product gets a temporary
+    auto unfused = plan_of(ds::tanh(ds::matmul(t.q, w) + bias), {false, false});
+    CHECK(unfused.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::fused});
+    CHECK(unfused.plan.temporaries.size() == 1);
+
+    // elementwise: one pass; a transpose written out: a copy; views of tensors: no entry at all
+    CHECK(plan_of(ds::exp(y) * 2.0f + y).kinds() == kinds{ev::entry_kind::fused});
+    CHECK(plan_of(ds::transpose<Query, Batch>(y)).kinds() == kinds{ev::entry_kind::copy});
+    auto view = plan_of(ds::matmul(ds::transpose(t.k), t.v));
+    CHECK(view.kinds() == kinds{ev::entry_kind::gemm});
+    CHECK(view.plan.temporaries.empty());
+
+    // attention: one entry, no (query, key) temporary; unfused: matmul, softmax, matmul
+    auto attention = plan_of(ds::matmul(ds::softmax(t.scores() * 0.5f), t.v));
+    CHECK(attention.kinds() == kinds{ev::entry_kind::attention});
+    CHECK(attention.plan.temporaries.empty());
+    auto steps = plan_of(ds::matmul(ds::softmax(t.scores() * 0.5f), t.v), {false, true});
+    CHECK(steps.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::rowwise, ev::entry_kind::gemm});
+
+    // a softmax: one rowwise entry straight into the destination
+    auto softmax = plan_of(ds::softmax(y));
+    CHECK(softmax.kinds() == kinds{ev::entry_kind::rowwise});
+    CHECK(softmax.plan.entries[0].out.memory == ev::memory_kind::destination);
+}
+
+TEST_CASE("a reshape the layout cannot express is planned as one copy") {
+    using Flat = ds::axis<"flat">;
+    ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
+    // (query, batch, model) of a (batch, query, model) tensor, flattened: one copy into a temporary
+    auto flattened = plan_of(ds::view<Flat>(ds::transpose<Query, Batch>(y)) + 1.0f);
+    CHECK(flattened.kinds() == kinds{ev::entry_kind::copy, ev::entry_kind::fused});
+    REQUIRE(flattened.plan.temporaries.size() == 1);
+    CHECK(flattened.plan.temporaries[0] == 60);
+
+    // a product's heads merged back into rows: the product is written through the inverse
+    // permutation into the copy, so there is no copy entry at all
+    ds::tensor<float, Batch, Key, Head> a(Batch{2}, Key{7});
+    ds::tensor<float, Head, Model> w;
+    auto merged = plan_of(ds::view<Flat>(ds::transpose<Key, Batch>(ds::matmul(a, w))) + 1.0f);
+    CHECK(merged.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::fused});
+    CHECK(!(merged.plan.entries[0].out.where == ev::row_major(3, {2, 7, 6})));  // written transposed
+}
+
+TEST_CASE("the same tensor read twice is one binding") {
+    ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
+    planned p = plan_of(y * y + ds::exp(y));
+    CHECK(p.bindings.size() == 1);
+    CHECK(p.program.binding_count == 1);
+}
+
+TEST_CASE("plans run by both backends agree with each other on odd sizes") {
+    for (std::size_t keys : test::odd_sizes) {
+        qkv t;
+        t.k = ds::tensor<float, Batch, Key, Head>(Batch{2}, Key{keys});
+        t.v = ds::tensor<float, Batch, Key, Head>(Batch{2}, Key{keys});
+        t.mask = ds::tensor<float, Query, Key>(Query{5}, Key{keys});
+        ds::fill_uniform(t.q, 1);
+        ds::fill_uniform(t.k, 2);
+        ds::fill_uniform(t.v, 3);
+        ds::fill_uniform(t.mask, 4);
+        auto f = ds::matmul(ds::softmax(t.scores() * 0.5f + t.mask), t.v);
+        auto fast = ds::eval(f);
+        auto slow = ds::eval(f, ds::backend::reference::evaluator{});
+        test::require_close(fast, test::to_xt(slow), 1e-5, 1e-5);
+    }
+}
+
+// The README shows this plan: the test keeps the two the same.
+TEST_CASE("explain prints the README's attention plan") {
+    using namespace mha;
+    activations x(Batch{2}, Seq{10});
+    weight w_q, w_k, w_v, w_o;
+    auto q = split_heads(ds::matmul(x, w_q));
+    auto k = split_heads(ds::matmul(x, w_k));
+    auto v = split_heads(ds::matmul(x, w_v));
+    const std::string text = ds::explain(ds::matmul(merge_heads(attention(q, k, v)), w_o));
+    INFO(text);
+
+    std::ifstream readme(DIMSUM_SOURCE_DIR "/README.md");
+    REQUIRE(readme);
+    std::stringstream contents;
+    contents << readme.rdbuf();
+    const std::string marker = "<!-- explain: tests/unit/test_plan.cpp -->\n```text\n";
+    const std::string all = contents.str();
+    const auto begin = all.find(marker);
+    REQUIRE(begin != std::string::npos);
+    const auto end = all.find("```", begin + marker.size());
+    REQUIRE(end != std::string::npos);
+    CHECK(all.substr(begin + marker.size(), end - begin - marker.size()) == text);
+
+    // and what the README says of it
+    CHECK(text.find("attention ") != std::string::npos);
+    CHECK(text.find("[fused: no (queries, keys) matrix]") != std::string::npos);
+}
