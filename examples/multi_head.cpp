@@ -12,12 +12,6 @@ int main() {
     activations x = make_input(2, 10);  // (batch=2, seq=10, model=768)
     weight w_q = make_weight(2), w_k = make_weight(3), w_v = make_weight(4), w_o = make_weight(5);
 
-    // The plan the CPU backend follows for the attention layer: one line per kernel call.
-    auto q = split_heads(ds::matmul(x, w_q));
-    auto k = split_heads(ds::matmul(x, w_k));
-    auto v = split_heads(ds::matmul(x, w_v));
-    std::cout << ds::explain(ds::matmul(merge_heads(attention(q, k, v)), w_o)) << '\n';
-
     activations separate = self_attention(x, w_q, w_k, w_v, w_o);
     activations fused = self_attention(x, fuse(w_q, w_k, w_v), w_o);
     activations causal = self_attention(x, w_q, w_k, w_v, w_o, /*causal=*/true);

@@ -60,11 +60,13 @@ struct plan {
     std::vector<char> placed;              // whether values[step] is set
     std::vector<std::size_t> leaves;       // the planner's scratch, kept for its capacity
 
-    void clear() {
+    // Empty, for a program of `steps` steps. values keeps its elements: placed says which
+    // are set, and a plan made in a loop then writes no more memory than it uses.
+    void clear(std::size_t steps) {
         entries.clear();
         temporaries.clear();
-        values.clear();
-        placed.clear();
+        if (values.size() < steps) values.resize(steps);
+        placed.assign(steps, 0);
         leaves.clear();
     }
 };
@@ -96,9 +98,7 @@ public:
     planner(const program& p, const std::vector<binding>& bindings, const layout& destination, planner_options options,
             plan& out)
         : steps_(p.steps), bindings_(bindings), options_(options), plan_(out) {
-        plan_.clear();
-        plan_.values.resize(steps_.size());
-        plan_.placed.assign(steps_.size(), 0);
+        plan_.clear(steps_.size());
         write(p.root, {memory_kind::destination, 0, destination});
     }
 
@@ -106,8 +106,7 @@ private:
     // The place of step id's value, planning the entries that compute it the first time.
     const place& value(std::size_t id) {
         if (!plan_.placed[id]) {
-            place p = compute(id);
-            plan_.values[id] = p;
+            plan_.values[id] = compute(id);
             plan_.placed[id] = 1;
         }
         return plan_.values[id];
@@ -150,7 +149,7 @@ private:
 
     void add(entry_kind kind, std::size_t step, const place& out, std::size_t epilogue = no_step,
              const attention_match& attention = {}) {
-        plan_.entries.push_back({kind, step, out, epilogue, attention});
+        plan_.entries.emplace_back(kind, step, out, epilogue, attention);
     }
 
     // Plans the entries that write the value of step `id` into `dst` (of that step's extents).
