@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
     g++ cmake make              # the build
-    xtensor-dev xtl-dev         # interop and an independent check in tests
+    xtensor-dev xtl-dev         # xtensor: the tests' independent check; xtl: needed by xsimd's CMake target
     libxsimd-dev                # SIMD kernels
     libboost-dev                # Boost.Hana (headers)
     libomp-dev                  # OpenMP (g++ brings its own libgomp; clang needs this)
