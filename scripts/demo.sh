@@ -4,8 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j2 --target single_head multi_head backends bert_layer
+cmake --build build -j2 --target single_head multi_head explain backends bert_layer
 ./build/examples/single_head
 ./build/examples/multi_head
+./build/examples/explain
 ./build/examples/backends
 ./build/examples/bert_layer
