@@ -149,7 +149,7 @@ private:
 
     void add(entry_kind kind, std::size_t step, const place& out, std::size_t epilogue = no_step,
              const attention_match& attention = {}) {
-        plan_.entries.emplace_back(kind, step, out, epilogue, attention);
+        plan_.entries.push_back({kind, step, out, epilogue, attention});
     }
 
     // Plans the entries that write the value of step `id` into `dst` (of that step's extents).
