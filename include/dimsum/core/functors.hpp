@@ -16,7 +16,7 @@ namespace dimsum {
 // has no default, so that a code added here is a -Wswitch error wherever it is not handled.
 enum class op_code : std::uint8_t {
     add, subtract, multiply, divide, negate,
-    exp, log, sqrt, tanh, abs, erf,
+    exp, log, sqrt, tanh, abs, erf, sigmoid, silu,
     maximum, minimum,
     where,  // where(condition, a, b): the condition a mask of 0 and 1
 };
@@ -39,6 +39,28 @@ struct sqrt { static constexpr std::string_view name = "sqrt"; static constexpr 
 struct tanh { static constexpr std::string_view name = "tanh"; static constexpr op_code code = op_code::tanh; auto operator()(auto a) const { using std::tanh; return tanh(a); } };
 struct abs { static constexpr std::string_view name = "abs"; static constexpr op_code code = op_code::abs; auto operator()(auto a) const { using std::abs; return abs(a); } };
 struct erf { static constexpr std::string_view name = "erf"; static constexpr op_code code = op_code::erf; auto operator()(auto a) const { using std::erf; return erf(a); } };
+
+// The logistic function 1 / (1 + e^-a), and SiLU (swish) a / (1 + e^-a) = a sigmoid(a),
+// written with one division so that it rounds once. Both are 0 (or -0) for very negative a
+// (e^-a is infinity), and NaN for NaN; silu(-infinity) is NaN (-infinity / infinity), as
+// -infinity * sigmoid(-infinity) is in PyTorch.
+struct sigmoid {
+    static constexpr std::string_view name = "sigmoid";
+    static constexpr op_code code = op_code::sigmoid;
+    auto operator()(auto a) const {
+        using std::exp;
+        const decltype(a) one(1);
+        return one / (one + exp(-a));
+    }
+};
+struct silu {
+    static constexpr std::string_view name = "silu";
+    static constexpr op_code code = op_code::silu;
+    auto operator()(auto a) const {
+        using std::exp;
+        return a / (decltype(a)(1) + exp(-a));
+    }
+};
 
 // max and min propagate NaN from either side, as torch.maximum does.
 struct maximum {
@@ -76,6 +98,8 @@ T evaluate(op_code op, const T* a) {
         case op_code::tanh: return fn::tanh{}(a[0]);
         case op_code::abs: return fn::abs{}(a[0]);
         case op_code::erf: return fn::erf{}(a[0]);
+        case op_code::sigmoid: return fn::sigmoid{}(a[0]);
+        case op_code::silu: return fn::silu{}(a[0]);
         case op_code::maximum: return fn::maximum{}(a[0], a[1]);
         case op_code::minimum: return fn::minimum{}(a[0], a[1]);
         case op_code::where: return fn::where{}(a[0] != T(0), a[1], a[2]);
