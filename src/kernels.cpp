@@ -29,6 +29,7 @@ namespace dimsum::backend::cpu {
     template void apply_to_block<fn::erf, T, 1>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::sigmoid, T, 1>(std::size_t, const T* const*, T*);                           \
     template void apply_to_block<fn::silu, T, 1>(std::size_t, const T* const*, T*);                              \
+    template void apply_to_block<fn::gelu, T, 1>(std::size_t, const T* const*, T*);                              \
     template void apply_to_block<fn::add, T, 2>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::subtract, T, 2>(std::size_t, const T* const*, T*);                          \
     template void apply_to_block<fn::multiply, T, 2>(std::size_t, const T* const*, T*);                          \

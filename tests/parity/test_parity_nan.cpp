@@ -37,6 +37,7 @@ TEST_CASE("elementwise functions: NaN and infinities in every lane and tail") {
                 require_parity(ds::erf(x), tolerance<float>, 1e-7);
                 require_parity(ds::sigmoid(x), tolerance<float>, 1e-7);
                 require_parity(ds::silu(x), tolerance<float>, 1e-7);
+                require_parity(ds::gelu(x), tolerance<float>, 1e-7);
                 require_parity(x + y, 0, 0);
                 require_parity(x * y - y / x, tolerance<float>, 1e-7);
                 require_parity(ds::max(x, y), 0, 0);

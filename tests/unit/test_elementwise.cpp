@@ -42,6 +42,7 @@ TEST_CASE("unary functions and scalars") {
     test::require_close(ds::eval(ds::erf(a)), xt::erf(xa), 1e-14);
     test::require_close(ds::eval(ds::sigmoid(a)), 1.0 / (1.0 + xt::exp(-xa)), 1e-14);
     test::require_close(ds::eval(ds::silu(a)), xa / (1.0 + xt::exp(-xa)), 1e-14);
+    test::require_close(ds::eval(ds::gelu(a)), xa * (1.0 + xt::erf(xa / std::sqrt(2.0))) / 2.0, 1e-11, 1e-300);
     test::require_close(ds::eval(-a), -xa, 1e-14);
     test::require_close(ds::eval(2 * a - 1.5), 2.0 * xa - 1.5, 1e-14);
     test::require_close(ds::eval(1.0 / (a * a + 1)), 1.0 / (xa * xa + 1.0), 1e-14);

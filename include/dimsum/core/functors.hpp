@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <numbers>
 #include <string_view>
 
 namespace dimsum {
@@ -16,7 +17,7 @@ namespace dimsum {
 // has no default, so that a code added here is a -Wswitch error wherever it is not handled.
 enum class op_code : std::uint8_t {
     add, subtract, multiply, divide, negate,
-    exp, log, sqrt, tanh, abs, erf, sigmoid, silu,
+    exp, log, sqrt, tanh, abs, erf, sigmoid, silu, gelu,
     maximum, minimum,
     where,  // where(condition, a, b): the condition a mask of 0 and 1
 };
@@ -62,6 +63,32 @@ struct silu {
     }
 };
 
+// The element type of a scalar (itself) or of a SIMD batch (its value_type).
+template <class V>
+struct scalar_of {
+    using type = V;
+};
+template <class V>
+    requires requires { typename V::value_type; }
+struct scalar_of<V> {
+    using type = typename V::value_type;
+};
+
+// GELU, exactly: a Phi(a) = a (1 + erf(a / sqrt 2)) / 2 (Hendrycks and Gimpel 2016), as
+// torch.nn.GELU() and BERT compute it. One function, not a formula of erf, so that
+// gelu(x W + b) reads its argument once and computes it once.
+struct gelu {
+    static constexpr std::string_view name = "gelu";
+    static constexpr op_code code = op_code::gelu;
+    template <class V>
+    auto operator()(V a) const {
+        using std::erf;
+        using scalar = typename scalar_of<V>::type;
+        const V inverse_sqrt2(static_cast<scalar>(1.0 / std::numbers::sqrt2)), one(scalar(1)), half(scalar(0.5));
+        return a * (erf(a * inverse_sqrt2) + one) * half;
+    }
+};
+
 // max and min propagate NaN from either side, as torch.maximum does.
 struct maximum {
     static constexpr std::string_view name = "max";
@@ -100,6 +127,7 @@ T evaluate(op_code op, const T* a) {
         case op_code::erf: return fn::erf{}(a[0]);
         case op_code::sigmoid: return fn::sigmoid{}(a[0]);
         case op_code::silu: return fn::silu{}(a[0]);
+        case op_code::gelu: return fn::gelu{}(a[0]);
         case op_code::maximum: return fn::maximum{}(a[0], a[1]);
         case op_code::minimum: return fn::minimum{}(a[0], a[1]);
         case op_code::where: return fn::where{}(a[0] != T(0), a[1], a[2]);

@@ -122,6 +122,7 @@ template <operand A> auto abs(A&& a) { return detail::unary<fn::abs>(std::forwar
 template <operand A> auto erf(A&& a) { return detail::unary<fn::erf>(std::forward<A>(a)); }
 template <operand A> auto sigmoid(A&& a) { return detail::unary<fn::sigmoid>(std::forward<A>(a)); }
 template <operand A> auto silu(A&& a) { return detail::unary<fn::silu>(std::forward<A>(a)); }
+template <operand A> auto gelu(A&& a) { return detail::unary<fn::gelu>(std::forward<A>(a)); }
 
 // where(condition, a, b): a where the boolean condition holds, else b; a and b may be numbers.
 template <operand C, class A, class B>
