@@ -3,8 +3,9 @@
 # 1. the unit and parity tests and the examples under AddressSanitizer and UBSan (g++);
 # 2. the tests that run teams of threads under ThreadSanitizer (clang with libomp, whose
 #    Archer tool tells TSan about OpenMP's barriers, so that it sees what g++'s libgomp hides);
-# 3. load_npy fuzzed for DIMSUM_FUZZ_SECONDS (60) with libFuzzer, ASan and UBSan, seeded with
-#    the reference .npy files; a finding stops the run and is left in build-fuzz/.
+# 3. load_npy, and ds::load of .npz and .safetensors files, each fuzzed for DIMSUM_FUZZ_SECONDS
+#    (60) with libFuzzer, ASan and UBSan, seeded with the reference files; a finding stops the
+#    run and is left in build-fuzz/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -27,11 +28,18 @@ pattern=$(IFS='|'; echo "^(${threaded_tests[*]}):")
 OMP_TOOL_LIBRARIES="$archer" TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j2 -R "$pattern"
 
-# 3. Fuzzing load_npy
-rm -rf build-fuzz/seeds
-mkdir -p build-fuzz/corpus build-fuzz/seeds
-find tests/reference -name '*.npy' -size -64k -exec cp {} build-fuzz/seeds/ \;
-clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude \
-    tests/fuzz/fuzz_load_npy.cpp -o build-fuzz/fuzz_load_npy
-build-fuzz/fuzz_load_npy -max_total_time="${DIMSUM_FUZZ_SECONDS:-60}" -max_len=8192 -timeout=10 \
-    -artifact_prefix=build-fuzz/ -print_final_stats=1 build-fuzz/corpus build-fuzz/seeds 2>&1 | tail -n 12
+# 3. Fuzzing the file readers
+fuzz() {  # fuzz NAME SEED_FILES...
+    local name=$1
+    shift
+    rm -rf "build-fuzz/$name/seeds"
+    mkdir -p "build-fuzz/$name/corpus" "build-fuzz/$name/seeds"
+    cp "$@" "build-fuzz/$name/seeds/"
+    clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude \
+        "tests/fuzz/$name.cpp" -o "build-fuzz/$name/$name"
+    "build-fuzz/$name/$name" -max_total_time="${DIMSUM_FUZZ_SECONDS:-60}" -max_len=8192 -timeout=10 \
+        -artifact_prefix="build-fuzz/$name/" -print_final_stats=1 "build-fuzz/$name/corpus" "build-fuzz/$name/seeds" 2>&1 |
+        tail -n 12
+}
+fuzz fuzz_load_npy $(find tests/reference -name '*.npy' -size -64k)
+fuzz fuzz_load_parameters tests/reference/parameters/*.npz tests/reference/parameters/*.safetensors

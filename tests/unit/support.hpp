@@ -7,6 +7,9 @@
 #include <xtensor/xarray.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -76,5 +79,29 @@ std::string error_of(F&& f) {
     }
     return "";
 }
+
+// A fresh directory for the files a test writes, removed with everything in it afterwards.
+struct temp_dir {
+    std::filesystem::path dir;
+    temp_dir() {
+        std::string pattern = (std::filesystem::temp_directory_path() / "dimsum_test_XXXXXX").string();
+        REQUIRE(mkdtemp(pattern.data()) != nullptr);
+        dir = pattern;
+    }
+    ~temp_dir() {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+    }
+    temp_dir(const temp_dir&) = delete;
+    temp_dir& operator=(const temp_dir&) = delete;
+
+    std::string path(const std::string& name) const { return (dir / name).string(); }
+    std::string write(const std::string& name, const std::string& bytes) const {
+        std::ofstream out(path(name), std::ios::binary);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        REQUIRE(out.good());
+        return path(name);
+    }
+};
 
 }  // namespace test

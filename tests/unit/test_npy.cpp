@@ -21,31 +21,9 @@ using Batch = ds::axis<"batch">;
 using Seq = ds::axis<"seq">;
 using Model = ds::axis<"model", 4>;
 
+using test::temp_dir;
+
 namespace {
-
-// A fresh directory for the files a test writes, removed with everything in it afterwards.
-struct temp_dir {
-    fs::path dir;
-    temp_dir() {
-        std::string pattern = (fs::temp_directory_path() / "dimsum_npy_XXXXXX").string();
-        REQUIRE(mkdtemp(pattern.data()) != nullptr);
-        dir = pattern;
-    }
-    ~temp_dir() {
-        std::error_code ignored;
-        fs::remove_all(dir, ignored);
-    }
-    temp_dir(const temp_dir&) = delete;
-    temp_dir& operator=(const temp_dir&) = delete;
-
-    std::string path(const std::string& name) const { return (dir / name).string(); }
-    std::string write(const std::string& name, const std::string& bytes) const {
-        std::ofstream out(path(name), std::ios::binary);
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        REQUIRE(out.good());
-        return path(name);
-    }
-};
 
 // A .npy file as NumPy lays it out: the preamble of the version, the dict padded with spaces
 // and a newline to a multiple of 64 bytes, then the data.

@@ -31,6 +31,7 @@
 #include <vector>
 
 
+#include "dimsum/core/file_error.hpp"
 #include "dimsum/core/next_index.hpp"
 #include "dimsum/tensor/tensor.hpp"
 
@@ -38,9 +39,9 @@ namespace dimsum {
 
 // A file that cannot be read or written, or is not a well-formed .npy file of the element
 // type asked for. (A well-formed file of another shape is a shape_error.)
-class npy_error : public std::runtime_error {
+class npy_error : public file_error {
 public:
-    using std::runtime_error::runtime_error;
+    using file_error::file_error;
 };
 
 namespace detail::npy {
@@ -111,6 +112,14 @@ inline std::string describe_descr(const std::string& d) {
         default: return out;
     }
     return out + " (" + (d[0] == '>' ? "big-endian " : "") + name + std::to_string(bits) + ")";
+}
+
+// The dtype as NumPy names it when it is one dimsum tensors hold in this machine's byte
+// order ('<f4' is "float32"); otherwise as describe_descr writes it.
+inline std::string dtype_name(const std::string& d) {
+    if (d == native_descr<float>()) return "float32";
+    if (d == native_descr<double>()) return "float64";
+    return describe_descr(d);
 }
 
 // `(2, 16, 128)`, `(5,)`, `()`: a shape as NumPy prints it.
@@ -375,6 +384,36 @@ tensor<std::remove_const_t<T>, A...> contiguous_copy(const tensor_view<T, A...>&
     return copy;
 }
 
+// An uninitialised tensor of the shape a file holds, where that fits what the caller expects
+// of each axis (its static extent, one given, or `dynamic`); a shape_error naming both shapes
+// where not. `where` names the file (and the parameter in it).
+template <class T, axis_type... Axes>
+tensor<T, Axes...> tensor_for(const std::vector<std::size_t>& file_shape,
+                              const std::array<axis_desc, sizeof...(Axes)>& expected, std::string_view op,
+                              const std::string& where) {
+    constexpr std::size_t rank = sizeof...(Axes);
+    auto mismatch = [&](const std::string& what) {
+        message m;
+        m << shape_ref{expected.data(), nullptr, rank};
+        throw shape_error("dimsum: " + std::string(op) + ": " + where + ": " + what + " (the file's shape " +
+                          describe_shape(file_shape) + ", the tensor's " + m.str() + ")");
+    };
+    if (file_shape.size() != rank) {
+        mismatch("the file's array has " + std::to_string(file_shape.size()) + " axes, the tensor " +
+                 std::to_string(rank));
+    }
+    std::array<std::size_t, rank> all{};
+    for (std::size_t i = 0; i < rank; ++i) {
+        all[i] = file_shape[i];
+        if (expected[i].is_static() && all[i] != expected[i].extent) {
+            std::string axis = expected[i].is_named() ? std::string(expected[i].name) : std::to_string(i);
+            mismatch("axis " + axis + " is " + std::to_string(expected[i].extent) + " in the tensor but " +
+                     std::to_string(all[i]) + " in the file");
+        }
+    }
+    return tensor<T, Axes...>(shape<Axes...>::from_extents(all, op));
+}
+
 }  // namespace detail::npy
 
 // Loads a .npy file into a tensor with the given axes. Static extents are checked against
@@ -415,28 +454,7 @@ tensor<T, Axes...> load_npy(const std::string& path, Given... extents) {
     }
     std::uint64_t count = detail::npy::count_of(info, sizeof(T), op, path);
     detail::npy::check_data_size(info, count * sizeof(T), op, path);
-
-    auto mismatch = [&](const std::string& what) {
-        message m;
-        m << shape_ref{expected.data(), nullptr, rank};
-        throw shape_error("dimsum: load_npy: " + path + ": " + what + " (the file's shape " +
-                          detail::npy::describe_shape(info.shape) + ", the tensor's " + m.str() + ")");
-    };
-    if (info.shape.size() != rank) {
-        mismatch("the file's array has " + std::to_string(info.shape.size()) + " axes, the tensor " +
-                 std::to_string(rank));
-    }
-    std::array<std::size_t, rank> all{};
-    for (std::size_t i = 0; i < rank; ++i) {
-        all[i] = info.shape[i];
-        if (expected[i].is_static() && all[i] != expected[i].extent) {
-            std::string axis = expected[i].is_named() ? std::string(expected[i].name) : std::to_string(i);
-            mismatch("axis " + axis + " is " + std::to_string(expected[i].extent) + " in the tensor but " +
-                     std::to_string(all[i]) + " in the file");
-        }
-    }
-
-    tensor<T, Axes...> t(shape_type::from_extents(all, op));
+    auto t = detail::npy::tensor_for<T, Axes...>(info.shape, expected, op, path);
     if (count != 0) detail::npy::read_exact(in, reinterpret_cast<char*>(t.data()), count * sizeof(T), op, path, "data");
     return t;
 }

@@ -1,0 +1,542 @@
+#pragma once
+// Parameter structs: a layer's tensors declared once, with Boost.Hana, then loaded, saved and
+// listed by member name.
+//
+//   struct block {
+//       BOOST_HANA_DEFINE_STRUCT(block,
+//           (ds::nn::multi_head_attention<float, Model, Heads, Head>, attention),
+//           (ds::tensor<float, Model>, norm_weight));
+//   };
+//   ds::load(layer, "weights.safetensors");   // or an .npz, or a folder of .npy files
+//   ds::save(layer, "weights.npz");
+//   for (const auto& p : ds::parameters(layer)) std::cout << p << '\n';
+//
+// A member is a tensor, a std::optional tensor (a parameter that may be absent: a file
+// without it leaves it empty) or another parameter struct, whose members are named
+// `outer.inner` (`attention.w_qkv`). The format follows the path: a name ending in `.npz`
+// (what numpy.savez and savez_compressed write), one ending in `.safetensors`, else a folder
+// holding one `NAME.npy` per parameter.
+//
+// Loading is all or nothing: the layer's new values are read into a copy, which replaces the
+// layer only when every parameter has loaded, so an error leaves the layer as it was (at the
+// cost of holding old and new values at once while loading). Every mismatch is one error
+// naming the file and the parameter: a parameter missing from the file, a name in the file
+// that is no parameter (unless allowed), another element type (file_error), another shape
+// (shape_error, with both shapes), a malformed or truncated file (file_error). Extents of
+// run-time axes come from the file.
+//
+// Saving writes a temporary file beside the target and renames it over the target once
+// complete, so a failed save leaves any earlier file in place (a folder is written file by
+// file, each renamed when complete).
+//
+// Not part of <dimsum/dimsum.hpp>: include <dimsum/interop/parameters.hpp>.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <vector>
+
+#include <boost/hana/accessors.hpp>
+#include <boost/hana/concept/struct.hpp>
+#include <boost/hana/define_struct.hpp>
+#include <boost/hana/first.hpp>
+#include <boost/hana/for_each.hpp>
+#include <boost/hana/second.hpp>
+#include <boost/hana/string.hpp>
+
+#include "dimsum/core/file_error.hpp"
+#include "dimsum/interop/npy.hpp"
+#include "dimsum/interop/safetensors.hpp"
+#include "dimsum/interop/zip.hpp"
+
+namespace dimsum {
+
+// One parameter as ds::parameters lists it.
+struct parameter_info {
+    std::string name;                  // with the prefixes of the structs it lies in: "attention.w_qkv"
+    std::vector<std::string> axes;     // the axes' names
+    std::vector<std::size_t> extents;  // their extents
+    std::string element_type;          // "float32" or "float64"
+    std::size_t count = 0;             // elements
+};
+
+// `attention.w_o  float32  (heads*head=128, model=128)  16384`
+inline std::ostream& operator<<(std::ostream& out, const parameter_info& p) {
+    out << p.name << "  " << p.element_type << "  (";
+    for (std::size_t i = 0; i < p.axes.size(); ++i) out << (i ? ", " : "") << p.axes[i] << '=' << p.extents[i];
+    return out << ")  " << p.count;
+}
+
+struct load_options {
+    std::string prefix = "";    // prepended to every name: "encoder.layer.0." loads one layer of a model's file
+    bool allow_unused = false;  // whether the file may hold names (under the prefix) that are no parameter
+};
+
+struct save_options {
+    std::string prefix = "";  // prepended to every name
+};
+
+namespace detail::parameters {
+
+template <class>
+inline constexpr bool is_optional = false;
+template <class U>
+inline constexpr bool is_optional<std::optional<U>> = true;
+
+template <class M>
+constexpr bool is_parameter() {
+    if constexpr (is_optional<M>) return is_tensor<typename M::value_type>::value;
+    else return is_tensor<M>::value;
+}
+
+// Calls f(name, member) for each tensor and std::optional tensor of a parameter struct, those of
+// nested structs under `outer.inner` names, in the order of declaration.
+template <class Layer, class F>
+void for_each(Layer& layer, const std::string& prefix, F& f) {
+    using L = std::remove_const_t<Layer>;
+    static_assert(boost::hana::Struct<L>::value,
+                  "dimsum: a parameter struct declares its members with BOOST_HANA_DEFINE_STRUCT");
+    boost::hana::for_each(boost::hana::accessors<L>(), [&](auto accessor) {
+        const std::string name = prefix + boost::hana::to<const char*>(boost::hana::first(accessor));
+        auto& member = boost::hana::second(accessor)(layer);
+        using M = std::remove_cvref_t<decltype(member)>;
+        if constexpr (is_parameter<M>()) {
+            f(name, member);
+        } else {
+            static_assert(boost::hana::Struct<M>::value,
+                          "dimsum: a member of a parameter struct is a tensor, a std::optional tensor or another "
+                          "parameter struct (declared with BOOST_HANA_DEFINE_STRUCT)");
+            for_each(member, name + ".", f);
+        }
+    });
+}
+
+template <class T>
+constexpr std::string_view element_name() {
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+    return std::is_same_v<T, float> ? "float32" : "float64";
+}
+
+// What a file says of one array: its element type as NumPy names it, and its shape.
+struct stored_array {
+    std::string element_type;
+    std::vector<std::size_t> shape;
+};
+
+// One checkpoint open for reading, whatever its format. find() describes an array (nullopt if
+// the file has no such name); read() then fills `bytes` bytes with its data, checking that the
+// file holds exactly that many.
+class reader {
+public:
+    explicit reader(std::string path) : path_(std::move(path)) {}
+    virtual ~reader() = default;
+    virtual std::vector<std::string> names() const = 0;
+    virtual std::optional<stored_array> find(const std::string& name) = 0;
+    virtual void read(const std::string& name, void* into, std::uint64_t bytes) = 0;
+    const std::string& path() const { return path_; }
+    std::string where(const std::string& name) const { return path_ + ", parameter '" + name + "'"; }
+
+private:
+    std::string path_;
+};
+
+inline std::string file_name(const std::string& name) { return name + ".npy"; }
+
+// A folder of .npy files, one per parameter, named NAME.npy.
+class npy_folder_reader final : public reader {
+public:
+    npy_folder_reader(std::string path, std::string_view op) : reader(std::move(path)), op_(op) {}
+
+    std::vector<std::string> names() const override {
+        std::vector<std::string> found;
+        std::error_code ec;
+        for (const auto& file : std::filesystem::directory_iterator(path(), ec)) {
+            const std::string name = file.path().filename().string();
+            if (name.size() > 4 && name.ends_with(".npy")) found.push_back(name.substr(0, name.size() - 4));
+        }
+        if (ec) throw_file_error(op_, path(), "cannot list the folder: " + ec.message());
+        return found;
+    }
+
+    std::optional<stored_array> find(const std::string& name) override {
+        const std::string file = (std::filesystem::path(path()) / file_name(name)).string();
+        std::error_code ec;
+        if (!std::filesystem::is_regular_file(file, ec)) return std::nullopt;
+        open_ = npy::open_for_reading(file, op_);
+        file_ = file;
+        header_ = npy::read_header(open_, npy::file_size_of(file, op_), op_, file);
+        if (header_.fortran_order) {
+            npy::fail(op_, file, "the data is in Fortran (column-major) order; parameters are read in C order");
+        }
+        return stored_array{npy::dtype_name(header_.descr), header_.shape};
+    }
+
+    void read(const std::string&, void* into, std::uint64_t bytes) override {
+        npy::check_data_size(header_, bytes, op_, file_);
+        if (bytes) npy::read_exact(open_, static_cast<char*>(into), bytes, op_, file_, "data");
+    }
+
+private:
+    std::string_view op_;
+    std::ifstream open_;
+    std::string file_;
+    npy::header_info header_;
+};
+
+// An .npz: a ZIP archive of NAME.npy members, stored or deflated. A stored member's data is
+// read straight into the tensor; a deflated one is decompressed whole first.
+class npz_reader final : public reader {
+public:
+    npz_reader(std::string path, std::string_view op) : reader(path), op_(op), archive_(std::move(path), op) {}
+
+    std::vector<std::string> names() const override {
+        std::vector<std::string> found;
+        for (const auto& m : archive_.members()) {
+            found.push_back(m.name.ends_with(".npy") ? m.name.substr(0, m.name.size() - 4) : m.name);
+        }
+        return found;
+    }
+
+    std::optional<stored_array> find(const std::string& name) override {
+        const auto& members = archive_.members();
+        auto it = std::find_if(members.begin(), members.end(), [&](const auto& m) { return m.name == file_name(name); });
+        if (it == members.end()) return std::nullopt;
+        member_ = &*it;
+        where_ = archive_.where(*it);
+        inflated_.clear();
+        std::string head;
+        if (it->how == zip::method::stored) {
+            data_start_ = archive_.data_offset(*it);
+            head.resize(std::min<std::uint64_t>(it->size, 12 + npy::max_header_length));
+            archive_.read_stored(*it, data_start_, 0, head.data(), head.size());
+        } else {
+            inflated_ = archive_.read(*it);
+            head.assign(reinterpret_cast<const char*>(inflated_.data()),
+                        std::min<std::size_t>(inflated_.size(), 12 + npy::max_header_length));
+        }
+        std::istringstream in(head);
+        header_ = npy::read_header(in, it->size, op_, where_);
+        if (header_.fortran_order) {
+            npy::fail(op_, where_, "the data is in Fortran (column-major) order; parameters are read in C order");
+        }
+        head_crc_ = zip::crc32(0, head.data(), header_.data_offset);
+        return stored_array{npy::dtype_name(header_.descr), header_.shape};
+    }
+
+    void read(const std::string&, void* into, std::uint64_t bytes) override {
+        npy::check_data_size(header_, bytes, op_, where_);
+        if (member_->how == zip::method::stored) {
+            archive_.read_stored(*member_, data_start_, header_.data_offset, into, bytes);
+            archive_.check_crc(*member_, zip::crc32(head_crc_, into, bytes));
+        } else if (bytes) {
+            std::copy_n(inflated_.data() + header_.data_offset, bytes, static_cast<unsigned char*>(into));
+        }
+    }
+
+private:
+    std::string_view op_;
+    zip::reader archive_;
+    const zip::member* member_ = nullptr;
+    std::string where_;
+    npy::header_info header_;
+    std::uint64_t data_start_ = 0;
+    std::uint32_t head_crc_ = 0;
+    std::vector<unsigned char> inflated_;
+};
+
+// The element type a .safetensors dtype holds, as NumPy names it.
+inline std::string numpy_name(const std::string& dtype) {
+    static const std::map<std::string, std::string, std::less<>> names = {
+        {"F64", "float64"}, {"F32", "float32"}, {"F16", "float16"}, {"BF16", "bfloat16"}, {"I64", "int64"},
+        {"I32", "int32"},   {"I16", "int16"},   {"I8", "int8"},     {"U64", "uint64"},    {"U32", "uint32"},
+        {"U16", "uint16"},  {"U8", "uint8"},    {"BOOL", "bool"},   {"F8_E4M3", "float8_e4m3"},
+        {"F8_E5M2", "float8_e5m2"}};
+    auto it = names.find(dtype);
+    return it == names.end() ? dtype : it->second;
+}
+
+class safetensors_reader final : public reader {
+public:
+    safetensors_reader(std::string path, std::string_view op) : reader(std::move(path)), op_(op) {
+        const std::uint64_t size = npy::file_size_of(this->path(), op);
+        in_ = npy::open_for_reading(this->path(), op);
+        if (size < 8) throw_file_error(op, this->path(), "truncated: less than the 8 bytes of a .safetensors header length");
+        unsigned char length_bytes[8];
+        npy::read_exact(in_, reinterpret_cast<char*>(length_bytes), 8, op, this->path(), "header length");
+        const std::uint64_t length = zip::little_endian(length_bytes, 8);
+        if (length > safetensors::max_header_length) {
+            throw_file_error(op, this->path(), "not a .safetensors file: its header length " + std::to_string(length) +
+                                                   " is more than the format's 100 MB");
+        }
+        if (length > size - 8) {
+            throw_file_error(op, this->path(), "truncated: the header should end at byte " + std::to_string(8 + length) +
+                                                   " but the file has " + std::to_string(size));
+        }
+        std::string header(length, '\0');
+        npy::read_exact(in_, header.data(), length, op, this->path(), "header");
+        entries_ = safetensors::header_parser(header, op, this->path()).parse();
+        data_start_ = 8 + length;
+        safetensors::check_layout(entries_, size - data_start_, op, this->path());
+    }
+
+    std::vector<std::string> names() const override {
+        std::vector<std::string> found;
+        for (const auto& e : entries_) found.push_back(e.name);
+        return found;
+    }
+
+    std::optional<stored_array> find(const std::string& name) override {
+        auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e.name == name; });
+        if (it == entries_.end()) return std::nullopt;
+        found_ = &*it;
+        return stored_array{numpy_name(it->dtype), it->shape};
+    }
+
+    void read(const std::string& name, void* into, std::uint64_t bytes) override {
+        if (found_->end - found_->begin != bytes) {
+            throw_file_error(op_, where(name), "the file holds " + std::to_string(found_->end - found_->begin) +
+                                                   " bytes, the tensor " + std::to_string(bytes));
+        }
+        in_.seekg(static_cast<std::streamoff>(data_start_ + found_->begin));
+        if (bytes) npy::read_exact(in_, static_cast<char*>(into), bytes, op_, where(name), "data");
+    }
+
+private:
+    std::string_view op_;
+    std::ifstream in_;
+    std::vector<safetensors::entry> entries_;
+    const safetensors::entry* found_ = nullptr;
+    std::uint64_t data_start_ = 0;
+};
+
+enum class format { npy_folder, npz, safetensors };
+
+// The format a path names: by its extension, else a folder (one that exists, for reading).
+inline format format_of(const std::filesystem::path& path, std::string_view op, bool reading) {
+    if (path.extension() == ".npz") return format::npz;
+    if (path.extension() == ".safetensors") return format::safetensors;
+    std::error_code ec;
+    if (!reading || std::filesystem::is_directory(path, ec)) return format::npy_folder;
+    throw_file_error(op, path.string(),
+                     std::filesystem::exists(path, ec)
+                         ? "neither a folder of .npy files nor a file named .npz or .safetensors"
+                         : "no such file or folder");
+}
+
+inline std::unique_ptr<reader> open(const std::filesystem::path& path, std::string_view op) {
+    switch (format_of(path, op, true)) {
+        case format::npy_folder: return std::make_unique<npy_folder_reader>(path.string(), op);
+        case format::npz: return std::make_unique<npz_reader>(path.string(), op);
+        case format::safetensors: return std::make_unique<safetensors_reader>(path.string(), op);
+    }
+    return nullptr;
+}
+
+// Loads one tensor: its element type and shape checked against the file, then its data.
+template <class T, axis_type... Axes>
+void load_tensor(reader& file, const std::string& name, const stored_array& stored, tensor<T, Axes...>& t,
+                 std::string_view op) {
+    if (stored.element_type != element_name<T>()) {
+        throw_file_error(op, file.where(name), "the file holds " + stored.element_type + " values, the tensor " +
+                                                   std::string(element_name<T>()));
+    }
+    auto fresh = npy::tensor_for<T, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
+    file.read(name, fresh.data(), fresh.size() * sizeof(T));
+    t = std::move(fresh);
+}
+
+// A file written in full under a temporary name, then renamed over the target: an error on
+// the way removes the temporary and leaves the target as it was.
+class output_file {
+public:
+    output_file(std::filesystem::path target, std::string_view op)
+        : target_(std::move(target)), temporary_(target_.string() + ".partial"), op_(op) {
+        file_ = std::fopen(temporary_.c_str(), "wb");
+        if (!file_) throw_file_error(op_, target_.string(), "cannot open a file for writing in its folder");
+    }
+    output_file(const output_file&) = delete;
+    output_file& operator=(const output_file&) = delete;
+    ~output_file() {
+        if (file_) std::fclose(file_);
+        if (!committed_) std::remove(temporary_.c_str());
+    }
+
+    void write(const void* data, std::size_t size) {
+        constexpr std::size_t chunk = std::size_t(1) << 30;
+        for (std::size_t done = 0; done < size; done += chunk) {
+            const std::size_t n = std::min(chunk, size - done);
+            if (std::fwrite(static_cast<const char*>(data) + done, 1, n, file_) != n) {
+                throw_file_error(op_, target_.string(), "cannot write the file (is the disk full?)");
+            }
+        }
+    }
+
+    void commit() {
+        const bool flushed = std::fflush(file_) == 0;
+        const bool closed = std::fclose(file_) == 0;
+        file_ = nullptr;
+        if (!flushed || !closed) throw_file_error(op_, target_.string(), "cannot write the file (is the disk full?)");
+        std::error_code ec;
+        std::filesystem::rename(temporary_, target_, ec);
+        if (ec) throw_file_error(op_, target_.string(), "cannot replace the file: " + ec.message());
+        committed_ = true;
+    }
+
+private:
+    std::filesystem::path target_;
+    std::string temporary_;
+    std::string_view op_;
+    std::FILE* file_ = nullptr;
+    bool committed_ = false;
+};
+
+// What save writes of one parameter.
+struct saved_array {
+    std::string name;
+    std::size_t item_size;
+    std::string npy_descr, safetensors_dtype;
+    std::vector<std::size_t> shape;
+    const void* data;
+    std::size_t bytes;
+};
+
+}  // namespace detail::parameters
+
+// The parameters of a layer, in the order of declaration: name, axes, extents, element type
+// and count. An empty std::optional parameter is not listed.
+template <class Layer>
+std::vector<parameter_info> parameters(const Layer& layer, const std::string& prefix = "") {
+    std::vector<parameter_info> list;
+    auto note = [&]<class M>(const std::string& name, const M& member) {
+        auto add = [&]<class T, axis_type... Axes>(const tensor<T, Axes...>& t) {
+            parameter_info p{name, {}, {}, std::string(detail::parameters::element_name<T>()), t.size()};
+            for (std::size_t i = 0; i < sizeof...(Axes); ++i) {
+                const axis_desc& a = shape<Axes...>::axes[i];
+                p.axes.push_back(a.is_named() ? std::string(a.name) : std::to_string(i));
+                p.extents.push_back(t.shape().extent(i));
+            }
+            list.push_back(std::move(p));
+        };
+        if constexpr (detail::parameters::is_optional<M>) {
+            if (member) add(*member);
+        } else {
+            add(member);
+        }
+    };
+    detail::parameters::for_each(layer, prefix, note);
+    return list;
+}
+
+// Loads every parameter of `layer` from a folder of .npy files, an .npz or a .safetensors
+// file, all or nothing (see the top of this file).
+template <class Layer>
+void load(Layer& layer, const std::filesystem::path& path, const load_options& options = {}) {
+    constexpr std::string_view op = "load";
+    auto file = detail::parameters::open(path, op);
+    Layer staged = layer;
+    std::set<std::string> used;
+    auto load_member = [&]<class M>(const std::string& name, M& member) {
+        std::optional<detail::parameters::stored_array> stored = file->find(name);
+        if constexpr (detail::parameters::is_optional<M>) {
+            if (!stored) {
+                member.reset();
+                return;
+            }
+            if (!member) member.emplace();
+            detail::parameters::load_tensor(*file, name, *stored, *member, op);
+        } else {
+            if (!stored) {
+                detail::throw_file_error(op, file->path(), "the file has no parameter '" + name + "'");
+            }
+            detail::parameters::load_tensor(*file, name, *stored, member, op);
+        }
+        used.insert(name);
+    };
+    detail::parameters::for_each(staged, options.prefix, load_member);
+    if (!options.allow_unused) {
+        for (const std::string& name : file->names()) {
+            if (name.starts_with(options.prefix) && !used.contains(name)) {
+                detail::throw_file_error(op, file->path(), "'" + name + "' in the file is no parameter of the layer "
+                                                   "(load_options{.allow_unused = true} ignores such names)");
+            }
+        }
+    }
+    layer = std::move(staged);
+}
+
+// Saves every parameter of `layer` as a folder of .npy files, an .npz (stored, as numpy.savez
+// writes it) or a .safetensors file, chosen by the path's extension.
+template <class Layer>
+void save(const Layer& layer, const std::filesystem::path& path, const save_options& options = {}) {
+    constexpr std::string_view op = "save";
+    using detail::parameters::saved_array;
+    std::vector<saved_array> arrays;
+    auto note = [&]<class M>(const std::string& name, const M& member) {
+        auto add = [&]<class T, axis_type... Axes>(const tensor<T, Axes...>& t) {
+            auto extents = t.shape().extents();
+            arrays.push_back(saved_array{name, sizeof(T), detail::npy::native_descr<T>(), sizeof(T) == 4 ? "F32" : "F64",
+                                         std::vector<std::size_t>(extents.begin(), extents.end()), t.data(),
+                                         t.size() * sizeof(T)});
+        };
+        if constexpr (detail::parameters::is_optional<M>) {
+            if (member) add(*member);
+        } else {
+            add(member);
+        }
+    };
+    detail::parameters::for_each(layer, options.prefix, note);
+
+    switch (detail::parameters::format_of(path, op, false)) {
+        case detail::parameters::format::npy_folder: {
+            std::error_code ec;
+            std::filesystem::create_directories(path, ec);
+            if (ec) detail::throw_file_error(op, path.string(), "cannot create the folder: " + ec.message());
+            for (const saved_array& a : arrays) {
+                detail::parameters::output_file out(path / detail::parameters::file_name(a.name), op);
+                const std::string head = detail::npy::file_head(a.npy_descr, a.shape);
+                out.write(head.data(), head.size());
+                out.write(a.data, a.bytes);
+                out.commit();
+            }
+            break;
+        }
+        case detail::parameters::format::npz: {
+            detail::parameters::output_file out(path, op);
+            detail::zip::writer archive(out, path.string(), op);
+            for (const saved_array& a : arrays) {
+                const std::string head = detail::npy::file_head(a.npy_descr, a.shape);
+                const std::span<const unsigned char> pieces[] = {
+                    {reinterpret_cast<const unsigned char*>(head.data()), head.size()},
+                    {static_cast<const unsigned char*>(a.data), a.bytes}};
+                archive.add(detail::parameters::file_name(a.name), pieces);
+            }
+            archive.finish();
+            out.commit();
+            break;
+        }
+        case detail::parameters::format::safetensors: {
+            std::vector<detail::safetensors::entry> entries;
+            for (const saved_array& a : arrays) entries.push_back({a.name, a.safetensors_dtype, a.shape, 0, 0});
+            const std::string head = detail::safetensors::file_head(entries);
+            detail::parameters::output_file out(path, op);
+            out.write(head.data(), head.size());
+            for (const saved_array& a : arrays) out.write(a.data, a.bytes);
+            out.commit();
+            break;
+        }
+    }
+}
+
+}  // namespace dimsum
