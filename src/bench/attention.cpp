@@ -95,9 +95,9 @@ struct attention_layer {
         const double bound = 1.0 / std::sqrt(double(ModelExtent));  // as torch.nn.Linear
         layer.w_qkv.emplace();
         ds::fill_uniform(*layer.w_qkv, 11, -bound, bound);
-        ds::fill_uniform(layer.b_qkv, 12, -0.1, 0.1);
+        ds::fill_uniform(layer.b_qkv.emplace(), 12, -0.1, 0.1);
         ds::fill_uniform(layer.w_o, 13, -bound, bound);
-        ds::fill_uniform(layer.b_o, 14, -0.1, 0.1);
+        ds::fill_uniform(layer.b_o.emplace(), 14, -0.1, 0.1);
         x = ds::tensor<float, B, Seq, Model>(B{c.batch}, Seq{decode ? 1 : c.seq});
         y = x;
         ds::fill_normal(x, 15);
@@ -116,12 +116,12 @@ struct attention_layer {
         if (c.what != attention_case::kind::decode) return layer.forward_on(backend, x, x, y.view(), options);
         // One new token: its query attends to the cached keys and values.
         auto w = ds::view<Model, Part, Inner>(std::as_const(*layer.w_qkv));  // (model, part, heads x head)
-        auto b = ds::view<Part, Inner>(std::as_const(layer.b_qkv));          // (part, heads x head)
+        auto b = ds::view<Part, Inner>(std::as_const(*layer.b_qkv));          // (part, heads x head)
         auto q = ds::transpose<Seq, Heads>(
             ds::view<B, Seq, Heads, Head>(ds::matmul(x, ds::select<Part>(w, 0)) + ds::select<Part>(b, 0)));  // (batch, heads, 1, head)
         auto z = ds::nn::attention(q, k_cache, v_cache);  // (batch, heads, 1, head)
         ds::evaluation::assign_with(backend, y.view(),
-                                    ds::matmul(ds::view<B, Seq, Inner>(ds::transpose<Heads, Seq>(z)), layer.w_o) + layer.b_o);
+                                    ds::matmul(ds::view<B, Seq, Inner>(ds::transpose<Heads, Seq>(z)), layer.w_o) + *layer.b_o);
     }
     void run() { run_on(ds::backend::cpu::evaluator{}); }
 

@@ -53,7 +53,7 @@ std::vector<double> by_loops(const layer& l, const ds::tensor<float, Batch, Quer
                              const std::vector<std::size_t>& lengths, std::vector<double>* weights_out = nullptr) {
     const std::size_t batch = x.shape().extent(0), queries = x.shape().extent(1), keys = c.shape().extent(1);
     const std::size_t model = 24, source = 10, heads = 3, head = 8, value_head = 5;
-    auto bias = [](const auto& b) { return values(b); };
+    auto bias = [](const auto& b) { return b ? values(*b) : std::vector<double>{}; };
     std::vector<double> xs = values(x), cs = values(c), y(batch * queries * model);
     if (weights_out) weights_out->assign(batch * heads * queries * keys, 0.0);
     for (std::size_t s = 0; s < batch; ++s) {
@@ -109,10 +109,10 @@ layer random_layer(bool biases) {
     ds::fill_uniform(*l.w_v, 3, -0.4, 0.4);
     ds::fill_uniform(l.w_o, 4, -0.4, 0.4);
     if (biases) {  // else zero
-        ds::fill_uniform(l.b_q, 5);
-        ds::fill_uniform(l.b_k, 6);
-        ds::fill_uniform(l.b_v, 7);
-        ds::fill_uniform(l.b_o, 8);
+        ds::fill_uniform(l.b_q.emplace(), 5);
+        ds::fill_uniform(l.b_k.emplace(), 6);
+        ds::fill_uniform(l.b_v.emplace(), 7);
+        ds::fill_uniform(l.b_o.emplace(), 8);
     }
     return l;
 }
@@ -198,4 +198,33 @@ TEST_CASE("bad key lengths are a shape_error naming the counts") {
     layer missing = random_layer(false);
     missing.w_k.reset();
     REQUIRE(test::error_of([&] { missing(x, c); }) == "dimsum: multi_head_attention: neither w_qkv nor w_q, w_k and w_v are set");
+}
+
+TEST_CASE("a layer whose model width is known only at run time works as called, with no biases set") {
+    // It once failed to compile as l(x), and its default output bias was an empty tensor
+    // that could not broadcast with the model axis.
+    using M = mha::Model;
+    using Width = ds::axis<"model">;  // the same axis, its extent at run time
+    using static_layer = ds::nn::multi_head_attention<float, M, mha::Heads, mha::Head>;
+    using run_time_layer = ds::nn::multi_head_attention<float, Width, mha::Heads, mha::Head>;
+    using Inner = static_layer::Inner;
+    const std::size_t width = M::static_extent;
+    auto x = mha::make_input(2, 10);
+    static_layer known;
+    known.w_qkv.emplace(mha::fuse(mha::make_weight(2), mha::make_weight(3), mha::make_weight(4)));
+    known.w_o = ds::view<Inner, M>(mha::make_weight(5));
+
+    run_time_layer unknown;
+    unknown.w_qkv.emplace(Width{width});
+    unknown.w_o = ds::tensor<float, Inner, Width>(Width{width});
+    std::copy_n(known.w_qkv->data(), known.w_qkv->size(), unknown.w_qkv->data());
+    std::copy_n(known.w_o.data(), known.w_o.size(), unknown.w_o.data());
+    ds::tensor<float, mha::Batch, mha::Seq, Width> x_run_time(mha::Batch{2}, mha::Seq{10}, Width{width});
+    std::copy_n(x.data(), x.size(), x_run_time.data());
+
+    const auto want = test::to_xt(known(x));
+    test::require_close(unknown(x_run_time), want, 1e-6, 1e-7);
+    auto y = x_run_time;
+    unknown.forward(x_run_time, x_run_time, y.view());
+    test::require_close(y, want, 1e-6, 1e-7);
 }

@@ -12,6 +12,8 @@
 #include <span>
 #include <type_traits>
 
+#include <boost/hana/define_struct.hpp>
+
 #include "dimsum/core/message.hpp"
 #include "dimsum/core/shape_error.hpp"
 #include "dimsum/evaluation/assign.hpp"
@@ -109,15 +111,19 @@ struct multi_head_attention {
     using Part = axis<"part", 3>;  // query, key, value
     using Fused = axis<"qkv", 3 * Inner::static_extent>;
 
-    std::optional<tensor<T, Model, Fused>> w_qkv;      // (model, 3 heads x head)
-    tensor<T, Fused> b_qkv;                            // (3 heads x head)
-    std::optional<tensor<T, Model, Inner>> w_q;        // (model, heads x head)
-    std::optional<tensor<T, Source, Inner>> w_k;       // (source, heads x head)
-    std::optional<tensor<T, Source, ValueInner>> w_v;  // (source, heads x value_head)
-    tensor<T, Inner> b_q, b_k;
-    tensor<T, ValueInner> b_v;
-    tensor<T, ValueInner, Model> w_o;  // (heads x value_head, model)
-    tensor<T, Model> b_o;
+    // The weights, by name for ds::load and ds::save (<dimsum/interop/parameters.hpp>). A
+    // bias left empty is zero; a file without it leaves it empty.
+    BOOST_HANA_DEFINE_STRUCT(multi_head_attention,
+        (std::optional<tensor<T, Model, Fused>>, w_qkv),      // (model, 3 heads x head)
+        (std::optional<tensor<T, Fused>>, b_qkv),             // (3 heads x head)
+        (std::optional<tensor<T, Model, Inner>>, w_q),        // (model, heads x head)
+        (std::optional<tensor<T, Source, Inner>>, w_k),       // (source, heads x head)
+        (std::optional<tensor<T, Source, ValueInner>>, w_v),  // (source, heads x value_head)
+        (std::optional<tensor<T, Inner>>, b_q),
+        (std::optional<tensor<T, Inner>>, b_k),
+        (std::optional<tensor<T, ValueInner>>, b_v),
+        (tensor<T, ValueInner, Model>, w_o),                  // (heads x value_head, model)
+        (std::optional<tensor<T, Model>>, b_o));
 
     // Self-attention: y (batch, seq, model) for x (batch, seq, model); `weights`, if given,
     // receives the attention weights (batch, heads, seq, seq), which are then not fused away.
@@ -134,7 +140,7 @@ struct multi_head_attention {
     tensor<T, Batch, Query, Model> operator()(const tensor<T, Batch, Query, Model>& x, const tensor<T, Batch, Key, Source>& c,
                                               const attention_options& options = {},
                                               tensor<T, Batch, Heads, Query, Key>* weights = nullptr) const {
-        tensor<T, Batch, Query, Model> y(Batch{x.shape().extent(0)}, Query{x.shape().extent(1)});
+        tensor<T, Batch, Query, Model> y(x.shape());
         forward(x, c, y.view(), options, weights);
         return y;
     }
@@ -164,7 +170,8 @@ struct multi_head_attention {
         auto v = transpose<Key, Heads>(view<Batch, Key, Heads, ValueHead>(matmul(c, p.w_v) + p.b_v));
         // concat(heads) W_O + b_O, for z (batch, heads, query, value_head)
         auto output = [&](auto&& z) {
-            store(y, matmul(view<Batch, Query, ValueInner>(transpose<Heads, Query>(z)), w_o) + b_o);
+            store(y, matmul(view<Batch, Query, ValueInner>(transpose<Heads, Query>(z)), w_o) +
+                         bias_or_zero(b_o, w_o.shape().extent(1)));
         };
         // softmax(mask(Q K^T / sqrt(d_k))) V, the mask one of four formulas
         auto run = [&](auto mask) {
@@ -198,13 +205,28 @@ private:
         if constexpr (std::is_same_v<Source, Model> && std::is_same_v<ValueInner, Inner>) {
             if (w_qkv) {
                 auto w = view<Model, Part, Inner>(*w_qkv);  // (model, part, heads x head)
-                auto b = view<Part, Inner>(b_qkv);          // (part, heads x head)
+                if (!b_qkv) return {select<Part>(w, 0), select<Part>(w, 1), select<Part>(w, 2), zero<Inner>(),
+                                    zero<Inner>(), zero<Inner>()};
+                auto b = view<Part, Inner>(*b_qkv);  // (part, heads x head)
                 return {select<Part>(w, 0), select<Part>(w, 1), select<Part>(w, 2),
                         select<Part>(b, 0), select<Part>(b, 1), select<Part>(b, 2)};
             }
         }
         if (!w_q || !w_k || !w_v) throw shape_error("dimsum: multi_head_attention: neither w_qkv nor w_q, w_k and w_v are set");
-        return {w_q->view(), w_k->view(), w_v->view(), b_q.view(), b_k.view(), b_v.view()};
+        return {w_q->view(), w_k->view(), w_v->view(), bias_or_zero(b_q), bias_or_zero(b_k), bias_or_zero(b_v)};
+    }
+
+    // An absent bias reads as zeros: a view whose one element, stride 0, is a constant zero,
+    // so that a layer with and without biases is one formula and allocates nothing.
+    static constexpr T zero_value = T(0);
+    template <axis_type Axis>
+    static tensor_view<const T, Axis> zero(std::size_t extent = Axis::static_extent) {
+        return {&zero_value, shape<Axis>(Axis{extent}), {0}};
+    }
+    template <axis_type Axis>
+    static tensor_view<const T, Axis> bias_or_zero(const std::optional<tensor<T, Axis>>& bias,
+                                                   std::size_t extent = Axis::static_extent) {
+        return bias ? bias->view() : zero<Axis>(extent);
     }
 
     // (batch, 1, 1, key): 0 for the keys within each sequence's length, -infinity past it;
