@@ -1,18 +1,21 @@
 // A BERT encoder layer (Devlin et al. 2019; post-norm, as torch.nn.TransformerEncoderLayer):
 //     h = layer_norm(x + attention(x))
 //     y = layer_norm(h + gelu(h W_1 + b_1) W_2 + b_2)
-// with its weights loaded from .npy files, checked against PyTorch's output for the same
-// weights (tests/reference/generate_bert.py made both).
+// with its weights loaded by name from a checkpoint, checked against PyTorch's output for the
+// same weights (tests/reference/generate_bert.py made both).
 //
-//     bert_layer [--weights DIR] [--input FILE]
+//     bert_layer [--weights PATH] [--input FILE]
 //
-// DIR holds the weights, x.npy, lengths.npy and PyTorch's out.npy and out_padded.npy (by
-// default the committed tests/reference/bert, a layer of model width 128 and 2 heads of 64).
-// It prints the largest difference from PyTorch with and without key padding and fails
-// beyond 1e-4; a missing, malformed or mis-shaped file is a one-line error.
+// PATH is a .safetensors file, an .npz or a folder of .npy files holding the layer's
+// parameters under the names of its struct below (by default the committed
+// tests/reference/bert/weights.safetensors, a layer of model width 128 and 2 heads of 64).
+// FILE is the input (by default x.npy beside it), and PyTorch's out.npy and out_padded.npy lie
+// beside it too. It prints the largest difference from PyTorch with and without key padding
+// and fails beyond 1e-4; a missing, malformed or mis-shaped file is a one-line error.
 
 #include <dimsum/dimsum.hpp>
 #include <dimsum/interop/npy.hpp>
+#include <dimsum/interop/parameters.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -34,12 +37,16 @@ using Hidden = ds::axis<"hidden", 512>;  // the feed-forward width
 using activations = ds::tensor<float, Batch, Seq, Model>;
 
 struct encoder_layer {
-    ds::nn::multi_head_attention<float, Model, Heads, Head> attention;
-    ds::tensor<float, Model> ln1_weight, ln1_bias, ln2_weight, ln2_bias;
-    ds::tensor<float, Model, Hidden> w_ff1;  // (model, hidden)
-    ds::tensor<float, Hidden> b_ff1;
-    ds::tensor<float, Hidden, Model> w_ff2;  // (hidden, model)
-    ds::tensor<float, Model> b_ff2;
+    BOOST_HANA_DEFINE_STRUCT(encoder_layer,
+        (ds::nn::multi_head_attention<float, Model, Heads, Head>, attention),
+        (ds::tensor<float, Model>, ln1_weight),
+        (ds::tensor<float, Model>, ln1_bias),
+        (ds::tensor<float, Model, Hidden>, w_ff1),  // (model, hidden)
+        (ds::tensor<float, Hidden>, b_ff1),
+        (ds::tensor<float, Hidden, Model>, w_ff2),  // (hidden, model)
+        (ds::tensor<float, Model>, b_ff2),
+        (ds::tensor<float, Model>, ln2_weight),
+        (ds::tensor<float, Model>, ln2_bias));
     static constexpr double epsilon = 1e-12;  // BERT's LayerNorm
 
     // y (batch, seq, model) for x (batch, seq, model)
@@ -47,25 +54,6 @@ struct encoder_layer {
         activations h = ds::nn::layer_norm(x + attention(x, options), ln1_weight, ln1_bias, epsilon);
         auto feed_forward = ds::matmul(ds::nn::gelu(ds::matmul(h, w_ff1) + b_ff1), w_ff2) + b_ff2;
         return ds::nn::layer_norm(h + feed_forward, ln2_weight, ln2_bias, epsilon);
-    }
-
-    static encoder_layer load(const std::string& dir) {
-        auto file = [&](const char* name) { return dir + "/" + name + ".npy"; };
-        using QKV = decltype(attention)::Fused;
-        encoder_layer l;
-        l.attention.w_qkv = ds::load_npy<float, Model, QKV>(file("w_qkv"));
-        l.attention.b_qkv = ds::load_npy<float, QKV>(file("b_qkv"));
-        l.attention.w_o = ds::load_npy<float, decltype(attention)::Inner, Model>(file("w_o"));
-        l.attention.b_o = ds::load_npy<float, Model>(file("b_o"));
-        l.ln1_weight = ds::load_npy<float, Model>(file("ln1_weight"));
-        l.ln1_bias = ds::load_npy<float, Model>(file("ln1_bias"));
-        l.w_ff1 = ds::load_npy<float, Model, Hidden>(file("w_ff1"));
-        l.b_ff1 = ds::load_npy<float, Hidden>(file("b_ff1"));
-        l.w_ff2 = ds::load_npy<float, Hidden, Model>(file("w_ff2"));
-        l.b_ff2 = ds::load_npy<float, Model>(file("b_ff2"));
-        l.ln2_weight = ds::load_npy<float, Model>(file("ln2_weight"));
-        l.ln2_bias = ds::load_npy<float, Model>(file("ln2_bias"));
-        return l;
     }
 };
 
@@ -82,16 +70,18 @@ double difference(const bert::activations& got, const ds::tensor<double, bert::B
 }
 
 int main(int argc, char** argv) {
-    std::string dir = DIMSUM_BERT_DATA, input;
+    std::string weights = DIMSUM_BERT_DATA "/weights.safetensors", input;
     for (int i = 1; i + 1 < argc; i += 2) {
         std::string flag = argv[i];
-        if (flag == "--weights") dir = argv[i + 1];
+        if (flag == "--weights") weights = argv[i + 1];
         else if (flag == "--input") input = argv[i + 1];
     }
+    const std::string dir = DIMSUM_BERT_DATA;
     if (input.empty()) input = dir + "/x.npy";
     try {
         using namespace bert;
-        const encoder_layer layer = encoder_layer::load(dir);
+        encoder_layer layer;
+        ds::load(layer, weights);
         activations x = ds::load_npy<float, Batch, Seq, Model>(input);  // (batch, seq, model)
         auto want = ds::load_npy<double, Batch, Seq, Model>(dir + "/out.npy");
         auto want_padded = ds::load_npy<double, Batch, Seq, Model>(dir + "/out_padded.npy");
@@ -101,7 +91,7 @@ int main(int argc, char** argv) {
         double plain = difference(layer(x), want);
         double padded = difference(layer(x, {.key_lengths = lengths}), want_padded);
         std::printf("BERT encoder layer, x (batch=%zu, seq=%zu, model=128), weights from %s\n", x.shape().extent(0),
-                    x.shape().extent(1), dir.c_str());
+                    x.shape().extent(1), weights.c_str());
         std::printf("largest difference from torch.nn.TransformerEncoderLayer: %.2e; with key padding: %.2e\n", plain,
                     padded);
         return plain <= 1e-4 && padded <= 1e-4 ? 0 : 1;

@@ -12,34 +12,33 @@ hand below. Needs Debian's python3-torch and python3-numpy:
 
     /usr/bin/python3 tests/reference/generate_bert.py
 
-Files, weights in the x @ W orientation (torch's Linear weights transposed, shape (in, out)):
+Files: weights.safetensors, the layer's parameters under the names of its parameter struct in
+examples/bert_layer.cpp (written by hand to the published layout: safetensors_by_hand.py),
+in the x @ W orientation (torch's Linear weights transposed, shape (in, out)), float32:
+    attention.w_qkv   (128, 384)   columns q | k | v, each 2 heads x 64
+    attention.b_qkv   (384,)
+    attention.w_o     (128, 128)   rows: head-major concatenation of the heads
+    attention.b_o     (128,)
+    ln1_weight, ln1_bias (128,)    LayerNorm after attention + residual
+    w_ff1             (128, 512)
+    b_ff1             (512,)
+    w_ff2             (512, 128)
+    b_ff2             (128,)
+    ln2_weight, ln2_bias (128,)    LayerNorm after feed-forward + residual
+and .npy files:
     x           (2, 16, 128)  float32   input, standard normal
-    w_qkv       (128, 384)    float32   columns q | k | v, each 2 heads x 64
-    b_qkv       (384,)        float32
-    w_o         (128, 128)    float32   rows: head-major concatenation of the heads
-    b_o         (128,)        float32
-    ln1_weight, ln1_bias (128,) float32 LayerNorm after attention + residual
-    w_ff1       (128, 512)    float32
-    b_ff1       (512,)        float32
-    w_ff2       (512, 128)    float32
-    b_ff2       (128,)        float32
-    ln2_weight, ln2_bias (128,) float32 LayerNorm after feed-forward + residual
     out         (2, 16, 128)  float64   the layer's output, no mask
     out_padded  (2, 16, 128)  float64   with a key padding mask: sequence b attends to its
                                         first lengths[b] keys only
     lengths     (2,)          float64   [16, 11]
-
-Padded positions: src_key_padding_mask masks keys, not queries, so in out_padded the rows of
-sequence 1 at positions 11..15 are ordinary, finite outputs: those positions' queries attend
-to keys 0..10, and the feed-forward and LayerNorms run on them as on any row. The rows at
-positions 0..10 do not depend on the input at positions 11..15. (torch's fused fast path,
-taken without autograd, returns the same values here; the script checks that too.)
 """
 import math
 import pathlib
 
 import numpy as np
 import torch
+
+from safetensors_by_hand import write_safetensors
 
 HERE = pathlib.Path(__file__).resolve().parent
 OUT_DIR = HERE / "bert"
@@ -141,14 +140,15 @@ def main():
     assert not torch.allclose(out_padded[1], out[1], rtol=1e-3, atol=1e-3)
 
     OUT_DIR.mkdir(exist_ok=True)
-    for name, t in p.items():
-        np.save(OUT_DIR / f"{name}.npy", t.numpy().astype(np.float32))
+    in_struct = {"w_qkv": "attention.w_qkv", "b_qkv": "attention.b_qkv", "w_o": "attention.w_o", "b_o": "attention.b_o"}
+    write_safetensors(OUT_DIR / "weights.safetensors",
+                      {in_struct.get(name, name): t.numpy().astype(np.float32) for name, t in p.items()})
     np.save(OUT_DIR / "x.npy", x.numpy().astype(np.float32))
     np.save(OUT_DIR / "out.npy", out.numpy())
     np.save(OUT_DIR / "out_padded.npy", out_padded.numpy())
     np.save(OUT_DIR / "lengths.npy", np.array(LENGTHS, dtype=np.float64))
-    files = sorted(OUT_DIR.glob("*.npy"))
-    print("wrote", ", ".join(f"{f.name} {np.load(f).shape}" for f in files),
+    files = sorted([*OUT_DIR.glob("*.npy"), OUT_DIR / "weights.safetensors"])
+    print("wrote", ", ".join(f.name for f in files),
           f"({sum(f.stat().st_size for f in files)} bytes)")
 
 
