@@ -38,6 +38,7 @@ namespace dimsum::backend::cpu {
     template void apply_to_block<fn::minimum, T, 2>(std::size_t, const T* const*, T*);                           \
     template void apply_to_block<fn::where, T, 3>(std::size_t, const T* const*, T*);
 
+template const char* instruction_set<void>();
 DIMSUM_KERNELS_FOR(float)
 DIMSUM_KERNELS_FOR(double)
 

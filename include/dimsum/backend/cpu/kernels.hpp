@@ -17,6 +17,12 @@ namespace dimsum::backend::cpu {
 using evaluation::max_rank;
 using evaluation::strided;
 
+// The instruction set the kernels were compiled for, as xsimd names it ("avx512dq",
+// "fma3+avx2", "sse2", ...): dimsum::kernels' where the program links it, else the
+// program's own (its -march). A template only so that it is compiled where the kernels are.
+template <class = void>
+const char* instruction_set();
+
 // ---- matrix products (gemm.hpp)
 
 // A strided matrix: element (i, j) at data[i * row_stride + j * col_stride].

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "dimsum/backend/cpu/kernels.hpp"
+
 namespace dimsum::backend::cpu {
 
 // xsimd's default: the widest instruction set enabled, with one exception. xsimd 8.1's
@@ -37,6 +39,11 @@ using simd_arch = xsimd::default_arch;
 
 template <class T>
 using simd = xsimd::batch<T, simd_arch>;
+
+template <class>
+const char* instruction_set() {
+    return simd_arch::name();
+}
 
 // Outputs larger than this go around the caches (non-temporal stores): a normal store first
 // reads the line it writes, which costs a third of the bandwidth of a copy, and a result this
