@@ -22,8 +22,8 @@ struct StringMaker<layout> {  // CuTe's notation: (extents):(strides)+offset
     static std::string convert(const layout& l) {
         std::string e, s;
         for (std::size_t i = 0; i < l.rank; ++i) {
-            e += (i ? "," : "") + std::to_string(l.extents[i]);
-            s += (i ? "," : "") + std::to_string(l.strides[i]);
+            e.append(i ? "," : "").append(std::to_string(l.extents[i]));  // not "," + ...: g++ 12's -Wrestrict
+            s.append(i ? "," : "").append(std::to_string(l.strides[i]));
         }
         return "(" + e + "):(" + s + ")+" + std::to_string(l.offset);
     }
