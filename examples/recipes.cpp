@@ -240,16 +240,10 @@ struct decoder {
     decoder(std::size_t batch, std::size_t max_seq)
         : k_cache(Batch{batch}, Seq{max_seq}), v_cache(Batch{batch}, Seq{max_seq}) {}
 
-    // The first `length` positions of a cache: a view with the cache's strides, no copy.
-    static ds::tensor_view<float, Batch, Heads, Seq, Head> first(ds::tensor<float, Batch, Heads, Seq, Head>& cache,
-                                                                 std::size_t length) {
-        ds::shape<Batch, Heads, Seq, Head> shape(Batch{cache.extent(0)}, Seq{length});
-        return {std::span<float>(cache.data(), cache.size()), shape, cache.strides()};
-    }
-
     // y (batch, seq=1, model) for the token x (batch, seq=1, model) at position t.
     void step(const ds::tensor<float, Batch, Seq, Model>& x, std::size_t t, ds::tensor<float, Batch, Seq, Model>& y) {
-        auto keys = first(k_cache, t + 1), values = first(v_cache, t + 1);  // (batch, heads, seq=t+1, head)
+        // the first t + 1 positions of each cache: views, no copy (batch, heads, seq=t+1, head)
+        auto keys = ds::slice<Seq>(k_cache, 0, t + 1), values = ds::slice<Seq>(v_cache, 0, t + 1);
         ds::select<Seq>(keys, t) = ds::select<Seq>(split_heads(ds::matmul(x, w_k)), 0);  // (batch, heads, head)
         ds::select<Seq>(values, t) = ds::select<Seq>(split_heads(ds::matmul(x, w_v)), 0);
         // One query (seq=1) against t + 1 keys (seq=t+1): the two seq axes are never compared.

@@ -114,7 +114,7 @@ private:
                 }
                 out_ << ')';
                 return;
-            case step_kind::permute: case step_kind::reshape: case step_kind::select: {
+            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: {
                 const std::size_t from = s.operands[0];
                 const bool copied = plan_.placed[id] && plan_.values[id].memory == memory_kind::temporary &&
                                     (!plan_.placed[from] || plan_.values[from].memory != memory_kind::temporary ||
@@ -123,6 +123,10 @@ private:
                 if (copied) memory(plan_.values[id]);  // over a row-major copy of the operand
                 else operand(from, product, inner);
                 if (s.kind == step_kind::select) out_ << ", " << s.index;
+                if (s.kind == step_kind::slice) {
+                    out_ << ", " << s.index << ':' << s.index + s.extents[s.axis] * s.spacing;
+                    if (s.spacing != 1) out_ << ':' << s.spacing;
+                }
                 out_ << ')';
                 return;
             }

@@ -72,6 +72,15 @@ constexpr layout unpermute(const layout& l, const order_t& order) {
     return p;
 }
 
+// The positions begin, begin + spacing, ... (count of them) along `axis`: a narrower axis.
+constexpr layout slice(const layout& l, std::size_t axis, std::size_t begin, std::size_t count, std::size_t spacing) {
+    layout s = l;
+    s.offset += static_cast<std::ptrdiff_t>(begin) * l.strides[axis];
+    s.extents[axis] = count;
+    s.strides[axis] = l.strides[axis] * static_cast<std::ptrdiff_t>(spacing);
+    return s;
+}
+
 // The elements at `index` along `axis`: one axis fewer.
 constexpr layout select(const layout& l, std::size_t axis, std::size_t index) {
     layout s = l;

@@ -64,6 +64,13 @@ void describe(step& s, std::vector<binding>&, const expr::select<S, Axis, X>& no
     s.axis = Axis;
     s.index = node.index;
 }
+template <class T, class S, std::size_t Axis, class X>
+void describe(step& s, std::vector<binding>&, const expr::slice<S, Axis, X>& node) {
+    s.kind = step_kind::slice;
+    s.axis = Axis;
+    s.index = node.begin;
+    s.spacing = node.spacing;
+}
 template <class T, class S, class L, class R>
 void describe(step& s, std::vector<binding>&, const expr::matmul<S, L, R>&) {
     s.kind = step_kind::matmul;

@@ -76,12 +76,13 @@ struct planner_options {
     bool fuse_epilogues = true;  // elementwise formulas of a product into its gemm
 };
 
-// The layout of view step s (permute, select, reshape) of a value laid out as `from`, if the
+// The layout of view step s (permute, select, slice, reshape) of a value laid out as `from`, if the
 // layout can express it (a reshape may need a row-major copy first).
 inline std::optional<layout> view_layout(const step& s, const layout& from) {
     switch (s.kind) {
         case step_kind::permute: return permute(from, s.order);
         case step_kind::select: return select(from, s.axis, s.index);
+        case step_kind::slice: return slice(from, s.axis, s.index, s.extents[s.axis], s.spacing);
         case step_kind::reshape: return reshape(from, s.rank, s.extents);
         case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
         case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
@@ -116,7 +117,7 @@ private:
         const step& s = steps_[id];
         switch (s.kind) {
             case step_kind::tensor: return {memory_kind::binding, s.binding, bindings_[s.binding].where};
-            case step_kind::permute: case step_kind::select: case step_kind::reshape: {
+            case step_kind::permute: case step_kind::select: case step_kind::slice: case step_kind::reshape: {
                 if (s.kind == step_kind::reshape && copy_is_certain(s)) {  // computed into the copy at once
                     const step& operand = steps_[s.operands[0]];
                     place copy = temporary(operand.rank, operand.extents);
@@ -175,7 +176,7 @@ private:
                 }
                 return write_fused(id, dst);
             case step_kind::tensor: case step_kind::number: case step_kind::elementwise: case step_kind::reshape:
-            case step_kind::select:
+            case step_kind::select: case step_kind::slice:
                 return write_fused(id, dst);  // a fused pass, or a copy of a view
         }
     }

@@ -18,7 +18,7 @@
 
 namespace dimsum::evaluation {
 
-enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshape, select, matmul, softmax, layer_norm, sum, max, mean };
+enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshape, select, slice, matmul, softmax, layer_norm, sum, max, mean };
 
 // The element types a program can hold.
 enum class element_type : std::uint8_t { float32, float64 };
@@ -57,7 +57,7 @@ constexpr bool in_future(std::size_t query, std::size_t key, std::size_t queries
 // view of another step's value), rather than an array that an executor computes.
 constexpr bool is_view(step_kind kind) {
     return kind == step_kind::tensor || kind == step_kind::permute || kind == step_kind::reshape ||
-           kind == step_kind::select;
+           kind == step_kind::select || kind == step_kind::slice;
 }
 
 struct step {
@@ -74,8 +74,9 @@ struct step {
     double number = 0;         // number (exact for float and double); layer_norm: epsilon
     op_code op{};              // elementwise: which function of the operands
     order_t order{};           // permute: result axis i is operand axis order[i]
-    std::size_t axis = 0;      // select, softmax, layer_norm, reductions
-    std::size_t index = 0;     // select
+    std::size_t axis = 0;      // select, slice, softmax, layer_norm, reductions
+    std::size_t index = 0;     // select; slice: the first position kept
+    std::size_t spacing = 1;   // slice: the distance between the positions kept
 };
 
 struct program {
@@ -107,6 +108,7 @@ constexpr std::string_view name_of(step_kind kind) {
         case step_kind::permute: return "transpose";
         case step_kind::reshape: return "view";
         case step_kind::select: return "select";
+        case step_kind::slice: return "slice";
         case step_kind::matmul: return "matmul";
         case step_kind::softmax: return "softmax";
         case step_kind::layer_norm: return "layer_norm";

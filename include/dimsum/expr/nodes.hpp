@@ -114,6 +114,19 @@ struct select {
     shape_type shape() const { return extents; }
 };
 
+// The positions begin, begin + spacing, ... along operand axis Axis, whose extent in Shape
+// says how many.
+template <class Shape, std::size_t Axis, class Operand>
+struct slice {
+    using shape_type = Shape;
+    using value_type = value_type_of<Operand>;
+    static constexpr std::size_t axis = Axis;
+    expr::operands<Operand> operands;
+    shape_type extents;
+    std::size_t begin, spacing;
+    shape_type shape() const { return extents; }
+};
+
 // (..., m, k) x (..., k, n) -> (..., m, n), leading axes broadcast.
 template <class Shape, class Lhs, class Rhs>
 struct matmul {

@@ -136,7 +136,7 @@ private:
             case step_kind::max: return cpu::reduce<fn::max, T>(x, dst, s.axis);
             case step_kind::mean: return cpu::reduce<fn::mean, T>(x, dst, s.axis);
             case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
-            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::matmul:
+            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
                 break;
         }
         throw std::logic_error("dimsum: a rowwise entry of another step");

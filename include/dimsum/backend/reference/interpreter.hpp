@@ -69,7 +69,7 @@ private:
             case step_kind::max: return reduce<fn::max, T>(x, dst, s.axis);
             case step_kind::mean: return reduce<fn::mean, T>(x, dst, s.axis);
             case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
-            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::matmul:
+            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
                 break;
         }
         throw std::logic_error("dimsum: a rowwise entry of another step");
@@ -89,7 +89,7 @@ private:
                 return fn::evaluate(s.op, arguments);
             }
             case step_kind::tensor: case step_kind::causal_mask: case step_kind::permute: case step_kind::reshape:
-            case step_kind::select: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
+            case step_kind::select: case step_kind::slice: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
             case step_kind::sum: case step_kind::max: case step_kind::mean:
                 return value(id).at(index);
         }
