@@ -409,12 +409,11 @@ namespace llama {
 using Batch = ds::axis<"batch">;
 using Seq = ds::axis<"seq">;
 using Model = ds::axis<"model", 16>;
-using OneModel = ds::axis<"model", 1>;  // the reduced axis kept at extent 1 (keepdims)
 using Hidden = ds::axis<"hidden", 40>;
 
 // x / sqrt(mean(x^2) + epsilon) g, along model: (batch, seq, model)
 auto rms_norm(auto&& x, auto&& g, float epsilon) {
-    auto mean_square = ds::view<Batch, Seq, OneModel>(ds::mean<Model>(x * x));  // (batch, seq, model=1)
+    auto mean_square = ds::mean<Model>(x * x, ds::keep_axis);  // (batch, seq, model=1)
     return x / ds::sqrt(mean_square + epsilon) * g;
 }
 
@@ -463,21 +462,20 @@ bool run() {
 
 namespace keepdims {
 
+using Batch = ds::axis<"batch">;
 using Rows = ds::axis<"rows">;
 using Cols = ds::axis<"cols">;
-using OneCol = ds::axis<"cols", 1>;  // an extent-1 axis broadcasts against cols only
 
 bool run() {
     ds::tensor<double, Rows, Cols> x(Rows{3}, Cols{5});
     ds::fill_uniform(x, 23);
 
-    // Along the last axis: the row maxima (rows) viewed as (rows, cols=1), as keepdims=True.
-    auto row_max = ds::view<Rows, OneCol>(ds::max<Cols>(x));  // (rows, cols=1)
-    ds::tensor<double, Rows, Cols> centred = x - row_max;
-    // Along the first axis no view is needed: (cols) meets (rows, cols) as a missing leading axis.
+    // keepdims: the row maxima as (rows, cols=1), which broadcasts against cols.
+    ds::tensor<double, Rows, Cols> centred = x - ds::max<Cols>(x, ds::keep_axis);
+    // Along the first axis it is not needed: (cols) meets (rows, cols) as a missing leading axis.
     ds::tensor<double, Rows, Cols> demeaned = x - ds::mean<Rows>(x);
-    // unsqueeze: a new leading axis of extent 1, a view of the same memory.
-    auto batched = ds::view<ds::axis<"batch", 1>, Rows, Cols>(x);  // (batch=1, rows, cols)
+    // unsqueeze: a new axis of extent 1 before position 0, a view of the same memory.
+    auto batched = ds::unsqueeze<Batch, 0>(x);  // (batch=1, rows, cols)
 
     std::vector<double> want_centred(15), want_demeaned(15);
     auto xs = reference::values(x);

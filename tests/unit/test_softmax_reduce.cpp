@@ -94,3 +94,31 @@ TEST_CASE("reducing the only axis gives a rank-0 tensor") {
     ds::tensor<double> total = ds::sum<Rows>(v * 2.0);
     REQUIRE(total() == Approx(2.0 * xt::sum(test::to_xt(v))()).epsilon(1e-13));
 }
+
+TEST_CASE("reductions that keep their axis broadcast back against their operand") {
+    using Batch = ds::axis<"batch">;
+    using Seq = ds::axis<"seq">;
+    using Model = ds::axis<"model", 7>;
+    ds::tensor<double, Batch, Seq, Model> x(Batch{3}, Seq{5});
+    ds::fill_uniform(x, 11, -2.0, 2.0);
+    const auto xx = test::to_xt(x);
+    auto both = [](const auto& formula, const xt::xarray<double>& want) {
+        test::require_close(ds::eval(formula, ds::backend::cpu::evaluator{}), want, 1e-13, 1e-13);
+        test::require_close(ds::eval(formula, ds::backend::reference::evaluator{}), want, 1e-13, 1e-13);
+    };
+    auto kept = ds::mean<Model>(x, ds::keep_axis);
+    STATIC_REQUIRE(std::is_same_v<ds::shape_of<decltype(kept)>, ds::shape<Batch, Seq, ds::axis<"model", 1>>>);
+    both(kept, xt::mean(xx, {2}, xt::keep_dims));
+    both(ds::sum<Seq>(x, ds::keep_axis), xt::sum(xx, {1}, xt::keep_dims));
+    both(ds::max<Batch>(x, ds::keep_axis), xt::amax(xx, {0}, xt::keep_dims));
+    // RMSNorm's denominator and a softmax by hand, each one formula
+    // (xtensor's reducers are evaluated into arrays first: used lazily inside a broadcast
+    // expression, xtensor 0.24 gave wrong values here)
+    xt::xarray<double> mean_square = xt::mean(xx * xx, {2}, xt::keep_dims);
+    both(x / ds::sqrt(ds::mean<Model>(x * x, ds::keep_axis) + 1e-6), xx / xt::sqrt(mean_square + 1e-6));
+    xt::xarray<double> top = xt::amax(xx, {1}, xt::keep_dims);
+    xt::xarray<double> e = xt::exp(xx - top);
+    xt::xarray<double> total = xt::sum(e, {1}, xt::keep_dims);
+    both(ds::exp(x - ds::max<Seq>(x, ds::keep_axis)) / ds::sum<Seq>(ds::exp(x - ds::max<Seq>(x, ds::keep_axis)), ds::keep_axis),
+         e / total);
+}

@@ -110,3 +110,35 @@ TEST_CASE("rename gives an axis another name, at no cost") {
     REQUIRE(keys.data() == k.data());
     REQUIRE(keys.extent(0) == 5);
 }
+
+TEST_CASE("unsqueeze inserts an extent-1 axis, squeeze removes one; views of tensors, nodes of formulas") {
+    using Group = ds::axis<"group">;
+    ds::tensor<double, Batch, Seq, Model> x(Batch{2}, Seq{3});
+    ds::fill_uniform(x, 12);
+    const auto xx = test::to_xt(x);
+    auto grouped = ds::unsqueeze<Group, 1>(x);  // (batch, group=1, seq, model)
+    STATIC_REQUIRE(std::is_same_v<decltype(grouped), ds::tensor_view<double, Batch, ds::axis<"group", 1>, Seq, Model>>);
+    REQUIRE(grouped.data() == x.data());
+    REQUIRE(grouped.is_contiguous());
+    REQUIRE(grouped(1, 0, 2, 11) == x(1, 2, 11));
+    auto last = ds::unsqueeze<Group, 3>(x);  // after the last axis
+    REQUIRE(last.is_contiguous());
+    REQUIRE(last(1, 2, 11, 0) == x(1, 2, 11));
+
+    auto formula = ds::unsqueeze<Group, 0>(x * 2.0);  // a node: (group=1, batch, seq, model)
+    for (const auto& got : {ds::eval(formula, ds::backend::cpu::evaluator{}), ds::eval(formula, ds::backend::reference::evaluator{})}) {
+        test::require_close(got, xt::expand_dims(xx * 2.0, 0), 0, 0);
+    }
+    // it broadcasts by name against an axis of any extent
+    ds::tensor<double, Batch, Group, Seq, Model> four(Batch{2}, Group{4}, Seq{3});
+    ds::fill_uniform(four, 13);
+    test::require_close(ds::eval(four - grouped), test::to_xt(four) - xt::expand_dims(xx, 1), 1e-15, 0);
+
+    auto back = ds::squeeze<Group>(grouped);
+    STATIC_REQUIRE(std::is_same_v<decltype(back), ds::tensor_view<double, Batch, Seq, Model>>);
+    REQUIRE(back.data() == x.data());
+    test::require_close(ds::eval(ds::squeeze<Group>(formula)), xx * 2.0, 0, 0);
+    ds::tensor<double, Batch, Seq, Model> one_seq(Batch{2}, Seq{1});
+    REQUIRE(ds::squeeze<Seq>(one_seq).shape().extent(0) == 2);
+    REQUIRE(test::error_of([&] { ds::squeeze<Seq>(x); }) == "dimsum: squeeze: seq=3 is not of extent 1");
+}

@@ -4,6 +4,7 @@
 
 #include "dimsum/core/functors.hpp"
 #include "dimsum/ops/common.hpp"
+#include "dimsum/ops/view.hpp"
 #include "dimsum/shape/find_axis.hpp"
 #include "dimsum/shape/pick.hpp"
 
@@ -86,5 +87,37 @@ template <axis_type Axis, operand E>
 auto max(E&& e) { return detail::make_reduce<fn::max, Axis>(std::forward<E>(e)); }
 template <axis_type Axis, operand E>
 auto mean(E&& e) { return detail::make_reduce<fn::mean, Axis>(std::forward<E>(e)); }
+
+// Passed to a reduction, it keeps the reduced axis with extent 1 (keepdims in NumPy), so that
+// the result broadcasts against its operand: x - mean<Model>(x, ds::keep_axis).
+struct keep_axis_t {
+    explicit keep_axis_t() = default;
+};
+inline constexpr keep_axis_t keep_axis{};
+
+namespace detail {
+template <class Reduction, class Axis, class E>
+auto reduce_keeping_axis(E&& e) {
+    if constexpr (is_invalid<E>) {
+        return invalid_expression{};
+    } else {
+        using S = shape_of<E>;
+        constexpr axis_lookup found = find_axis<S>(Reduction::name, describe_axis<Axis>);
+        if constexpr (found.error.length != 0) {
+            return fail<found.error>();
+        } else {
+            using Kept = axis<S::template axis_at<found.position>::name, 1>;
+            return unsqueeze<Kept, found.position>(make_reduce<Reduction, Axis>(std::forward<E>(e)));
+        }
+    }
+}
+}  // namespace detail
+
+template <axis_type Axis, operand E>
+auto sum(E&& e, keep_axis_t) { return detail::reduce_keeping_axis<fn::sum, Axis>(std::forward<E>(e)); }
+template <axis_type Axis, operand E>
+auto max(E&& e, keep_axis_t) { return detail::reduce_keeping_axis<fn::max, Axis>(std::forward<E>(e)); }
+template <axis_type Axis, operand E>
+auto mean(E&& e, keep_axis_t) { return detail::reduce_keeping_axis<fn::mean, Axis>(std::forward<E>(e)); }
 
 }  // namespace dimsum

@@ -269,4 +269,90 @@ auto chunk(E&& e) {
     }
 }
 
+namespace detail {
+
+// Empty, or why axis A cannot be inserted at `position` of a shape of `rank` axes.
+constexpr message unsqueeze_error(std::size_t position, std::size_t rank, axis_desc a) {
+    message m;
+    if (position > rank) m << "dimsum: unsqueeze: position " << position << " is past the " << rank << " axes";
+    else if (a.is_static() && a.extent != 1) m << "dimsum: unsqueeze: the axis inserted has extent 1, not " << a;
+    return m;
+}
+
+constexpr message squeeze_error(axis_desc a) {
+    message m;
+    if (a.is_static() && a.extent != 1) m << "dimsum: squeeze: " << a << " is not of extent 1";
+    return m;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_squeeze(axis_desc a, std::size_t extent) {
+    message m;
+    m << "dimsum: squeeze: ";
+    write_axis(m, a, extent) << " is not of extent 1";
+    throw shape_error(m);
+}
+
+}  // namespace detail
+
+// unsqueeze<Axis, Position>(x): x with an axis of extent 1, named like Axis, inserted before
+// the axis at Position (Position = rank: after the last). It broadcasts against an axis of
+// the same name: mean<Model>(x) unsqueezed back where model was meets x. Of a tensor or view
+// it is a view.
+template <axis_type Axis, std::size_t Position, operand E>
+auto unsqueeze(E&& e) {
+    if constexpr (is_invalid<E>) {
+        return invalid_expression{};
+    } else {
+        using S = shape_of<E>;
+        constexpr message error = detail::unsqueeze_error(Position, S::rank, describe_axis<Axis>);
+        if constexpr (error.length != 0) {
+            return fail<error>();
+        } else {
+            using Target = detail::concat_t<detail::concat_t<detail::slice_t<S, 0, Position>, shape<axis<Axis::name, 1>>>,
+                                            detail::slice_t<S, Position, S::rank - Position>>;
+            std::array<std::size_t, S::rank + 1> all{};
+            for (std::size_t i = 0, from = 0; i <= S::rank; ++i) all[i] = i == Position ? 1 : e.shape().extent(from++);
+            Target extents = Target::from_extents(all, "unsqueeze");
+            if constexpr (detail::is_strided_leaf<E>) {
+                auto v = detail::leaf_view(std::forward<E>(e));
+                strides_t<S::rank + 1> strides{};
+                for (std::size_t i = 0, from = 0; i <= S::rank; ++i) {
+                    // the row-major stride, so that a contiguous view stays one
+                    strides[i] = i != Position        ? v.strides()[from++]
+                                 : Position < S::rank ? v.strides()[Position] * static_cast<std::ptrdiff_t>(all[i + 1])
+                                                      : 1;
+                }
+                return view_of_shape_t<typename decltype(v)::element_type, Target>(v.data(), extents, strides);
+            } else {
+                return expr::reshape<Target, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents};
+            }
+        }
+    }
+}
+
+// squeeze<Axis>(x): x without the named axis, which must have extent 1 (at compile time where
+// it is static, else a shape_error).
+template <axis_type Axis, operand E>
+auto squeeze(E&& e) {
+    if constexpr (is_invalid<E>) {
+        return invalid_expression{};
+    } else {
+        using S = shape_of<E>;
+        constexpr detail::axis_lookup found = detail::find_axis<S>("squeeze", describe_axis<Axis>);
+        if constexpr (found.error.length != 0) {
+            return fail<found.error>();
+        } else {
+            constexpr message error = detail::squeeze_error(S::axes[found.position]);
+            if constexpr (error.length != 0) {
+                return fail<error>();
+            } else {
+                if (e.shape().extent(found.position) != 1) {
+                    detail::throw_squeeze(S::axes[found.position], e.shape().extent(found.position));
+                }
+                return select<Axis>(std::forward<E>(e), 0);
+            }
+        }
+    }
+}
+
 }  // namespace dimsum
