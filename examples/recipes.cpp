@@ -173,32 +173,26 @@ using Batch = ds::axis<"batch">;
 using Heads = ds::axis<"heads", 2>;
 using Seq = ds::axis<"seq">;
 using Head = ds::axis<"head", 8>;
-using Half = ds::axis<"half", 2>;  // head = half x rot
-using Rot = ds::axis<"rot", 4>;    // the rotated pairs
+using HalfHead = ds::axis<"head", 4>;  // the rotated pairs: each half of a head
 
 bool run() {
     const std::size_t batch = 2, seq = 6;
     ds::tensor<float, Batch, Heads, Seq, Head> q(Batch{batch}, Seq{seq});  // (batch, heads, seq, head)
     ds::fill_uniform(q, 4);
 
-    // The tables, (seq, rot): position p turns pair i by p / 10000^(2i / head).
-    ds::tensor<float, Seq, Rot> cos(Seq{seq}), sin(Seq{seq});
+    // The angles, (seq, head=4): position p turns pair i by p / 10000^(2i / head).
+    ds::tensor<float, Seq, HalfHead> angle(Seq{seq});
     for (std::size_t p = 0; p < seq; ++p) {
-        for (std::size_t i = 0; i < 4; ++i) {
-            double angle = double(p) * std::pow(10000.0, -2.0 * double(i) / 8.0);
-            cos(p, i) = static_cast<float>(std::cos(angle));
-            sin(p, i) = static_cast<float>(std::sin(angle));
-        }
+        for (std::size_t i = 0; i < 4; ++i) angle(p, i) = static_cast<float>(double(p) * std::pow(10000.0, -i / 4.0));
     }
+    auto cos = ds::eval(ds::cos(angle)), sin = ds::eval(ds::sin(angle));  // the tables, computed once
 
-    // The two halves of each head are views of q; the rotated halves are written through
-    // views of the result. No slicing or concatenation needed.
-    auto x = ds::view<Batch, Heads, Seq, Half, Rot>(q);  // (batch, heads, seq, half, rot)
-    auto x1 = ds::select<Half>(x, 0), x2 = ds::select<Half>(x, 1);  // (batch, heads, seq, rot)
+    // The two halves of each head are slices of q; the rotated halves are written through
+    // slices of the result, so no concatenation is needed.
+    auto x1 = ds::slice<Head, 0, 4>(q), x2 = ds::slice<Head, 4, 8>(q);  // (batch, heads, seq, head=4)
     ds::tensor<float, Batch, Heads, Seq, Head> rotated(Batch{batch}, Seq{seq});
-    auto out = ds::view<Batch, Heads, Seq, Half, Rot>(rotated);
-    ds::select<Half>(out, 0) = x1 * cos - x2 * sin;  // (seq, rot) broadcasts over batch and heads
-    ds::select<Half>(out, 1) = x2 * cos + x1 * sin;
+    ds::slice<Head, 0, 4>(rotated) = x1 * cos - x2 * sin;  // (seq, head=4) broadcasts over batch and heads
+    ds::slice<Head, 4, 8>(rotated) = x2 * cos + x1 * sin;
 
     std::vector<double> want(q.size());
     auto qs = reference::values(q);

@@ -30,12 +30,16 @@ namespace dimsum::backend::cpu {
     template void apply_to_block<fn::sigmoid, T, 1>(std::size_t, const T* const*, T*);                           \
     template void apply_to_block<fn::silu, T, 1>(std::size_t, const T* const*, T*);                              \
     template void apply_to_block<fn::gelu, T, 1>(std::size_t, const T* const*, T*);                              \
+    template void apply_to_block<fn::sin, T, 1>(std::size_t, const T* const*, T*);                               \
+    template void apply_to_block<fn::cos, T, 1>(std::size_t, const T* const*, T*);                               \
+    template void apply_to_block<fn::rsqrt, T, 1>(std::size_t, const T* const*, T*);                             \
     template void apply_to_block<fn::add, T, 2>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::subtract, T, 2>(std::size_t, const T* const*, T*);                          \
     template void apply_to_block<fn::multiply, T, 2>(std::size_t, const T* const*, T*);                          \
     template void apply_to_block<fn::divide, T, 2>(std::size_t, const T* const*, T*);                            \
     template void apply_to_block<fn::maximum, T, 2>(std::size_t, const T* const*, T*);                           \
     template void apply_to_block<fn::minimum, T, 2>(std::size_t, const T* const*, T*);                           \
+    template void apply_to_block<fn::pow, T, 2>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::where, T, 3>(std::size_t, const T* const*, T*);
 
 template const char* instruction_set<void>();

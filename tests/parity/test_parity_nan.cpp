@@ -38,6 +38,10 @@ TEST_CASE("elementwise functions: NaN and infinities in every lane and tail") {
                 require_parity(ds::sigmoid(x), tolerance<float>, 1e-7);
                 require_parity(ds::silu(x), tolerance<float>, 1e-7);
                 require_parity(ds::gelu(x), tolerance<float>, 1e-7);
+                require_parity(ds::sin(x) + ds::cos(x), tolerance<float>, 1e-7);
+                require_parity(ds::rsqrt(x), tolerance<float>, 0);
+                require_parity(ds::pow(x, y), 0, 0);  // lane by lane with std::pow: the same bits
+                require_parity(ds::pow(x, 0.0f) + ds::pow(1.0f, x), 0, 0);  // 1 even for NaN
                 require_parity(x + y, 0, 0);
                 require_parity(x * y - y / x, tolerance<float>, 1e-7);
                 require_parity(ds::max(x, y), 0, 0);

@@ -43,6 +43,12 @@ TEST_CASE("unary functions and scalars") {
     test::require_close(ds::eval(ds::sigmoid(a)), 1.0 / (1.0 + xt::exp(-xa)), 1e-14);
     test::require_close(ds::eval(ds::silu(a)), xa / (1.0 + xt::exp(-xa)), 1e-14);
     test::require_close(ds::eval(ds::gelu(a)), xa * (1.0 + xt::erf(xa / std::sqrt(2.0))) / 2.0, 1e-11, 1e-300);
+    test::require_close(ds::eval(ds::sin(a * 1000.0)), xt::sin(xa * 1000.0), 1e-13, 1e-15);  // far from 0 too
+    test::require_close(ds::eval(ds::cos(a)), xt::cos(xa), 1e-14, 1e-15);
+    test::require_close(ds::eval(ds::rsqrt(ds::abs(a) + 0.5)), 1.0 / xt::sqrt(xt::abs(xa) + 0.5), 1e-15);
+    test::require_close(ds::eval(ds::pow(ds::abs(a), a)), xt::pow(xt::abs(xa), xa), 1e-14);
+    test::require_close(ds::eval(ds::pow(10000.0, -a / 8.0)), xt::pow(10000.0, -xa / 8.0), 1e-14);  // RoPE's frequencies
+    test::require_close(ds::eval(ds::pow(a, 3.0)), xa * xa * xa, 1e-14);  // negative bases, integer exponent
     test::require_close(ds::eval(-a), -xa, 1e-14);
     test::require_close(ds::eval(2 * a - 1.5), 2.0 * xa - 1.5, 1e-14);
     test::require_close(ds::eval(1.0 / (a * a + 1)), 1.0 / (xa * xa + 1.0), 1e-14);

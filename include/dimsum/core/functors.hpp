@@ -17,8 +17,8 @@ namespace dimsum {
 // has no default, so that a code added here is a -Wswitch error wherever it is not handled.
 enum class op_code : std::uint8_t {
     add, subtract, multiply, divide, negate,
-    exp, log, sqrt, tanh, abs, erf, sigmoid, silu, gelu,
-    maximum, minimum,
+    exp, log, sqrt, tanh, abs, erf, sigmoid, silu, gelu, sin, cos, rsqrt,
+    maximum, minimum, pow,
     where,  // where(condition, a, b): the condition a mask of 0 and 1
 };
 inline constexpr std::size_t op_code_count = std::size_t(op_code::where) + 1;
@@ -40,6 +40,18 @@ struct sqrt { static constexpr std::string_view name = "sqrt"; static constexpr 
 struct tanh { static constexpr std::string_view name = "tanh"; static constexpr op_code code = op_code::tanh; auto operator()(auto a) const { using std::tanh; return tanh(a); } };
 struct abs { static constexpr std::string_view name = "abs"; static constexpr op_code code = op_code::abs; auto operator()(auto a) const { using std::abs; return abs(a); } };
 struct erf { static constexpr std::string_view name = "erf"; static constexpr op_code code = op_code::erf; auto operator()(auto a) const { using std::erf; return erf(a); } };
+struct sin { static constexpr std::string_view name = "sin"; static constexpr op_code code = op_code::sin; auto operator()(auto a) const { using std::sin; return sin(a); } };
+struct cos { static constexpr std::string_view name = "cos"; static constexpr op_code code = op_code::cos; auto operator()(auto a) const { using std::cos; return cos(a); } };
+
+// 1 / sqrt(a), rounded as that division (not an approximate reciprocal square root).
+struct rsqrt {
+    static constexpr std::string_view name = "rsqrt";
+    static constexpr op_code code = op_code::rsqrt;
+    auto operator()(auto a) const {
+        using std::sqrt;
+        return decltype(a)(1) / sqrt(a);
+    }
+};
 
 // The logistic function 1 / (1 + e^-a), and SiLU (swish) a / (1 + e^-a) = a sigmoid(a),
 // written with one division so that it rounds once. Both are 0 (or -0) for very negative a
@@ -101,6 +113,17 @@ struct minimum {
     constexpr auto operator()(auto a, auto b) const { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
 };
 
+// a to the power b, as std::pow: pow(a, 0) is 1 and pow(1, b) is 1 even for NaN, as in
+// C and PyTorch.
+struct pow {
+    static constexpr std::string_view name = "pow";
+    static constexpr op_code code = op_code::pow;
+    auto operator()(auto a, auto b) const {
+        using std::pow;
+        return pow(a, b);
+    }
+};
+
 // where(condition, a, b)
 struct where {
     static constexpr std::string_view name = "where";
@@ -128,8 +151,12 @@ T evaluate(op_code op, const T* a) {
         case op_code::sigmoid: return fn::sigmoid{}(a[0]);
         case op_code::silu: return fn::silu{}(a[0]);
         case op_code::gelu: return fn::gelu{}(a[0]);
+        case op_code::sin: return fn::sin{}(a[0]);
+        case op_code::cos: return fn::cos{}(a[0]);
+        case op_code::rsqrt: return fn::rsqrt{}(a[0]);
         case op_code::maximum: return fn::maximum{}(a[0], a[1]);
         case op_code::minimum: return fn::minimum{}(a[0], a[1]);
+        case op_code::pow: return fn::pow{}(a[0], a[1]);
         case op_code::where: return fn::where{}(a[0] != T(0), a[1], a[2]);
     }
     __builtin_unreachable();  // every code is handled above

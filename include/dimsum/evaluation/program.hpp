@@ -135,6 +135,10 @@ constexpr std::string_view name_of(op_code op) {
         case op_code::sigmoid: return fn::sigmoid::name;
         case op_code::silu: return fn::silu::name;
         case op_code::gelu: return fn::gelu::name;
+        case op_code::sin: return fn::sin::name;
+        case op_code::cos: return fn::cos::name;
+        case op_code::rsqrt: return fn::rsqrt::name;
+        case op_code::pow: return fn::pow::name;
         case op_code::maximum: return fn::maximum::name;
         case op_code::minimum: return fn::minimum::name;
         case op_code::where: return fn::where::name;

@@ -112,6 +112,9 @@ template <class A, class B> requires binary_operands<A, B>
 auto max(A&& a, B&& b) { return detail::binary<fn::maximum>(std::forward<A>(a), std::forward<B>(b)); }
 template <class A, class B> requires binary_operands<A, B>
 auto min(A&& a, B&& b) { return detail::binary<fn::minimum>(std::forward<A>(a), std::forward<B>(b)); }
+// a to the power b (either may be a number), as std::pow
+template <class A, class B> requires binary_operands<A, B>
+auto pow(A&& a, B&& b) { return detail::binary<fn::pow>(std::forward<A>(a), std::forward<B>(b)); }
 
 template <operand A> auto operator-(A&& a) { return detail::unary<fn::negate>(std::forward<A>(a)); }
 template <operand A> auto exp(A&& a) { return detail::unary<fn::exp>(std::forward<A>(a)); }
@@ -123,6 +126,9 @@ template <operand A> auto erf(A&& a) { return detail::unary<fn::erf>(std::forwar
 template <operand A> auto sigmoid(A&& a) { return detail::unary<fn::sigmoid>(std::forward<A>(a)); }
 template <operand A> auto silu(A&& a) { return detail::unary<fn::silu>(std::forward<A>(a)); }
 template <operand A> auto gelu(A&& a) { return detail::unary<fn::gelu>(std::forward<A>(a)); }
+template <operand A> auto sin(A&& a) { return detail::unary<fn::sin>(std::forward<A>(a)); }
+template <operand A> auto cos(A&& a) { return detail::unary<fn::cos>(std::forward<A>(a)); }
+template <operand A> auto rsqrt(A&& a) { return detail::unary<fn::rsqrt>(std::forward<A>(a)); }
 
 // where(condition, a, b): a where the boolean condition holds, else b; a and b may be numbers.
 template <operand C, class A, class B>

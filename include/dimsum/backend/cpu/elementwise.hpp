@@ -40,6 +40,19 @@ struct on_batches<fn::minimum> {
         return xsimd::select(xsimd::isnan(a), a, xsimd::select(xsimd::isnan(b), b, xsimd::select(b < a, b, a)));
     }
 };
+// Lane by lane with std::pow: xsimd 8.1's pow gives 0 for 0^0 and 0^-1, NaN for NaN^0,
+// 1^NaN and (-1)^inf, and the wrong sign for large even exponents of negative bases.
+template <>
+struct on_batches<fn::pow> {
+    template <class B>
+    B operator()(B a, B b) const {
+        alignas(64) typename B::value_type x[B::size], y[B::size];
+        a.store_aligned(x);
+        b.store_aligned(y);
+        for (std::size_t i = 0; i < B::size; ++i) x[i] = fn::pow{}(x[i], y[i]);
+        return B::load_aligned(x);
+    }
+};
 template <>
 struct on_batches<fn::where> {
     template <class B>
