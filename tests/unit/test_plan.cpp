@@ -203,6 +203,38 @@ TEST_CASE("the same tensor read twice is one binding") {
     CHECK(p.program.binding_count == 1);
 }
 
+TEST_CASE("a sub-formula used more than once is one step, computed once") {
+    using Out = ds::axis<"out", 3>;
+    ds::tensor<float, Batch, Query, Model> x(Batch{2}, Query{5});
+    ds::tensor<float, Model, Out> w;
+    ds::fill_uniform(x, 5);
+    ds::fill_uniform(w, 6);
+    auto h = ds::tanh(ds::matmul(x, w));
+    planned p = plan_of(h * h + h);
+    CHECK(p.program.steps.size() == 6);  // x, w, matmul, tanh, multiply, add
+    CHECK(p.kinds() == kinds{ev::entry_kind::gemm});  // one product, tanh once in its epilogue
+    auto want = test::to_xt(ds::eval(h));
+    want = want * want + want;
+    test::require_close(ds::eval(h * h + h), want, 1e-6, 1e-7);
+    test::require_close(ds::eval(h * h + h, ds::backend::reference::evaluator{}), want, 1e-6, 1e-7);
+
+    // a shared row-wise value and a shared attention are computed once too
+    CHECK(plan_of(ds::softmax(x) * ds::softmax(x) + ds::exp(ds::softmax(x))).kinds() ==
+          kinds{ev::entry_kind::rowwise, ev::entry_kind::fused});
+    qkv t;
+    ds::fill_uniform(t.q, 7);
+    ds::fill_uniform(t.k, 8);
+    ds::fill_uniform(t.v, 9);
+    auto attention = ds::matmul(ds::softmax(t.scores() * 0.5f), t.v);
+    CHECK(plan_of(attention * attention).kinds() == kinds{ev::entry_kind::attention, ev::entry_kind::fused});
+    auto z = test::to_xt(ds::eval(attention));
+    test::require_close(ds::eval(attention * attention), z * z, 1e-6, 1e-7);
+    // the same operations over different tensors stay apart
+    ds::tensor<float, Batch, Query, Model> other = x;
+    CHECK(plan_of(ds::softmax(x) + ds::softmax(other)).kinds() ==
+          kinds{ev::entry_kind::rowwise, ev::entry_kind::rowwise, ev::entry_kind::fused});
+}
+
 TEST_CASE("plans run by both backends agree with each other on odd sizes") {
     for (std::size_t keys : test::odd_sizes) {
         qkv t;

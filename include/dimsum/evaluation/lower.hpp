@@ -92,14 +92,12 @@ void describe(step& s, std::vector<binding>&, const expr::reduce<S, F, Axis, X>&
     s.axis = Axis;
 }
 
-inline void link(program& p, std::size_t id, std::size_t operand) {
-    p.steps[id].operands[p.steps[id].operand_count++] = operand;
-}
-
 }  // namespace lowering
 
-// Appends the steps of e to p, operands after it, and the memory of its tensors to
-// `bindings`; returns the index of e's step. Every step holds T.
+// Appends the steps of e to p, operands first, and the memory of its tensors to `bindings`;
+// returns the index of e's step. Every step holds T. A sub-formula used more than once (the
+// same computation over the same operands: steps are pure) is one step, so that the planner
+// computes it once.
 template <class T, class E>
 std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
     step s{};
@@ -109,15 +107,17 @@ std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
     for (std::size_t i = 0; i < s.rank; ++i) s.extents[i] = extents[i];
     s.axes = shape_of<E>::axes.data();
     lowering::describe<T>(s, bindings, e);
-    std::size_t id = p.steps.size();
-    p.steps.push_back(s);
     if constexpr (requires { e.operands; }) {
         static_assert(decltype(e.operands)::size <= max_operands, "dimsum: a step holds at most max_operands operands");
     }
-    expr::for_each_operand(e, [&p, &bindings, id](const auto& operand) {
-        lowering::link(p, id, lower_step<T>(operand, p, bindings));
+    expr::for_each_operand(e, [&p, &bindings, &s](const auto& operand) {
+        s.operands[s.operand_count++] = lower_step<T>(operand, p, bindings);
     });
-    return id;
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+        if (p.steps[id] == s) return id;
+    }
+    p.steps.push_back(s);
+    return p.steps.size() - 1;
 }
 
 // The program of formula e over T, and its tensors' memory: p and bindings are cleared first

@@ -211,7 +211,7 @@ private:
                 product = leaf;
                 value(s.operands[0]);
                 value(s.operands[1]);
-            } else {
+            } else if (leaf != product) {  // the product read again is the same accumulator
                 value(leaf);
             }
         }

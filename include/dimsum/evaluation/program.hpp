@@ -77,6 +77,9 @@ struct step {
     std::size_t axis = 0;      // select, slice, softmax, layer_norm, reductions
     std::size_t index = 0;     // select; slice: the first position kept
     std::size_t spacing = 1;   // slice: the distance between the positions kept
+
+    // The same computation (operands compared by index): what lowering merges.
+    bool operator==(const step&) const = default;
 };
 
 struct program {

@@ -69,6 +69,7 @@ struct state {
     block_table<T> blocks{};
     std::vector<T*> temporaries;  // the plan's, in this evaluation's memory
     fused_program<T> fused;
+    std::vector<std::size_t> fused_steps;  // the step of each of fused.nodes
     std::size_t in_place_input = 0;  // which of fused.inputs reads the destination (or the scores tile)
 
     static state& of_this_thread() {
@@ -100,8 +101,7 @@ private:
             case entry_kind::gemm: return multiply(e, dst);
             case entry_kind::attention: return attend(e, dst);
             case entry_kind::fused: case entry_kind::copy:
-                s_.fused.clear();
-                add_nodes(e.step, no_step, dst);
+                build_fused(e.step, no_step, dst);
                 return run_fused<T>(s_.fused, dst, true);
             case entry_kind::rowwise: return rowwise(s, dst);
             case entry_kind::mask: return causal_mask(s, dst);
@@ -151,9 +151,20 @@ private:
         }
     }
 
-    // Appends the fused nodes of step `id` to s_.fused; returns the index of its node. The
-    // step `in_place`, if any, reads the destination itself (the GEMM epilogue's C).
+    // s_.fused := the fused pass of step `root` into dst. The step `in_place`, if any, reads
+    // the destination itself (the GEMM epilogue's C, or the attention's scores tile).
+    void build_fused(std::size_t root, std::size_t in_place, const strided<T>& dst) {
+        s_.fused.clear();
+        s_.fused_steps.clear();
+        add_nodes(root, in_place, dst);
+    }
+
+    // Appends the fused nodes of step `id` to s_.fused; returns the index of its node. A step
+    // read more than once (a sub-formula used twice) is one node, computed once per block.
     std::size_t add_nodes(std::size_t id, std::size_t in_place, const strided<T>& dst) {
+        for (std::size_t k = 0; k < s_.fused_steps.size(); ++k) {
+            if (s_.fused_steps[k] == id) return k;
+        }
         const step& s = steps_[id];
         fused_node<T> node;
         if (s.kind == step_kind::elementwise) {
@@ -172,6 +183,7 @@ private:
             s_.fused.inputs.push_back(evaluation::broadcast_to_rank(v, dst.rank));
         }
         s_.fused.nodes.push_back(node);
+        s_.fused_steps.push_back(id);
         return s_.fused.nodes.size() - 1;
     }
 
@@ -288,8 +300,7 @@ private:
         problem.causal = match.causal;
         score_context context{&s_.fused, 0, {nullptr, r, scores.extents, {}}};
         if (match.score_function != match.scores) {  // the rest of the score function, on each tile
-            s_.fused.clear();
-            add_nodes(match.score_function, match.scores, context.scores);
+            build_fused(match.score_function, match.scores, context.scores);
             context.tile_input = s_.in_place_input;
             problem.scores = {&apply_score_function, &reserve_score_function, &context};
         }
@@ -343,8 +354,7 @@ private:
         strided<const T> b = evaluation::broadcast_to_rank(value(s.operands[1]), s.rank);
         strided<T> dst = destination;
         if (e.epilogue != no_step) {
-            s_.fused.clear();
-            add_nodes(e.epilogue, e.step, dst);
+            build_fused(e.epilogue, e.step, dst);
         }
         fold_batch_into_rows(a, b, dst, e.epilogue != no_step ? &s_.fused.inputs : nullptr);
         gemm_problem<T> problem;
