@@ -330,15 +330,16 @@ auto unsqueeze(E&& e) {
     }
 }
 
-// squeeze<Axis>(x): x without the named axis, which must have extent 1 (at compile time where
-// it is static, else a shape_error).
+// squeeze<Axis>(x): x without the axis named like Axis (whatever Axis's extent), which must
+// have extent 1 (at compile time where it is static, else a shape_error).
 template <axis_type Axis, operand E>
 auto squeeze(E&& e) {
     if constexpr (is_invalid<E>) {
         return invalid_expression{};
     } else {
         using S = shape_of<E>;
-        constexpr detail::axis_lookup found = detail::find_axis<S>("squeeze", describe_axis<Axis>);
+        // by name alone: squeeze<Model> finds the model=1 that mean<Model>(x, keep_axis) left
+        constexpr detail::axis_lookup found = detail::find_axis<S>("squeeze", axis_desc{describe_axis<Axis>.name, dynamic});
         if constexpr (found.error.length != 0) {
             return fail<found.error>();
         } else {
@@ -349,7 +350,7 @@ auto squeeze(E&& e) {
                 if (e.shape().extent(found.position) != 1) {
                     detail::throw_squeeze(S::axes[found.position], e.shape().extent(found.position));
                 }
-                return select<Axis>(std::forward<E>(e), 0);
+                return select<typename S::template axis_at<found.position>>(std::forward<E>(e), 0);
             }
         }
     }
