@@ -32,7 +32,8 @@ auto make_layer_norm(E&& e, double epsilon) {
     else return expr::layer_norm<Found.position, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, e.shape(), epsilon};
 }
 
-template <class Reduction, class Axis, class E>
+// The reduction along Axis; with KeepAxis, the reduced axis put back at extent 1 under its name.
+template <class Reduction, class Axis, bool KeepAxis, class E>
 auto make_reduce(E&& e) {
     if constexpr (is_invalid<E>) {
         return invalid_expression{};
@@ -45,8 +46,10 @@ auto make_reduce(E&& e) {
             using result_shape = remove_t<S, found.position>;
             constexpr auto kept = positions_without<S::rank>(found.position);
             auto extents = gather_extents<result_shape>(e.shape(), kept, Reduction::name);
-            return expr::reduce<result_shape, Reduction, found.position, expr::held_t<E>>{
+            auto reduced = expr::reduce<result_shape, Reduction, found.position, expr::held_t<E>>{
                 {expr::hold(std::forward<E>(e))}, extents};
+            if constexpr (!KeepAxis) return reduced;
+            else return unsqueeze<axis<S::template axis_at<found.position>::name, 1>, found.position>(std::move(reduced));
         }
     }
 }
@@ -82,11 +85,11 @@ auto layer_norm(E&& e, double epsilon = 1e-5) {
 }
 
 template <axis_type Axis, operand E>
-auto sum(E&& e) { return detail::make_reduce<fn::sum, Axis>(std::forward<E>(e)); }
+auto sum(E&& e) { return detail::make_reduce<fn::sum, Axis, false>(std::forward<E>(e)); }
 template <axis_type Axis, operand E>
-auto max(E&& e) { return detail::make_reduce<fn::max, Axis>(std::forward<E>(e)); }
+auto max(E&& e) { return detail::make_reduce<fn::max, Axis, false>(std::forward<E>(e)); }
 template <axis_type Axis, operand E>
-auto mean(E&& e) { return detail::make_reduce<fn::mean, Axis>(std::forward<E>(e)); }
+auto mean(E&& e) { return detail::make_reduce<fn::mean, Axis, false>(std::forward<E>(e)); }
 
 // Passed to a reduction, it keeps the reduced axis with extent 1 (keepdims in NumPy), so that
 // the result broadcasts against its operand: x - mean<Model>(x, ds::keep_axis).
@@ -95,29 +98,11 @@ struct keep_axis_t {
 };
 inline constexpr keep_axis_t keep_axis{};
 
-namespace detail {
-template <class Reduction, class Axis, class E>
-auto reduce_keeping_axis(E&& e) {
-    if constexpr (is_invalid<E>) {
-        return invalid_expression{};
-    } else {
-        using S = shape_of<E>;
-        constexpr axis_lookup found = find_axis<S>(Reduction::name, describe_axis<Axis>);
-        if constexpr (found.error.length != 0) {
-            return fail<found.error>();
-        } else {
-            using Kept = axis<S::template axis_at<found.position>::name, 1>;
-            return unsqueeze<Kept, found.position>(make_reduce<Reduction, Axis>(std::forward<E>(e)));
-        }
-    }
-}
-}  // namespace detail
-
 template <axis_type Axis, operand E>
-auto sum(E&& e, keep_axis_t) { return detail::reduce_keeping_axis<fn::sum, Axis>(std::forward<E>(e)); }
+auto sum(E&& e, keep_axis_t) { return detail::make_reduce<fn::sum, Axis, true>(std::forward<E>(e)); }
 template <axis_type Axis, operand E>
-auto max(E&& e, keep_axis_t) { return detail::reduce_keeping_axis<fn::max, Axis>(std::forward<E>(e)); }
+auto max(E&& e, keep_axis_t) { return detail::make_reduce<fn::max, Axis, true>(std::forward<E>(e)); }
 template <axis_type Axis, operand E>
-auto mean(E&& e, keep_axis_t) { return detail::reduce_keeping_axis<fn::mean, Axis>(std::forward<E>(e)); }
+auto mean(E&& e, keep_axis_t) { return detail::make_reduce<fn::mean, Axis, true>(std::forward<E>(e)); }
 
 }  // namespace dimsum
