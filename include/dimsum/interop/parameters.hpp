@@ -123,6 +123,20 @@ void for_each(Layer& layer, const std::string& prefix, F& f) {
     });
 }
 
+// Calls f(name, tensor) for each tensor the layer holds: its plain tensors and its optional
+// ones that are set.
+template <class Layer, class F>
+void for_each_present(const Layer& layer, const std::string& prefix, F& f) {
+    auto present = [&]<class M>(const std::string& name, const M& member) {
+        if constexpr (is_optional<M>) {
+            if (member) f(name, *member);
+        } else {
+            f(name, member);
+        }
+    };
+    for_each(layer, prefix, present);
+}
+
 template <class T>
 constexpr std::string_view element_name() {
     static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
@@ -134,6 +148,14 @@ struct stored_array {
     std::string element_type;
     std::vector<std::size_t> shape;
 };
+
+// What a .npy header says, for load: parameters are read in C order only.
+inline stored_array stored_array_of(const npy::header_info& header, std::string_view op, const std::string& where) {
+    if (header.fortran_order) {
+        npy::fail(op, where, "the data is in Fortran (column-major) order; parameters are read in C order");
+    }
+    return {npy::dtype_name(header.descr), header.shape};
+}
 
 // One checkpoint open for reading, whatever its format. find() describes an array (nullopt if
 // the file has no such name); read() then fills `bytes` bytes with its data, checking that the
@@ -177,10 +199,7 @@ public:
         open_ = npy::open_for_reading(file, op_);
         file_ = file;
         header_ = npy::read_header(open_, npy::file_size_of(file, op_), op_, file);
-        if (header_.fortran_order) {
-            npy::fail(op_, file, "the data is in Fortran (column-major) order; parameters are read in C order");
-        }
-        return stored_array{npy::dtype_name(header_.descr), header_.shape};
+        return stored_array_of(header_, op_, file);
     }
 
     void read(const std::string&, void* into, std::uint64_t bytes) override {
@@ -228,11 +247,8 @@ public:
         }
         std::istringstream in(head);
         header_ = npy::read_header(in, it->size, op_, where_);
-        if (header_.fortran_order) {
-            npy::fail(op_, where_, "the data is in Fortran (column-major) order; parameters are read in C order");
-        }
         head_crc_ = zip::crc32(0, head.data(), header_.data_offset);
-        return stored_array{npy::dtype_name(header_.descr), header_.shape};
+        return stored_array_of(header_, op_, where_);
     }
 
     void read(const std::string&, void* into, std::uint64_t bytes) override {
@@ -419,23 +435,16 @@ struct saved_array {
 template <class Layer>
 std::vector<parameter_info> parameters(const Layer& layer, const std::string& prefix = "") {
     std::vector<parameter_info> list;
-    auto note = [&]<class M>(const std::string& name, const M& member) {
-        auto add = [&]<class T, axis_type... Axes>(const tensor<T, Axes...>& t) {
-            parameter_info p{name, {}, {}, std::string(detail::parameters::element_name<T>()), t.size()};
-            for (std::size_t i = 0; i < sizeof...(Axes); ++i) {
-                const axis_desc& a = shape<Axes...>::axes[i];
-                p.axes.push_back(a.is_named() ? std::string(a.name) : std::to_string(i));
-                p.extents.push_back(t.shape().extent(i));
-            }
-            list.push_back(std::move(p));
-        };
-        if constexpr (detail::parameters::is_optional<M>) {
-            if (member) add(*member);
-        } else {
-            add(member);
+    auto add = [&]<class T, axis_type... Axes>(const std::string& name, const tensor<T, Axes...>& t) {
+        parameter_info p{name, {}, {}, std::string(detail::parameters::element_name<T>()), t.size()};
+        for (std::size_t i = 0; i < sizeof...(Axes); ++i) {
+            const axis_desc& a = shape<Axes...>::axes[i];
+            p.axes.push_back(a.is_named() ? std::string(a.name) : std::to_string(i));
+            p.extents.push_back(t.shape().extent(i));
         }
+        list.push_back(std::move(p));
     };
-    detail::parameters::for_each(layer, prefix, note);
+    detail::parameters::for_each_present(layer, prefix, add);
     return list;
 }
 
@@ -483,20 +492,13 @@ void save(const Layer& layer, const std::filesystem::path& path, const save_opti
     constexpr std::string_view op = "save";
     using detail::parameters::saved_array;
     std::vector<saved_array> arrays;
-    auto note = [&]<class M>(const std::string& name, const M& member) {
-        auto add = [&]<class T, axis_type... Axes>(const tensor<T, Axes...>& t) {
-            auto extents = t.shape().extents();
-            arrays.push_back(saved_array{name, sizeof(T), detail::npy::native_descr<T>(), sizeof(T) == 4 ? "F32" : "F64",
-                                         std::vector<std::size_t>(extents.begin(), extents.end()), t.data(),
-                                         t.size() * sizeof(T)});
-        };
-        if constexpr (detail::parameters::is_optional<M>) {
-            if (member) add(*member);
-        } else {
-            add(member);
-        }
+    auto add = [&]<class T, axis_type... Axes>(const std::string& name, const tensor<T, Axes...>& t) {
+        auto extents = t.shape().extents();
+        arrays.push_back(saved_array{name, sizeof(T), detail::npy::native_descr<T>(), sizeof(T) == 4 ? "F32" : "F64",
+                                     std::vector<std::size_t>(extents.begin(), extents.end()), t.data(),
+                                     t.size() * sizeof(T)});
     };
-    detail::parameters::for_each(layer, options.prefix, note);
+    detail::parameters::for_each_present(layer, options.prefix, add);
 
     switch (detail::parameters::format_of(path, op, false)) {
         case detail::parameters::format::npy_folder: {

@@ -205,11 +205,10 @@ private:
         if constexpr (std::is_same_v<Source, Model> && std::is_same_v<ValueInner, Inner>) {
             if (w_qkv) {
                 auto w = view<Model, Part, Inner>(*w_qkv);  // (model, part, heads x head)
-                if (!b_qkv) return {select<Part>(w, 0), select<Part>(w, 1), select<Part>(w, 2), zero<Inner>(),
-                                    zero<Inner>(), zero<Inner>()};
-                auto b = view<Part, Inner>(*b_qkv);  // (part, heads x head)
-                return {select<Part>(w, 0), select<Part>(w, 1), select<Part>(w, 2),
-                        select<Part>(b, 0), select<Part>(b, 1), select<Part>(b, 2)};
+                auto b = [&](std::size_t part) {            // (heads x head) of b_qkv, or zeros
+                    return b_qkv ? select<Part>(view<Part, Inner>(*b_qkv), part) : zero<Inner>();
+                };
+                return {select<Part>(w, 0), select<Part>(w, 1), select<Part>(w, 2), b(0), b(1), b(2)};
             }
         }
         if (!w_q || !w_k || !w_v) throw shape_error("dimsum: multi_head_attention: neither w_qkv nor w_q, w_k and w_v are set");
