@@ -40,6 +40,15 @@ namespace dimsum::backend::cpu {
     template void apply_to_block<fn::maximum, T, 2>(std::size_t, const T* const*, T*);                           \
     template void apply_to_block<fn::minimum, T, 2>(std::size_t, const T* const*, T*);                           \
     template void apply_to_block<fn::pow, T, 2>(std::size_t, const T* const*, T*);                               \
+    template void apply_to_block<fn::less, T, 2>(std::size_t, const T* const*, T*);                              \
+    template void apply_to_block<fn::less_equal, T, 2>(std::size_t, const T* const*, T*);                        \
+    template void apply_to_block<fn::greater, T, 2>(std::size_t, const T* const*, T*);                           \
+    template void apply_to_block<fn::greater_equal, T, 2>(std::size_t, const T* const*, T*);                     \
+    template void apply_to_block<fn::equal, T, 2>(std::size_t, const T* const*, T*);                             \
+    template void apply_to_block<fn::not_equal, T, 2>(std::size_t, const T* const*, T*);                         \
+    template void apply_to_block<fn::logical_and, T, 2>(std::size_t, const T* const*, T*);                       \
+    template void apply_to_block<fn::logical_or, T, 2>(std::size_t, const T* const*, T*);                        \
+    template void apply_to_block<fn::logical_not, T, 1>(std::size_t, const T* const*, T*);                       \
     template void apply_to_block<fn::where, T, 3>(std::size_t, const T* const*, T*);
 
 template const char* instruction_set<void>();

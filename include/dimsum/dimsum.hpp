@@ -6,6 +6,7 @@
 
 #include "dimsum/backend/default.hpp"
 #include "dimsum/ops/elementwise.hpp"
+#include "dimsum/ops/join.hpp"
 #include "dimsum/ops/mask.hpp"
 #include "dimsum/ops/matmul.hpp"
 #include "dimsum/ops/softmax.hpp"

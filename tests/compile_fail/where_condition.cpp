@@ -1,4 +1,4 @@
-// expect: dimsum: where condition: operands hold different element types: bool vs float
+// expect: dimsum: where condition: takes masks (bool), not float; compare first, e.g. x > 0
 #include <dimsum/dimsum.hpp>
 namespace ds = dimsum;
 

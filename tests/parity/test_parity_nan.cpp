@@ -49,6 +49,12 @@ TEST_CASE("elementwise functions: NaN and infinities in every lane and tail") {
                 require_parity(ds::min(x, y), 0, 0);
                 require_parity(ds::min(y, x), 0, 0);
                 require_parity(ds::max(x, 0.5f) + ds::min(0.5f, x), 0, 0);
+                // comparisons and mask logic: 1 or 0 in every lane, NaN compares false but for !=
+                require_parity(ds::where(x < y, 1.0f, 0.0f) + ds::where(x <= y, 2.0f, 0.0f) +
+                                   ds::where(x > y, 4.0f, 0.0f) + ds::where(x >= y, 8.0f, 0.0f) +
+                                   ds::where(x == x, 16.0f, 0.0f) + ds::where(x != y, 32.0f, 0.0f),
+                               0, 0);
+                require_parity(ds::where((x > 0.0f && y > 0.0f) || !(x == y), x, y), 0, 0);
             }
         }
     }

@@ -218,6 +218,14 @@ TEST_CASE("a sub-formula used more than once is one step, computed once") {
     test::require_close(ds::eval(h * h + h), want, 1e-6, 1e-7);
     test::require_close(ds::eval(h * h + h, ds::backend::reference::evaluator{}), want, 1e-6, 1e-7);
 
+    // a product read by a formula and by something else too is computed once, into a
+    // temporary, not fused into the formula's epilogue and computed again
+    auto product = ds::matmul(x, w);
+    CHECK(plan_of(ds::softmax(product) + product).kinds() ==
+          kinds{ev::entry_kind::gemm, ev::entry_kind::rowwise, ev::entry_kind::fused});
+    auto y = test::to_xt(ds::eval(product)), s = test::to_xt(ds::eval(ds::softmax(product)));
+    test::require_close(ds::eval(ds::softmax(product) + product), s + y, 1e-6, 1e-7);
+
     // a shared row-wise value and a shared attention are computed once too
     CHECK(plan_of(ds::softmax(x) * ds::softmax(x) + ds::exp(ds::softmax(x))).kinds() ==
           kinds{ev::entry_kind::rowwise, ev::entry_kind::fused});

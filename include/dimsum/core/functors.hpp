@@ -19,6 +19,8 @@ enum class op_code : std::uint8_t {
     add, subtract, multiply, divide, negate,
     exp, log, sqrt, tanh, abs, erf, sigmoid, silu, gelu, sin, cos, rsqrt,
     maximum, minimum, pow,
+    less, less_equal, greater, greater_equal, equal, not_equal,  // give masks
+    logical_and, logical_or, logical_not,                        // of masks
     where,  // where(condition, a, b): the condition a mask of 0 and 1
 };
 inline constexpr std::size_t op_code_count = std::size_t(op_code::where) + 1;
@@ -124,6 +126,21 @@ struct pow {
     }
 };
 
+// Comparisons give masks (bool), as in C++: false whenever an operand is NaN, but for
+// not_equal, which is then true.
+struct less { static constexpr std::string_view name = "less"; static constexpr op_code code = op_code::less; constexpr auto operator()(auto a, auto b) const { return a < b; } };
+struct less_equal { static constexpr std::string_view name = "less_equal"; static constexpr op_code code = op_code::less_equal; constexpr auto operator()(auto a, auto b) const { return a <= b; } };
+struct greater { static constexpr std::string_view name = "greater"; static constexpr op_code code = op_code::greater; constexpr auto operator()(auto a, auto b) const { return a > b; } };
+struct greater_equal { static constexpr std::string_view name = "greater_equal"; static constexpr op_code code = op_code::greater_equal; constexpr auto operator()(auto a, auto b) const { return a >= b; } };
+struct equal { static constexpr std::string_view name = "equal"; static constexpr op_code code = op_code::equal; constexpr auto operator()(auto a, auto b) const { return a == b; } };
+struct not_equal { static constexpr std::string_view name = "not_equal"; static constexpr op_code code = op_code::not_equal; constexpr auto operator()(auto a, auto b) const { return a != b; } };
+
+// Logic of masks. A mask reaches a backend as 1 or 0 in the formula's element type; any value
+// but 0 counts as true, as in where.
+struct logical_and { static constexpr std::string_view name = "logical_and"; static constexpr op_code code = op_code::logical_and; constexpr bool operator()(auto a, auto b) const { return bool(a) && bool(b); } };
+struct logical_or { static constexpr std::string_view name = "logical_or"; static constexpr op_code code = op_code::logical_or; constexpr bool operator()(auto a, auto b) const { return bool(a) || bool(b); } };
+struct logical_not { static constexpr std::string_view name = "logical_not"; static constexpr op_code code = op_code::logical_not; constexpr bool operator()(auto a) const { return !bool(a); } };
+
 // where(condition, a, b)
 struct where {
     static constexpr std::string_view name = "where";
@@ -157,6 +174,15 @@ T evaluate(op_code op, const T* a) {
         case op_code::maximum: return fn::maximum{}(a[0], a[1]);
         case op_code::minimum: return fn::minimum{}(a[0], a[1]);
         case op_code::pow: return fn::pow{}(a[0], a[1]);
+        case op_code::less: return T(fn::less{}(a[0], a[1]));
+        case op_code::less_equal: return T(fn::less_equal{}(a[0], a[1]));
+        case op_code::greater: return T(fn::greater{}(a[0], a[1]));
+        case op_code::greater_equal: return T(fn::greater_equal{}(a[0], a[1]));
+        case op_code::equal: return T(fn::equal{}(a[0], a[1]));
+        case op_code::not_equal: return T(fn::not_equal{}(a[0], a[1]));
+        case op_code::logical_and: return T(fn::logical_and{}(a[0], a[1]));
+        case op_code::logical_or: return T(fn::logical_or{}(a[0], a[1]));
+        case op_code::logical_not: return T(fn::logical_not{}(a[0]));
         case op_code::where: return fn::where{}(a[0] != T(0), a[1], a[2]);
     }
     __builtin_unreachable();  // every code is handled above

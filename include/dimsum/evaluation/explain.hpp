@@ -130,7 +130,7 @@ private:
                 out_ << ')';
                 return;
             }
-            case step_kind::causal_mask: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
+            case step_kind::causal_mask: case step_kind::arange: case step_kind::concat: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
             case step_kind::sum: case step_kind::max: case step_kind::mean:
                 out_ << name_of(s.kind);  // computed by an entry of its own
                 return;
@@ -148,13 +148,16 @@ private:
             case entry_kind::fused: kind = "fused"; break;
             case entry_kind::copy: kind = "copy"; break;
             case entry_kind::rowwise: kind = "rowwise"; break;
-            case entry_kind::mask: kind = "mask"; break;
+            case entry_kind::indices: kind = "indices"; break;
         }
         out_ << kind << std::string(kind.size() < 11 ? 11 - kind.size() : 1, ' ');
         memory(e.out);
         out_ << ' ';
         shape(s);
-        if (!(e.out.where == row_major(e.out.where.rank, e.out.where.extents))) out_ << " (strided)";
+        layout dense = row_major(e.out.where.rank, e.out.where.extents);
+        dense.offset = e.out.where.offset;
+        if (!(e.out.where == dense)) out_ << " (strided)";
+        if (e.out.where.offset != 0) out_ << " (from element " << e.out.where.offset << ')';
         out_ << " = ";
         switch (e.kind) {
             case entry_kind::gemm:
@@ -170,13 +173,14 @@ private:
                 }
                 break;
             case entry_kind::attention: attention(e); break;
-            case entry_kind::fused: case entry_kind::copy: formula(e.step); break;
+            case entry_kind::fused: formula(e.step); break;
+            case entry_kind::copy: operand(e.step); break;  // a view, or a value computed before
             case entry_kind::rowwise:
                 out_ << name_of(own.kind) << '<' << axis_name(steps_[own.operands[0]], own.axis) << ">(";
                 operand(own.operands[0]);
                 out_ << ')';
                 break;
-            case entry_kind::mask: out_ << "causal_mask"; break;
+            case entry_kind::indices: out_ << name_of(steps_[e.step].kind); break;
         }
         out_ << '\n';
     }

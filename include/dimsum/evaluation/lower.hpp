@@ -44,6 +44,10 @@ template <class T, class Q, class K>
 void describe(step& s, std::vector<binding>&, const expr::causal_mask<Q, K>&) {
     s.kind = step_kind::causal_mask;
 }
+template <class T, class A, class U>
+void describe(step& s, std::vector<binding>&, const expr::arange<A, U>&) {
+    s.kind = step_kind::arange;
+}
 template <class T, class S, class F, class... X>
 void describe(step& s, std::vector<binding>&, const expr::elementwise<S, F, X...>&) {
     s.kind = step_kind::elementwise;
@@ -70,6 +74,11 @@ void describe(step& s, std::vector<binding>&, const expr::slice<S, Axis, X>& nod
     s.axis = Axis;
     s.index = node.begin;
     s.spacing = node.spacing;
+}
+template <class T, class S, std::size_t Axis, class A, class B>
+void describe(step& s, std::vector<binding>&, const expr::concat<S, Axis, A, B>&) {
+    s.kind = step_kind::concat;
+    s.axis = Axis;
 }
 template <class T, class S, class L, class R>
 void describe(step& s, std::vector<binding>&, const expr::matmul<S, L, R>&) {

@@ -10,6 +10,10 @@
 //   softmax, layer_norm, sum, max, mean    -> a `rowwise` entry;
 //   an elementwise formula                 -> one `fused` pass over its result, whose inputs
 //                                             are tensors, views and other entries' values;
+//   causal_mask, arange                    -> an `indices` entry: values computed from their
+//                                             indices, read by the formula around them;
+//   concat                                 -> no entry: each operand is written straight into
+//                                             its slice of the result;
 //   a view written to memory               -> a `copy`;
 //   permute, reshape, select               -> no entry: a new layout of their operand's value,
 //                                             unless a reshape needs the operand row-major
@@ -42,11 +46,11 @@ struct place {
     layout where{};
 };
 
-enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, mask };
+enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices };
 
 struct entry {
     entry_kind kind;
-    // gemm, attention: the matmul step; fused, copy: the root of the pass; rowwise, mask: the step
+    // gemm, attention: the matmul step; fused, copy: the root of the pass; rowwise, indices: the step
     std::size_t step = 0;
     place out{};  // what the entry writes: the value of `step`, or of `epilogue` if there is one
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
@@ -58,7 +62,10 @@ struct plan {
     std::vector<std::size_t> temporaries;  // their sizes, in elements of the program's type
     std::vector<place> values;             // of each step whose value some entry reads
     std::vector<char> placed;              // whether values[step] is set
-    std::vector<std::size_t> leaves;       // the planner's scratch, kept for its capacity
+    // the planner's scratch, kept for its capacity
+    std::vector<std::size_t> leaves;
+    std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
+    std::vector<char> seen;
 
     // Empty, for a program of `steps` steps. values keeps its elements: placed says which
     // are set, and a plan made in a loop then writes no more memory than it uses.
@@ -68,6 +75,8 @@ struct plan {
         if (values.size() < steps) values.resize(steps);
         placed.assign(steps, 0);
         leaves.clear();
+        readers.assign(steps, 0);
+        seen.assign(steps, 0);
     }
 };
 
@@ -84,8 +93,8 @@ inline std::optional<layout> view_layout(const step& s, const layout& from) {
         case step_kind::select: return select(from, s.axis, s.index);
         case step_kind::slice: return slice(from, s.axis, s.index, s.extents[s.axis], s.spacing);
         case step_kind::reshape: return reshape(from, s.rank, s.extents);
-        case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
-        case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
+        case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
+        case step_kind::elementwise: case step_kind::concat: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
         case step_kind::max: case step_kind::mean:
             break;  // not views
     }
@@ -100,6 +109,9 @@ public:
             plan& out)
         : steps_(p.steps), bindings_(bindings), options_(options), plan_(out) {
         plan_.clear(steps_.size());
+        for (const step& s : steps_) {
+            for (std::size_t o = 0; o < s.operand_count; ++o) ++plan_.readers[s.operands[o]];
+        }
         write(p.root, {memory_kind::destination, 0, destination});
     }
 
@@ -131,8 +143,8 @@ private:
                 write(s.operands[0], copy);
                 return {copy.memory, copy.index, *view_layout(s, copy.where)};
             }
-            case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise: case step_kind::matmul:
-            case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
+            case step_kind::number: case step_kind::causal_mask: case step_kind::arange: case step_kind::elementwise:
+            case step_kind::concat: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
             case step_kind::mean: {  // an array that entries compute
                 place array = temporary(s.rank, s.extents);
                 write(id, array);
@@ -166,7 +178,27 @@ private:
             case step_kind::mean:
                 value(s.operands[0]);
                 return add(entry_kind::rowwise, id, dst);
-            case step_kind::causal_mask: return add(entry_kind::mask, id, dst);
+            case step_kind::causal_mask: case step_kind::arange: return add(entry_kind::indices, id, dst);
+            case step_kind::concat: {
+                // each operand into its slice of dst, where a later reader finds it; one already
+                // computed is copied there
+                const std::size_t split = steps_[s.operands[0]].extents[s.axis];
+                for (std::size_t o = 0; o < 2; ++o) {
+                    const std::size_t operand = s.operands[o];
+                    const place into{dst.memory, dst.index,
+                                     slice(dst.where, s.axis, o == 0 ? 0 : split, steps_[operand].extents[s.axis], 1)};
+                    if (plan_.placed[operand]) {
+                        write_fused(operand, into);
+                    } else {
+                        write(operand, into);
+                        if (!is_view(steps_[operand].kind)) {
+                            plan_.values[operand] = into;
+                            plan_.placed[operand] = 1;
+                        }
+                    }
+                }
+                return;
+            }
             case step_kind::permute:
                 // A permutation of a value still to be computed (attention's heads, merged back
                 // into rows): computed straight into dst seen through the inverse permutation,
@@ -207,7 +239,8 @@ private:
             const std::size_t leaf = plan_.leaves[i];
             const step& s = steps_[leaf];
             if (options_.fuse_epilogues && product == no_step && s.kind == step_kind::matmul && s.rank >= 2 &&
-                s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id && !attention_at(leaf)) {
+                s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id && !attention_at(leaf) &&
+                !plan_.placed[leaf] && reads_within(id, leaf) == plan_.readers[leaf]) {
                 product = leaf;
                 value(s.operands[0]);
                 value(s.operands[1]);
@@ -218,6 +251,29 @@ private:
         plan_.leaves.resize(first_leaf);
         if (product != no_step) return add(entry_kind::gemm, product, dst, id);
         add(steps_[id].kind == step_kind::elementwise ? entry_kind::fused : entry_kind::copy, id, dst);
+    }
+
+    // How many operand slots of the elementwise formula rooted at `id` read step `leaf`, each
+    // of its steps counted once: all of leaf's readers when no other formula needs its value.
+    std::size_t reads_within(std::size_t id, std::size_t leaf) {
+        std::size_t count = 0;
+        auto walk = [&](auto& self, std::size_t at) -> void {
+            if (plan_.seen[at]) return;
+            plan_.seen[at] = 1;
+            const step& s = steps_[at];
+            for (std::size_t o = 0; o < s.operand_count; ++o) {
+                if (s.operands[o] == leaf) ++count;
+                else if (steps_[s.operands[o]].kind == step_kind::elementwise) self(self, s.operands[o]);
+            }
+        };
+        walk(walk, id);
+        auto unmark = [&](auto& self, std::size_t at) -> void {
+            if (!plan_.seen[at]) return;
+            plan_.seen[at] = 0;
+            for (std::size_t o = 0; o < steps_[at].operand_count; ++o) self(self, steps_[at].operands[o]);
+        };
+        unmark(unmark, id);
+        return count;
     }
 
     // The fused attention: Q, K^T, V and the inputs of the rest of the score function first.

@@ -18,7 +18,7 @@
 
 namespace dimsum::evaluation {
 
-enum class step_kind { tensor, number, causal_mask, elementwise, permute, reshape, select, slice, matmul, softmax, layer_norm, sum, max, mean };
+enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute, reshape, select, slice, concat, matmul, softmax, layer_norm, sum, max, mean };
 
 // The element types a program can hold.
 enum class element_type : std::uint8_t { float32, float64 };
@@ -74,7 +74,7 @@ struct step {
     double number = 0;         // number (exact for float and double); layer_norm: epsilon
     op_code op{};              // elementwise: which function of the operands
     order_t order{};           // permute: result axis i is operand axis order[i]
-    std::size_t axis = 0;      // select, slice, softmax, layer_norm, reductions
+    std::size_t axis = 0;      // select, slice, concat, softmax, layer_norm, reductions
     std::size_t index = 0;     // select; slice: the first position kept
     std::size_t spacing = 1;   // slice: the distance between the positions kept
 
@@ -107,11 +107,13 @@ constexpr std::string_view name_of(step_kind kind) {
         case step_kind::tensor: return "tensor";
         case step_kind::number: return "number";
         case step_kind::causal_mask: return "causal_mask";
+        case step_kind::arange: return "arange";
         case step_kind::elementwise: return "elementwise";
         case step_kind::permute: return "transpose";
         case step_kind::reshape: return "view";
         case step_kind::select: return "select";
         case step_kind::slice: return "slice";
+        case step_kind::concat: return "concat";
         case step_kind::matmul: return "matmul";
         case step_kind::softmax: return "softmax";
         case step_kind::layer_norm: return "layer_norm";
@@ -144,6 +146,15 @@ constexpr std::string_view name_of(op_code op) {
         case op_code::pow: return fn::pow::name;
         case op_code::maximum: return fn::maximum::name;
         case op_code::minimum: return fn::minimum::name;
+        case op_code::less: return fn::less::name;
+        case op_code::less_equal: return fn::less_equal::name;
+        case op_code::greater: return fn::greater::name;
+        case op_code::greater_equal: return fn::greater_equal::name;
+        case op_code::equal: return fn::equal::name;
+        case op_code::not_equal: return fn::not_equal::name;
+        case op_code::logical_and: return fn::logical_and::name;
+        case op_code::logical_or: return fn::logical_or::name;
+        case op_code::logical_not: return fn::logical_not::name;
         case op_code::where: return fn::where::name;
     }
     return "";

@@ -127,6 +127,18 @@ struct slice {
     shape_type shape() const { return extents; }
 };
 
+// A and B one after the other along axis Axis (concat, stack): the same axes, the same
+// extents but along Axis.
+template <class Shape, std::size_t Axis, class A, class B>
+struct concat {
+    using shape_type = Shape;
+    using value_type = value_type_of<A>;
+    static constexpr std::size_t axis = Axis;
+    expr::operands<A, B> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
 // (..., m, k) x (..., k, n) -> (..., m, n), leading axes broadcast.
 template <class Shape, class Lhs, class Rhs>
 struct matmul {
@@ -178,6 +190,16 @@ template <class Query, class Key>
 struct causal_mask {
     using shape_type = ::dimsum::shape<Query, Key>;
     using value_type = bool;
+    expr::operands<> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+// 0, 1, ..., n - 1 along Axis, as values of T: a lazy leaf, like causal_mask.
+template <class Axis, class T>
+struct arange {
+    using shape_type = ::dimsum::shape<Axis>;
+    using value_type = T;
     expr::operands<> operands;
     shape_type extents;
     shape_type shape() const { return extents; }

@@ -94,6 +94,29 @@ auto unary(A&& a) {
     else return make_elementwise<F>(expr::hold(std::forward<A>(a)));
 }
 
+// Empty, or why an operand of mask logic is not a mask.
+template <class... V>
+constexpr message mask_operand_error(std::string_view op) {
+    message m;
+    if constexpr (!(std::is_same_v<V, bool> && ...)) {
+        m << "dimsum: " << op << ": takes masks (bool), not";
+        ((std::is_same_v<V, bool> ? void() : void(m << ' ' << type_name<V>())), ...);
+        m << "; compare first, e.g. x > 0";
+    }
+    return m;
+}
+
+template <class F, class... A>
+auto logical(A&&... a) {
+    if constexpr (any_invalid<A...>) {
+        return invalid_expression{};
+    } else {
+        constexpr message error = mask_operand_error<value_type_of<A>...>(F::name);
+        if constexpr (error.length != 0) return fail<error>();
+        else return make_elementwise<F>(expr::hold(std::forward<A>(a))...);
+    }
+}
+
 }  // namespace detail
 
 // At least one side is an expression; the other may be a number.
@@ -115,6 +138,28 @@ auto min(A&& a, B&& b) { return detail::binary<fn::minimum>(std::forward<A>(a), 
 // a to the power b (either may be a number), as std::pow
 template <class A, class B> requires binary_operands<A, B>
 auto pow(A&& a, B&& b) { return detail::binary<fn::pow>(std::forward<A>(a), std::forward<B>(b)); }
+
+// Comparisons: masks (bool), true where the comparison holds; false for NaN, but for !=.
+template <class A, class B> requires binary_operands<A, B>
+auto operator<(A&& a, B&& b) { return detail::binary<fn::less>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto operator<=(A&& a, B&& b) { return detail::binary<fn::less_equal>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto operator>(A&& a, B&& b) { return detail::binary<fn::greater>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto operator>=(A&& a, B&& b) { return detail::binary<fn::greater_equal>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto operator==(A&& a, B&& b) { return detail::binary<fn::equal>(std::forward<A>(a), std::forward<B>(b)); }
+template <class A, class B> requires binary_operands<A, B>
+auto operator!=(A&& a, B&& b) { return detail::binary<fn::not_equal>(std::forward<A>(a), std::forward<B>(b)); }
+
+// Logic of masks: both operands masks (bool), e.g. causal_mask(q, k) || padding.
+template <operand A, operand B>
+auto operator&&(A&& a, B&& b) { return detail::logical<fn::logical_and>(std::forward<A>(a), std::forward<B>(b)); }
+template <operand A, operand B>
+auto operator||(A&& a, B&& b) { return detail::logical<fn::logical_or>(std::forward<A>(a), std::forward<B>(b)); }
+template <operand A>
+auto operator!(A&& a) { return detail::logical<fn::logical_not>(std::forward<A>(a)); }
 
 template <operand A> auto operator-(A&& a) { return detail::unary<fn::negate>(std::forward<A>(a)); }
 template <operand A> auto exp(A&& a) { return detail::unary<fn::exp>(std::forward<A>(a)); }
@@ -140,8 +185,8 @@ auto where(C&& condition, A&& a, B&& b) {
         using T = detail::common_element_t<A, B>;
         using TA = decltype(detail::element_of<T, A>());
         using TB = decltype(detail::element_of<T, B>());
-        constexpr message error = detail::element_type_error<bool, value_type_of<C>>("where condition").length
-                                      ? detail::element_type_error<bool, value_type_of<C>>("where condition")
+        constexpr message error = detail::mask_operand_error<value_type_of<C>>("where condition").length
+                                      ? detail::mask_operand_error<value_type_of<C>>("where condition")
                                       : detail::element_type_error<TA, TB>("where");
         if constexpr (error.length != 0) return fail<error>();
         else

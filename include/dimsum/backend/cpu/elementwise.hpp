@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #include "dimsum/backend/cpu/kernels.hpp"
@@ -52,6 +53,36 @@ struct on_batches<fn::pow> {
         for (std::size_t i = 0; i < B::size; ++i) x[i] = fn::pow{}(x[i], y[i]);
         return B::load_aligned(x);
     }
+};
+// Comparisons and mask logic give 1 or 0. not_equal is the negation of ==, which is false for
+// NaN (xsimd's own != is ordered, see above).
+template <class F>
+concept comparison = std::is_same_v<F, fn::less> || std::is_same_v<F, fn::less_equal> || std::is_same_v<F, fn::greater> ||
+                     std::is_same_v<F, fn::greater_equal> || std::is_same_v<F, fn::equal>;
+template <comparison F>
+struct on_batches<F> {
+    template <class B>
+    B operator()(B a, B b) const { return xsimd::select(F{}(a, b), B(1), B(0)); }
+};
+template <>
+struct on_batches<fn::not_equal> {
+    template <class B>
+    B operator()(B a, B b) const { return xsimd::select(a == b, B(0), B(1)); }
+};
+template <>
+struct on_batches<fn::logical_and> {
+    template <class B>
+    B operator()(B a, B b) const { return xsimd::select(a == B(0) || b == B(0), B(0), B(1)); }
+};
+template <>
+struct on_batches<fn::logical_or> {
+    template <class B>
+    B operator()(B a, B b) const { return xsimd::select(a == B(0) && b == B(0), B(0), B(1)); }
+};
+template <>
+struct on_batches<fn::logical_not> {
+    template <class B>
+    B operator()(B a) const { return xsimd::select(a == B(0), B(1), B(0)); }
 };
 template <>
 struct on_batches<fn::where> {

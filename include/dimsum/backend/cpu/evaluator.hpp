@@ -8,7 +8,7 @@
 //                 a fused pass over each tile of scores;
 //   fused, copy -> one fused elementwise pass (fused.hpp);
 //   rowwise    -> the line kernels (rowwise.hpp);
-//   mask       -> a loop.
+//   indices    -> a loop (causal_mask, arange: small, read broadcast).
 // The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
 // one evaluation to the next, so a formula evaluated in a loop allocates nothing after its
 // first evaluation.
@@ -104,7 +104,7 @@ private:
                 build_fused(e.step, no_step, dst);
                 return run_fused<T>(s_.fused, dst, true);
             case entry_kind::rowwise: return rowwise(s, dst);
-            case entry_kind::mask: return causal_mask(s, dst);
+            case entry_kind::indices: return indices(s, dst);
         }
     }
 
@@ -135,14 +135,19 @@ private:
             case step_kind::sum: return cpu::reduce<fn::sum, T>(x, dst, s.axis);
             case step_kind::max: return cpu::reduce<fn::max, T>(x, dst, s.axis);
             case step_kind::mean: return cpu::reduce<fn::mean, T>(x, dst, s.axis);
-            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
+            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
+            case step_kind::elementwise: case step_kind::concat:
             case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
                 break;
         }
         throw std::logic_error("dimsum: a rowwise entry of another step");
     }
 
-    static void causal_mask(const step& s, const strided<T>& dst) {
+    static void indices(const step& s, const strided<T>& dst) {
+        if (s.kind == step_kind::arange) {
+            for (std::size_t i = 0; i < s.extents[0]; ++i) dst.data[static_cast<std::ptrdiff_t>(i) * dst.strides[0]] = T(i);
+            return;
+        }
         for (std::size_t q = 0; q < s.extents[0]; ++q) {
             for (std::size_t k = 0; k < s.extents[1]; ++k) {
                 auto at = static_cast<std::ptrdiff_t>(q) * dst.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.strides[1];

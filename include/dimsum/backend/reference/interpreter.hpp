@@ -1,6 +1,6 @@
 #pragma once
 // Runs a plan (evaluation/plan.hpp) made without fusion, with plain loops: each gemm,
-// rowwise and mask entry by a reference kernel (kernels.hpp), each fused or copy entry
+// rowwise and indices entry by a reference kernel (kernels.hpp), each fused or copy entry
 // element by element, reading the formula's steps.
 
 #include <memory>
@@ -48,9 +48,10 @@ private:
                 return matmul<T>(broadcast_to_rank(value(s.operands[0]), s.rank),
                                  broadcast_to_rank(value(s.operands[1]), s.rank), dst);
             case entry_kind::rowwise: return rowwise(s, dst);
-            case entry_kind::mask:
+            case entry_kind::indices:
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
-                    dst.at(index) = in_future(index[0], index[1], s.extents[0], s.extents[1]) ? T(1) : T(0);
+                    if (s.kind == step_kind::arange) dst.at(index) = static_cast<T>(index[0]);
+                    else dst.at(index) = in_future(index[0], index[1], s.extents[0], s.extents[1]) ? T(1) : T(0);
                 });
                 return;
             case entry_kind::fused: case entry_kind::copy:
@@ -68,8 +69,8 @@ private:
             case step_kind::sum: return reduce<fn::sum, T>(x, dst, s.axis);
             case step_kind::max: return reduce<fn::max, T>(x, dst, s.axis);
             case step_kind::mean: return reduce<fn::mean, T>(x, dst, s.axis);
-            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::elementwise:
-            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
+            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
+            case step_kind::elementwise: case step_kind::concat: case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
                 break;
         }
         throw std::logic_error("dimsum: a rowwise entry of another step");
@@ -88,7 +89,8 @@ private:
                 }
                 return fn::evaluate(s.op, arguments);
             }
-            case step_kind::tensor: case step_kind::causal_mask: case step_kind::permute: case step_kind::reshape:
+            case step_kind::tensor: case step_kind::causal_mask: case step_kind::arange: case step_kind::concat:
+            case step_kind::permute: case step_kind::reshape:
             case step_kind::select: case step_kind::slice: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
             case step_kind::sum: case step_kind::max: case step_kind::mean:
                 return value(id).at(index);
