@@ -181,33 +181,43 @@ bool run() {
     ds::fill_uniform(q, 4);
 
     // The angles, (seq, head=4): position p turns pair i by p / 10000^(2i / head).
-    ds::tensor<float, Seq, HalfHead> angle(Seq{seq});
-    for (std::size_t p = 0; p < seq; ++p) {
-        for (std::size_t i = 0; i < 4; ++i) angle(p, i) = static_cast<float>(double(p) * std::pow(10000.0, -i / 4.0));
-    }
-    auto cos = ds::eval(ds::cos(angle)), sin = ds::eval(ds::sin(angle));  // the tables, computed once
+    auto position = ds::view<Seq, ds::dim<1>>(ds::arange(Seq{seq}));                // (seq, 1)
+    auto frequency = ds::pow(10000.0f, ds::arange(HalfHead{}) * (-2.0f / 8.0f));    // (head=4)
+    auto cos = ds::eval(ds::cos(position * frequency)), sin = ds::eval(ds::sin(position * frequency));
 
-    // The two halves of each head are slices of q; the rotated halves are written through
-    // slices of the result, so no concatenation is needed.
+    // The two halves of each head are slices of q; the rotated halves are joined again.
     auto x1 = ds::slice<Head, 0, 4>(q), x2 = ds::slice<Head, 4, 8>(q);  // (batch, heads, seq, head=4)
-    ds::tensor<float, Batch, Heads, Seq, Head> rotated(Batch{batch}, Seq{seq});
-    ds::slice<Head, 0, 4>(rotated) = x1 * cos - x2 * sin;  // (seq, head=4) broadcasts over batch and heads
-    ds::slice<Head, 4, 8>(rotated) = x2 * cos + x1 * sin;
+    auto rotated = ds::eval(ds::concat<Head>(x1 * cos - x2 * sin, x2 * cos + x1 * sin));  // (..., head=8)
 
-    std::vector<double> want(q.size());
+    // In double: pair i of each head is its elements first(i) and second(i).
     auto qs = reference::values(q);
-    for (std::size_t bh = 0; bh < batch * 2; ++bh) {
-        for (std::size_t p = 0; p < seq; ++p) {
-            const double* row = &qs[(bh * seq + p) * 8];
-            double* result = &want[(bh * seq + p) * 8];
-            for (std::size_t i = 0; i < 4; ++i) {
-                double angle = double(p) * std::pow(10000.0, -2.0 * double(i) / 8.0);
-                result[i] = row[i] * std::cos(angle) - row[i + 4] * std::sin(angle);
-                result[i + 4] = row[i + 4] * std::cos(angle) + row[i] * std::sin(angle);
+    auto reference_rotation = [&](auto first, auto second) {
+        std::vector<double> want(q.size());
+        for (std::size_t bh = 0; bh < batch * 2; ++bh) {
+            for (std::size_t p = 0; p < seq; ++p) {
+                const double* row = &qs[(bh * seq + p) * 8];
+                double* result = &want[(bh * seq + p) * 8];
+                for (std::size_t i = 0; i < 4; ++i) {
+                    double angle = double(p) * std::pow(10000.0, -2.0 * double(i) / 8.0);
+                    const std::size_t a = first(i), b = second(i);
+                    result[a] = row[a] * std::cos(angle) - row[b] * std::sin(angle);
+                    result[b] = row[b] * std::cos(angle) + row[a] * std::sin(angle);
+                }
             }
         }
-    }
-    return check("rotary position embedding", rotated, want, 1e-6);
+        return want;
+    };
+    bool ok = check("rotary position embedding", rotated,
+                    reference_rotation([](std::size_t i) { return i; }, [](std::size_t i) { return i + 4; }), 1e-6);
+
+    // The interleaved convention pairs elements 2i and 2i + 1: slices with a step, joined
+    // along a new last axis of two and viewed back to head=8.
+    using Pair = ds::axis<"pair", 2>;
+    auto even = ds::slice<Head, 0, 8, 2>(q), odd = ds::slice<Head, 1, 8, 2>(q);
+    auto interleaved = ds::eval(ds::view<Batch, Heads, Seq, Head>(
+        ds::stack<Pair, 4>(even * cos - odd * sin, odd * cos + even * sin)));
+    auto want = reference_rotation([](std::size_t i) { return 2 * i; }, [](std::size_t i) { return 2 * i + 1; });
+    return check("rotary position embedding, interleaved", interleaved, want, 1e-6) && ok;
 }
 
 }  // namespace rope
@@ -301,17 +311,15 @@ bool run() {
     ds::fill_uniform(q, 9);
     ds::fill_uniform(k, 10);
     ds::fill_uniform(v, 11);
-    const std::vector<std::size_t> lengths{5, 3};  // sequence 1 has two padded keys
+    ds::tensor<float, Batch> lengths(Batch{batch});  // of each sequence: the second has two padded keys
+    lengths(0) = 5;
+    lengths(1) = 3;
 
-    // 0 for a real key, -infinity for padding. Shape (batch, 1, 1, key): the unnamed axes of
-    // extent 1 broadcast over heads and queries.
-    ds::tensor<float, Batch, ds::dim<1>, ds::dim<1>, Key> mask(Batch{batch}, Key{keys});
-    for (std::size_t b = 0; b < batch; ++b) {
-        for (std::size_t j = 0; j < keys; ++j) {
-            mask(b, 0, 0, j) = j < lengths[b] ? 0.0f : -std::numeric_limits<float>::infinity();
-        }
-    }
-    auto z = ds::eval(ds::nn::masked_attention(q, k, v, mask));  // (batch, heads, query, head)
+    // true for padding, shape (batch, 1, 1, key): the unnamed extent-1 axes broadcast over
+    // heads and queries
+    auto padding = ds::view<Batch, ds::dim<1>, ds::dim<1>, Key>(!ds::sequence_mask(lengths, Key{keys}));
+    auto scores = ds::nn::attention_scores(q, k);
+    auto z = ds::eval(ds::matmul(ds::softmax(ds::masked_fill(scores, padding, -INFINITY)), v));
 
     std::vector<double> want(z.size());
     auto qs = reference::values(q), ks = reference::values(k), vs = reference::values(v);
@@ -322,7 +330,7 @@ bool run() {
                 queries, keys, 8, 8, [&](std::size_t i, std::size_t e) { return qs[(bh * queries + i) * 8 + e]; },
                 [&](std::size_t j, std::size_t e) { return ks[(bh * keys + j) * 8 + e]; },
                 [&](std::size_t j, std::size_t e) { return vs[(bh * keys + j) * 8 + e]; },
-                [&](std::size_t, std::size_t j) { return j < lengths[b]; },
+                [&](std::size_t, std::size_t j) { return static_cast<float>(j) < lengths(b); },
                 [&](std::size_t i, std::size_t e) -> double& { return want[(bh * queries + i) * 8 + e]; });
         }
     }
@@ -411,11 +419,6 @@ auto rms_norm(auto&& x, auto&& g, float epsilon) {
     return x / ds::sqrt(mean_square + epsilon) * g;
 }
 
-// (silu(x W_1) * x W_3) W_2: (batch, seq, model) -> (batch, seq, model)
-auto swiglu(auto&& x, auto&& w_1, auto&& w_3, auto&& w_2) {
-    return ds::matmul(ds::silu(ds::matmul(x, w_1)) * ds::matmul(x, w_3), w_2);
-}
-
 bool run() {
     const std::size_t batch = 2, seq = 3;
     ds::tensor<float, Batch, Seq, Model> x(Batch{batch}, Seq{seq});
@@ -429,7 +432,7 @@ bool run() {
     ds::fill_uniform(w_2, 22, -0.3, 0.3);
 
     // The normalised rows are read by two products: one formula, computed once.
-    ds::tensor<float, Batch, Seq, Model> y = x + swiglu(rms_norm(x, g, 1e-6f), w_1, w_3, w_2);
+    ds::tensor<float, Batch, Seq, Model> y = x + ds::nn::swiglu(ds::nn::rms_norm(x, g), w_1, w_3, w_2);
 
     const std::size_t rows = batch * seq;
     auto xs = reference::values(x), gs = reference::values(g);
@@ -444,7 +447,8 @@ bool run() {
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = a[i] / (1 + std::exp(-a[i])) * b[i];
     auto want = reference::matmul(a, rows, 40, reference::values(w_2), 16);
     for (std::size_t i = 0; i < want.size(); ++i) want[i] += xs[i];
-    bool ok = check("RMSNorm", ds::eval(rms_norm(x, g, 1e-6f)), hs, 1e-5);
+    bool ok = check("RMSNorm, by hand", ds::eval(rms_norm(x, g, 1e-6f)), hs, 1e-5);
+    ok = check("nn::rms_norm", ds::eval(ds::nn::rms_norm(x, g, 1e-6)), hs, 1e-5) && ok;
     return check("SwiGLU feed-forward with a residual", y, want) && ok;
 }
 

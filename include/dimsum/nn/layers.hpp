@@ -1,8 +1,11 @@
 #pragma once
-// The other pieces of a transformer layer, as formulas over ops/: GELU and layer normalisation
-// with its learned scale and shift.
+// The other pieces of a transformer layer, as formulas over ops/: GELU, layer normalisation
+// with its learned scale and shift, RMSNorm and the SwiGLU feed-forward.
+
+#include <type_traits>
 
 #include "dimsum/ops/elementwise.hpp"
+#include "dimsum/ops/matmul.hpp"
 #include "dimsum/ops/softmax.hpp"
 
 namespace dimsum::nn {
@@ -19,6 +22,36 @@ auto gelu(X&& x) {
 template <class X, class Gamma, class Beta>
 auto layer_norm(X&& x, Gamma&& gamma, Beta&& beta, double epsilon = 1e-5) {
     return ::dimsum::layer_norm(std::forward<X>(x), epsilon) * std::forward<Gamma>(gamma) + std::forward<Beta>(beta);
+}
+
+namespace detail {
+// A tensor passed as a temporary, which a formula reading it twice could not hold.
+template <class X>
+inline constexpr bool is_temporary_tensor = is_tensor<std::remove_cvref_t<X>>::value && !std::is_lvalue_reference_v<X>;
+}  // namespace detail
+
+// x / sqrt(mean(x^2) + epsilon) g along the last axis (Zhang and Sennrich 2019), as
+// torch.nn.RMSNorm and LLaMA compute it; g has that axis only. x is read twice (one step,
+// computed once); a temporary tensor is refused at compile time: name it first.
+template <class X, class G>
+auto rms_norm(X&& x, G&& g, double epsilon = 1e-6) {
+    static_assert(!detail::is_temporary_tensor<X>,
+                  "dimsum: nn::rms_norm reads x twice: give it a named tensor or a formula, not a temporary tensor");
+    using S = shape_of<X>;
+    using Last = typename S::template axis_at<S::rank - 1>;
+    const auto& rows = x;
+    auto mean_square = mean<Last>(rows * rows, keep_axis);  // (..., last=1)
+    return rows * rsqrt(mean_square + static_cast<value_type_of<X>>(epsilon)) * std::forward<G>(g);
+}
+
+// The SwiGLU feed-forward (Shazeer 2020), as in LLaMA: (silu(x W_1) * x W_3) W_2, x (..., model),
+// W_1 and W_3 (model, hidden), W_2 (hidden, model). x is read twice, as in rms_norm.
+template <class X, class W1, class W3, class W2>
+auto swiglu(X&& x, W1&& w_1, W3&& w_3, W2&& w_2) {
+    static_assert(!detail::is_temporary_tensor<X>,
+                  "dimsum: nn::swiglu reads x twice: give it a named tensor or a formula, not a temporary tensor");
+    const auto& rows = x;
+    return matmul(silu(matmul(rows, std::forward<W1>(w_1))) * matmul(rows, std::forward<W3>(w_3)), std::forward<W2>(w_2));
 }
 
 }  // namespace dimsum::nn
