@@ -145,3 +145,26 @@ TEST_CASE("a batch that B does not change runs as one taller product, unless som
         }
     });
 }
+
+TEST_CASE("a few rows times a large row-major B (decoding): shared by the threads, with an epilogue, NaN kept") {
+    with_one_and_two_threads([] {
+        // 1 to 5 rows (5: the general kernel) x B of 601 x 1003 floats (2.4 MB: a team shares its columns)
+        for (std::size_t m : {1, 2, 3, 4, 5}) {
+            for (std::size_t k : {std::size_t{1}, std::size_t{6}, std::size_t{601}}) {
+                INFO("m=" << m << " k=" << k);
+                ds::tensor<float, M, K> a(M{m}, K{k});
+                ds::tensor<float, K, N> b(K{k}, N{1003});
+                ds::tensor<float, N> bias(N{1003});
+                ds::fill_uniform(a, m + k);
+                ds::fill_uniform(b, k);
+                ds::fill_uniform(bias, 3);
+                require_parity(ds::matmul(a, b), 2e-5, 2e-5);
+                require_parity(ds::max(ds::matmul(a, b) + bias, 0.0f), 2e-5, 2e-5);
+                // a NaN in B reaches its column only, an infinity in A its row only
+                b(k - 1, 500) = std::numeric_limits<float>::quiet_NaN();
+                a(m - 1, k / 2) = std::numeric_limits<float>::infinity();
+                require_parity(ds::matmul(a, b), 2e-5, 2e-5);
+            }
+        }
+    });
+}

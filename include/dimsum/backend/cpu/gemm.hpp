@@ -370,6 +370,74 @@ void zero_product(const matrix<T>& c, std::size_t item, const gemm_epilogue& epi
     epilogue(item, 0, 0, c.rows, c.cols);
 }
 
+// C (m x n) = A (m x k) B (k x n) over columns [first, last) of C, for a few rows of A (one
+// token decoding: m = 1) and a row-major B and C. B is streamed once, a few of its rows at a
+// time, each row's columns in order: the product is as fast as memory gives B. (The general
+// kernel would compute mr rows of which m are real, and walk B panel by panel, each panel a
+// line from a new page per row of B.) C's rows stay in cache between passes.
+inline constexpr std::size_t few_rows = 4;
+template <class T, std::size_t M>
+void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t depth,
+                      std::size_t first, std::size_t last) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size, step = 4;  // rows of B per pass over C
+    auto a_at = [&](std::size_t r, std::size_t p) {
+        return a.data[static_cast<std::ptrdiff_t>(r) * a.row_stride + static_cast<std::ptrdiff_t>(p) * a.col_stride];
+    };
+    T* c_row[M];
+    for (std::size_t r = 0; r < M; ++r) c_row[r] = c.data + static_cast<std::ptrdiff_t>(r) * c.row_stride;
+    for (std::size_t p = 0; p < depth; p += step) {
+        const std::size_t rows = std::min(step, depth - p);  // the last pass may have fewer
+        const T* b_row[step] = {};
+        batch coefficient[M][step];
+        for (std::size_t q = 0; q < rows; ++q) {
+            b_row[q] = b.data + static_cast<std::ptrdiff_t>(p + q) * b.row_stride;
+            for (std::size_t r = 0; r < M; ++r) coefficient[r][q] = batch(a_at(r, p + q));
+        }
+        const bool start = p == 0;  // C = A B: the first pass writes C, the others add to it
+        std::size_t j = first;
+        if (rows == step) {
+            for (; j + width <= last; j += width) {
+                const batch b0 = batch::load_unaligned(b_row[0] + j), b1 = batch::load_unaligned(b_row[1] + j);
+                const batch b2 = batch::load_unaligned(b_row[2] + j), b3 = batch::load_unaligned(b_row[3] + j);
+                for (std::size_t r = 0; r < M; ++r) {
+                    batch sum = start ? batch(T(0)) : batch::load_unaligned(c_row[r] + j);
+                    sum = xsimd::fma(coefficient[r][0], b0, sum);
+                    sum = xsimd::fma(coefficient[r][1], b1, sum);
+                    sum = xsimd::fma(coefficient[r][2], b2, sum);
+                    sum = xsimd::fma(coefficient[r][3], b3, sum);
+                    sum.store_unaligned(c_row[r] + j);
+                }
+            }
+        } else {
+            for (; j + width <= last; j += width) {
+                for (std::size_t r = 0; r < M; ++r) {
+                    batch sum = start ? batch(T(0)) : batch::load_unaligned(c_row[r] + j);
+                    for (std::size_t q = 0; q < rows; ++q) sum = xsimd::fma(coefficient[r][q], batch::load_unaligned(b_row[q] + j), sum);
+                    sum.store_unaligned(c_row[r] + j);
+                }
+            }
+        }
+        for (; j < last; ++j) {
+            for (std::size_t r = 0; r < M; ++r) {
+                T sum = start ? T(0) : c_row[r][j];
+                for (std::size_t q = 0; q < rows; ++q) sum += a_at(r, p + q) * b_row[q][j];
+                c_row[r][j] = sum;
+            }
+        }
+    }
+}
+template <class T>
+void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t depth,
+                      std::size_t first, std::size_t last) {
+    switch (c.rows) {
+        case 1: return few_rows_product<T, 1>(a, b, c, depth, first, last);
+        case 2: return few_rows_product<T, 2>(a, b, c, depth, first, last);
+        case 3: return few_rows_product<T, 3>(a, b, c, depth, first, last);
+        default: return few_rows_product<T, 4>(a, b, c, depth, first, last);
+    }
+}
+
 template <class T>
 struct item_operands {
     matrix<const T> a, b;
@@ -419,6 +487,24 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
         prepare_a();
         scratch<T>(scratch_use::packed_b, packed_b_size);
     };
+
+    // A few rows times a row-major B (decoding): B streamed once, its columns shared by the
+    // threads when it is large enough to pay for a team.
+    if (m <= detail::few_rows && k > 0 && problem.b.col_stride == 1 && problem.c.col_stride == 1) {
+        constexpr std::size_t shared_b_bytes = std::size_t(1) << 20;
+        const std::size_t blocks = (n + 2 * nr - 1) / (2 * nr);  // of 2 nr columns: whole cache lines per thread
+        const int team = k * n * sizeof(T) >= shared_b_bytes ? int(std::min<std::size_t>(std::size_t(threads), blocks)) : 1;
+        for (std::size_t item = 0; item < items; ++item) {
+            const detail::item_operands<T> operands = detail::item_of(problem, item);
+            split_range(team, blocks, [&] { epilogue.prepare(); }, [&](std::size_t first, std::size_t last) {
+                const std::size_t col_first = first * 2 * nr, col_last = std::min(n, last * 2 * nr);
+                if (col_first >= col_last) return;
+                detail::few_rows_product<T>(operands.a, operands.b, operands.c, k, col_first, col_last);
+                epilogue(item, 0, col_first, m, col_last - col_first);
+            });
+        }
+        return;
+    }
 
     bool whole_items = threads == 1 || items % std::size_t(threads) == 0 || items >= 4 * std::size_t(threads) ||
                        flops_per_item < shared_product_flops;
