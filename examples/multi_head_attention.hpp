@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 namespace mha {
 
@@ -25,10 +26,13 @@ using weight = ds::tensor<float, Model, Model>;
 using fused_weight = ds::tensor<float, Model, Fused>;
 
 // (batch, seq, model) -> (batch, heads, seq, head)
-auto split_heads(auto&& t) { return ds::transpose<Seq, Heads>(ds::view<Batch, Seq, Heads, Head>(t)); }
+// (t is forwarded: a temporary tensor is then held by the formula, not viewed)
+auto split_heads(auto&& t) {
+    return ds::transpose<Seq, Heads>(ds::view<Batch, Seq, Heads, Head>(std::forward<decltype(t)>(t)));
+}
 
 // (batch, heads, seq, head) -> (batch, seq, model)
-auto merge_heads(auto&& z) { return ds::view<Batch, Seq, Model>(ds::transpose<Heads, Seq>(z)); }
+auto merge_heads(auto&& z) { return ds::view<Batch, Seq, Model>(ds::transpose<Heads, Seq>(std::forward<decltype(z)>(z))); }
 
 // softmax(Q K^T / sqrt(d_head)) V for every batch and head: (batch, heads, seq, head)
 auto attention(auto&& q, auto&& k, auto&& v) {

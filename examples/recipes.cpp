@@ -234,7 +234,7 @@ using Model = ds::axis<"model", 16>;
 using Heads = ds::axis<"heads", 2>;
 using Head = ds::axis<"head", 8>;
 
-auto split_heads(auto&& t) { return ds::transpose<Seq, Heads>(ds::view<Batch, Seq, Heads, Head>(t)); }
+auto split_heads(auto&& t) { return ds::transpose<Seq, Heads>(ds::view<Batch, Seq, Heads, Head>(std::forward<decltype(t)>(t))); }
 auto merge_heads(auto&& z) { return ds::view<Batch, Seq, Model>(ds::transpose<Heads, Seq>(z)); }
 
 struct decoder {
@@ -352,7 +352,7 @@ using Source = ds::axis<"source", 12>;  // the encoder's width
 using Heads = ds::axis<"heads", 2>;
 using Head = ds::axis<"head", 8>;
 
-auto split_heads(auto&& t) { return ds::transpose<Seq, Heads>(ds::view<Batch, Seq, Heads, Head>(t)); }
+auto split_heads(auto&& t) { return ds::transpose<Seq, Heads>(ds::view<Batch, Seq, Heads, Head>(std::forward<decltype(t)>(t))); }
 auto merge_heads(auto&& z) { return ds::view<Batch, Seq, Model>(ds::transpose<Heads, Seq>(z)); }
 
 bool run() {

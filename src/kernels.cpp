@@ -5,6 +5,7 @@
 #include "dimsum/backend/cpu/attention.hpp"
 #include "dimsum/backend/cpu/elementwise.hpp"
 #include "dimsum/backend/cpu/fused.hpp"
+#include "dimsum/backend/cpu/gather.hpp"
 #include "dimsum/backend/cpu/gemm.hpp"
 #include "dimsum/backend/cpu/rowwise.hpp"
 
@@ -20,6 +21,7 @@ namespace dimsum::backend::cpu {
     template void reduce<fn::sum, T>(const strided<const T>&, const strided<T>&, std::size_t);                   \
     template void reduce<fn::max, T>(const strided<const T>&, const strided<T>&, std::size_t);                   \
     template void reduce<fn::mean, T>(const strided<const T>&, const strided<T>&, std::size_t);                  \
+    template void gather<T>(const strided<const T>&, std::size_t, const evaluation::integers&, const strided<T>&);  \
     template void apply_to_block<fn::negate, T, 1>(std::size_t, const T* const*, T*);                            \
     template void apply_to_block<fn::exp, T, 1>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::log, T, 1>(std::size_t, const T* const*, T*);                               \

@@ -6,6 +6,7 @@
 
 #include "dimsum/backend/default.hpp"
 #include "dimsum/ops/elementwise.hpp"
+#include "dimsum/ops/gather.hpp"
 #include "dimsum/ops/join.hpp"
 #include "dimsum/ops/mask.hpp"
 #include "dimsum/ops/matmul.hpp"
@@ -16,5 +17,7 @@
 #include "dimsum/runtime/workspace.hpp"
 #include "dimsum/nn/attention.hpp"
 #include "dimsum/nn/layers.hpp"
+#include "dimsum/nn/kv_cache.hpp"
+#include "dimsum/nn/rotary.hpp"
 #include "dimsum/tensor/print.hpp"
 #include "dimsum/tensor/random.hpp"

@@ -82,7 +82,7 @@ struct attention_layer {
     using Cached = ds::axis<"cached">;
     using layer_type = ds::nn::multi_head_attention<float, Model, Heads, Head>;
     using Inner = typename layer_type::Inner;
-    using Part = typename layer_type::Part;
+    using Part = ds::axis<"part", 3>;  // query, key, value: w_qkv's three blocks of columns
 
     attention_case c;
     layer_type layer;

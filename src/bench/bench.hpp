@@ -248,9 +248,12 @@ void bench_gemm_case(bench& s, const gemm_case& g);
 void bench_softmax(bench& s, std::size_t rows, std::size_t cols);
 void bench_layer_norm(bench& s, std::size_t rows, std::size_t cols);
 void bench_elementwise(bench& s, std::size_t rows, std::size_t cols);
+void bench_concat(bench& s, std::size_t rows, std::size_t cols);
+void bench_gather(bench& s, std::size_t rows, std::size_t cols);
 
 void bench_attention(bench& s);
 void bench_attention_memory(bench& s);
+void bench_decoder(bench& s);
 // --attention-memory=[core:]SPEC: run in a fresh process by bench_attention's cases.
 int measure_attention_memory(const options& opt, std::string spec);
 

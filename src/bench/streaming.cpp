@@ -1,9 +1,10 @@
-// dimsum_bench's memory-bound cases (softmax, layer_norm, a transformer-style epilogue),
-// against the copy bandwidth.
+// dimsum_bench's memory-bound cases (softmax, layer_norm, a transformer-style epilogue,
+// concat, an embedding lookup), against the copy bandwidth.
 
 #include <dimsum/dimsum.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -127,6 +128,56 @@ void bench_elementwise(bench& s, std::size_t rows, std::size_t cols) {
     y.fill(std::numeric_limits<float>::quiet_NaN());
     double bytes = double((3 * x.size() + bias.size()) * sizeof(float));
     bench_streaming(s, name, bytes, 1e-5, [&] { ds::assign(y, ds::max(x * 0.5f + bias, 0.0f) + r); }, error);
+}
+
+// concat of two halves along the columns: each read once, the result written once.
+void bench_concat(bench& s, std::size_t rows, std::size_t cols) {
+    std::string name = "concat_" + std::to_string(rows) + "x" + std::to_string(cols);
+    if (!s.selected(name)) return;
+    ds::tensor<float, Row, Col> a(Row{rows}, Col{cols / 2}), b(Row{rows}, Col{cols - cols / 2});
+    ds::tensor<float, Row, Col> y(Row{rows}, Col{cols});
+    ds::fill_uniform(a, 12);
+    ds::fill_uniform(b, 13);
+    auto error = [&] {
+        sampler pick;
+        double wrong = 0;
+        for (int sample = 0; sample < 256; ++sample) {
+            std::size_t i = pick.below(rows), j = pick.below(cols), half = cols / 2;
+            float want = j < half ? a.data()[i * half + j] : b.data()[i * (cols - half) + j - half];
+            if (y.data()[i * cols + j] != want) wrong = 1;
+        }
+        return wrong;
+    };
+    y.fill(std::numeric_limits<float>::quiet_NaN());
+    bench_streaming(s, name, 2.0 * double(y.size() * sizeof(float)), 0, [&] { ds::assign(y, ds::concat<Col>(a, b)); },
+                    error);
+}
+
+// An embedding lookup: rows of a (vocab, col) table at random ids, each row read once and
+// written once.
+void bench_gather(bench& s, std::size_t rows, std::size_t cols) {
+    using Vocab = ds::axis<"vocab">;
+    std::string name = "gather_" + std::to_string(rows) + "x" + std::to_string(cols);
+    if (!s.selected(name)) return;
+    const std::size_t vocab = std::max<std::size_t>(rows / 4, 1);
+    ds::tensor<float, Vocab, Col> table(Vocab{vocab}, Col{cols});
+    ds::tensor<std::int64_t, Row> ids(Row{rows});
+    ds::tensor<float, Row, Col> y(Row{rows}, Col{cols});
+    ds::fill_uniform(table, 14);
+    sampler draw;
+    for (std::size_t i = 0; i < rows; ++i) ids(i) = static_cast<std::int64_t>(draw.below(vocab));
+    auto error = [&] {
+        sampler pick;
+        double wrong = 0;
+        for (int sample = 0; sample < 256; ++sample) {
+            std::size_t i = pick.below(rows), j = pick.below(cols);
+            if (y.data()[i * cols + j] != table.data()[static_cast<std::size_t>(ids(i)) * cols + j]) wrong = 1;
+        }
+        return wrong;
+    };
+    y.fill(std::numeric_limits<float>::quiet_NaN());
+    bench_streaming(s, name, 2.0 * double(y.size() * sizeof(float)), 0,
+                    [&] { ds::assign(y, ds::gather<Vocab>(table, ids)); }, error);
 }
 
 }  // namespace dimsum_bench

@@ -3,6 +3,8 @@
 // the same attention as the additive mask written by hand.
 #include "support.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <limits>
 
 namespace ds = dimsum;
@@ -149,4 +151,46 @@ TEST_CASE("a padding mask from lengths in one line: the same attention as the ma
     test::require_close(ds::eval(formula, ds::backend::reference::evaluator{}), test::to_xt(want), 1e-12, 1e-14);
     // fused: the mask is part of the score function, applied per tile
     CHECK(ds::explain(formula).find("attention") != std::string::npos);
+}
+
+TEST_CASE("causal_mask from lengths: a padded batch, each sequence's queries at its own end") {
+    const std::int64_t given[] = {1, 3, 6};
+    for (std::size_t queries : {1, 2, 3}) {
+        ds::tensor<std::int64_t, Batch> lengths(Batch{3});
+        std::copy(std::begin(given), std::end(given), lengths.data());
+        auto mask = ones_where<float>(ds::causal_mask(lengths, Query{queries}, Key{6}));  // (batch, query, key)
+        static_assert(std::is_same_v<ds::shape_of<decltype(mask)>, ds::shape<Batch, Query, Key>>);
+        for (std::size_t b = 0; b < 3; ++b) {
+            for (std::size_t i = 0; i < queries; ++i) {
+                for (std::size_t j = 0; j < 6; ++j) {
+                    // query i is position given[b] - queries + i of its sequence
+                    const bool hidden = std::int64_t(j) > given[b] - std::int64_t(queries) + std::int64_t(i);
+                    INFO("queries=" << queries << " b=" << b << " i=" << i << " j=" << j);
+                    CHECK(mask(b, i, j) == (hidden ? 1.0f : 0.0f));
+                }
+            }
+        }
+    }
+
+    // decoding two sequences of different lengths from one padded cache: each row of the
+    // result equals causal attention over that sequence alone
+    const std::size_t heads = 2, head = 4, capacity = 7, queries = 2;
+    ds::tensor<double, Batch, Heads, Key, Head> k(Batch{2}, Heads{heads}, Key{capacity}, Head{head});
+    ds::tensor<double, Batch, Heads, Key, Head> v(Batch{2}, Heads{heads}, Key{capacity}, Head{head});
+    ds::tensor<double, Batch, Heads, Query, Head> q(Batch{2}, Heads{heads}, Query{queries}, Head{head});
+    ds::fill_uniform(k, 1);
+    ds::fill_uniform(v, 2);
+    ds::fill_uniform(q, 3);
+    ds::tensor<std::int64_t, Batch> lengths(Batch{2});
+    lengths(0) = 4;  // positions 4, 5, 6 of sequence 0 are padding
+    lengths(1) = 7;
+    auto hidden = ds::unsqueeze<ds::axis<"heads", 1>, 1>(ds::causal_mask(lengths, Query{queries}, Key{capacity}));
+    auto scores = ds::nn::attention_scores(q, k);
+    auto z = ds::eval(ds::matmul(ds::softmax(ds::masked_fill(scores, hidden, -inf)), v));
+    for (std::size_t b = 0; b < 2; ++b) {
+        const auto length = static_cast<std::size_t>(lengths(b));
+        auto alone = ds::eval(ds::nn::causal_attention(ds::select<Batch>(q, b), ds::slice<Key>(ds::select<Batch>(k, b), 0, length),
+                                                       ds::slice<Key>(ds::select<Batch>(v, b), 0, length)));
+        test::require_close(ds::select<Batch>(z.view(), b), test::to_xt(alone), 1e-12, 1e-14);
+    }
 }

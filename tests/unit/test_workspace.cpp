@@ -3,6 +3,7 @@
 // global operator new to count allocations (dimsum allocates only through it).
 #include "support.hpp"
 
+#include "decoder.hpp"
 #include "multi_head_attention.hpp"
 
 #include "counting_new.hpp"
@@ -32,6 +33,43 @@ TEST_CASE("a formula evaluated again allocates nothing") {
         std::size_t before = allocations.load();
         for (int repeat = 0; repeat < 3; ++repeat) ds::assign(y, formula);
         REQUIRE(allocations.load() - before == 0);
+    }
+    ds::set_num_threads(0);
+}
+
+TEST_CASE("a decoder step with a KV cache allocates nothing after the first of its size") {
+    using sizes = llama::tiny;
+    using llama::Batch;
+    using llama::Seq;
+    for (int threads : {1, 2}) {
+        INFO("threads: " << threads);
+        ds::set_num_threads(threads);
+        llama::decoder_weights<sizes> w;
+        ds::fill_uniform(w.embedding, 1);
+        ds::fill_uniform(w.block.w_q, 2);
+        ds::fill_uniform(w.block.w_k, 3);
+        ds::fill_uniform(w.block.w_v, 4);
+        ds::fill_uniform(w.block.w_o, 5);
+        ds::fill_uniform(w.block.w_1, 6);
+        ds::fill_uniform(w.block.w_3, 7);
+        ds::fill_uniform(w.block.w_2, 8);
+        ds::fill_uniform(w.output, 9);
+        w.block.attention_norm.fill(1.0f);
+        w.block.ffn_norm.fill(1.0f);
+        w.norm.fill(1.0f);
+        llama::decoder<sizes> d(w, 2, 64);
+        ds::tensor<std::int64_t, Batch, Seq> prompt(Batch{2}, Seq{5}), token(Batch{2}, Seq{1});
+        for (std::size_t i = 0; i < prompt.size(); ++i) prompt.data()[i] = std::int64_t(i * 7 % 50);
+        ds::tensor<float, Batch, sizes::Vocab> logits(Batch{2});
+        d.step(prompt, logits);
+        d.step(token, logits);  // the first step of one token sizes its tensors
+        std::size_t before = allocations.load();
+        for (int step = 0; step < 40; ++step) {  // positions 6 to 45: the cache grows, nothing allocates
+            token(0, 0) = step % 50;
+            d.step(token, logits);
+        }
+        REQUIRE(allocations.load() - before == 0);
+        REQUIRE(d.size() == 46);
     }
     ds::set_num_threads(0);
 }

@@ -34,10 +34,10 @@ public:
     }
 
     std::string text(std::string_view backend) {
-        const std::size_t size = size_of(steps_.empty() ? element_type::float32 : steps_[0].type);
+        const std::size_t size = size_of(steps_.empty() ? element_type::float32 : steps_[0].computes_in);
         std::size_t bytes = 0;
         for (std::size_t count : plan_.temporaries) bytes += count * size;
-        out_ << backend << " plan, " << name_of(steps_.empty() ? element_type::float32 : steps_[0].type) << ": "
+        out_ << backend << " plan, " << name_of(steps_.empty() ? element_type::float32 : steps_[0].computes_in) << ": "
              << plan_.entries.size() << (plan_.entries.size() == 1 ? " entry, " : " entries, ") << plan_.temporaries.size()
              << (plan_.temporaries.size() == 1 ? " temporary" : " temporaries");
         if (!plan_.temporaries.empty()) out_ << " (" << human_bytes(bytes) << ")";
@@ -96,7 +96,8 @@ private:
             out_ << inner;
             return;
         }
-        if (plan_.placed[id] && !is_view(s.kind)) return memory(plan_.values[id]);
+        const bool converted = s.kind == step_kind::tensor && s.type != s.computes_in;  // into a temporary
+        if (plan_.placed[id] && (!is_view(s.kind) || converted)) return memory(plan_.values[id]);
         formula(id, product, inner);
     }
 
@@ -130,7 +131,8 @@ private:
                 out_ << ')';
                 return;
             }
-            case step_kind::causal_mask: case step_kind::arange: case step_kind::concat: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
+            case step_kind::causal_mask: case step_kind::arange: case step_kind::concat: case step_kind::gather:
+            case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
             case step_kind::sum: case step_kind::max: case step_kind::mean:
                 out_ << name_of(s.kind);  // computed by an entry of its own
                 return;
@@ -149,6 +151,8 @@ private:
             case entry_kind::copy: kind = "copy"; break;
             case entry_kind::rowwise: kind = "rowwise"; break;
             case entry_kind::indices: kind = "indices"; break;
+            case entry_kind::convert: kind = "convert"; break;
+            case entry_kind::gather: kind = "gather"; break;
         }
         out_ << kind << std::string(kind.size() < 11 ? 11 - kind.size() : 1, ' ');
         memory(e.out);
@@ -181,6 +185,14 @@ private:
                 out_ << ')';
                 break;
             case entry_kind::indices: out_ << name_of(steps_[e.step].kind); break;
+            case entry_kind::convert: out_ << name_of(own.computes_in) << '('; formula(e.step); out_ << ')'; break;
+            case entry_kind::gather:
+                out_ << "gather<" << axis_name(steps_[own.operands[0]], own.axis) << ">(";
+                operand(own.operands[0]);
+                out_ << ", ";
+                formula(own.operands[1]);
+                out_ << ')';
+                break;
         }
         out_ << '\n';
     }

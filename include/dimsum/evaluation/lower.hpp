@@ -15,30 +15,33 @@ namespace dimsum::evaluation {
 
 namespace lowering {
 
-// What each kind of node becomes: one overload per node type.
-// A tensor's memory becomes a binding: the same one wherever the formula reads it again.
-template <class T>
-void add_binding(step& s, std::vector<binding>& bindings, const strided<const T>& memory) {
-    const binding b{memory.data, element_type_of<T>(), layout_of(memory)};
+// What each kind of node becomes: one overload per node type, T the program's type.
+// A tensor's memory becomes a binding: the same one wherever the formula reads it again. Its
+// step holds the tensor's own type U (an integer tensor is read converted, or by gather).
+template <class U>
+void add_binding(step& s, std::vector<binding>& bindings, const strided<const U>& memory) {
+    const binding b{memory.data, element_type_of<U>(), layout_of(memory)};
     s.kind = step_kind::tensor;
+    s.type = b.type;
     for (s.binding = 0; s.binding < bindings.size(); ++s.binding) {
         if (bindings[s.binding].data == b.data && bindings[s.binding].type == b.type && bindings[s.binding].where == b.where) return;
     }
     bindings.push_back(b);
 }
 
-template <class T, class... A>
-void describe(step& s, std::vector<binding>& bindings, const tensor<T, A...>& t) {
-    lowering::add_binding<T>(s, bindings, to_strided(t.view()));
+template <class T, class U, class... A>
+void describe(step& s, std::vector<binding>& bindings, const tensor<U, A...>& t) {
+    lowering::add_binding<U>(s, bindings, to_strided(t.view()));
 }
 template <class T, class U, class... A>
 void describe(step& s, std::vector<binding>& bindings, const tensor_view<U, A...>& v) {
-    lowering::add_binding<T>(s, bindings, to_strided(tensor_view<const T, A...>(v)));
+    using V = std::remove_const_t<U>;
+    lowering::add_binding<V>(s, bindings, to_strided(tensor_view<const V, A...>(v)));
 }
-template <class T>
-void describe(step& s, std::vector<binding>&, const expr::scalar<T>& number) {
+template <class T, class U>
+void describe(step& s, std::vector<binding>&, const expr::scalar<U>& number) {
     s.kind = step_kind::number;
-    s.number = number.value;
+    s.number = static_cast<double>(number.value);
 }
 template <class T, class Q, class K>
 void describe(step& s, std::vector<binding>&, const expr::causal_mask<Q, K>&) {
@@ -78,6 +81,11 @@ void describe(step& s, std::vector<binding>&, const expr::slice<S, Axis, X>& nod
 template <class T, class S, std::size_t Axis, class A, class B>
 void describe(step& s, std::vector<binding>&, const expr::concat<S, Axis, A, B>&) {
     s.kind = step_kind::concat;
+    s.axis = Axis;
+}
+template <class T, class S, std::size_t Axis, class Table, class Ids>
+void describe(step& s, std::vector<binding>&, const expr::gather<S, Axis, Table, Ids>&) {
+    s.kind = step_kind::gather;
     s.axis = Axis;
 }
 template <class T, class S, class L, class R>

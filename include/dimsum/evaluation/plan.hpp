@@ -12,6 +12,8 @@
 //                                             are tensors, views and other entries' values;
 //   causal_mask, arange                    -> an `indices` entry: values computed from their
 //                                             indices, read by the formula around them;
+//   a tensor of integers read by a formula -> a `convert` into a temporary of the formula's type;
+//   gather                                 -> a `gather` entry, which reads its ids as integers;
 //   concat                                 -> no entry: each operand is written straight into
 //                                             its slice of the result;
 //   a view written to memory               -> a `copy`;
@@ -46,11 +48,11 @@ struct place {
     layout where{};
 };
 
-enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices };
+enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, gather };
 
 struct entry {
     entry_kind kind;
-    // gemm, attention: the matmul step; fused, copy: the root of the pass; rowwise, indices: the step
+    // gemm, attention: the matmul step; fused, copy: the root of the pass; the others: the step
     std::size_t step = 0;
     place out{};  // what the entry writes: the value of `step`, or of `epilogue` if there is one
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
@@ -94,7 +96,7 @@ inline std::optional<layout> view_layout(const step& s, const layout& from) {
         case step_kind::slice: return slice(from, s.axis, s.index, s.extents[s.axis], s.spacing);
         case step_kind::reshape: return reshape(from, s.rank, s.extents);
         case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
-        case step_kind::elementwise: case step_kind::concat: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
+        case step_kind::elementwise: case step_kind::concat: case step_kind::gather: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
         case step_kind::max: case step_kind::mean:
             break;  // not views
     }
@@ -128,7 +130,12 @@ private:
     place compute(std::size_t id) {
         const step& s = steps_[id];
         switch (s.kind) {
-            case step_kind::tensor: return {memory_kind::binding, s.binding, bindings_[s.binding].where};
+            case step_kind::tensor: {
+                if (s.type == s.computes_in) return {memory_kind::binding, s.binding, bindings_[s.binding].where};
+                place converted = temporary(s.rank, s.extents);  // integers, read as the formula's type
+                add(entry_kind::convert, id, converted);
+                return converted;
+            }
             case step_kind::permute: case step_kind::select: case step_kind::slice: case step_kind::reshape: {
                 if (s.kind == step_kind::reshape && copy_is_certain(s)) {  // computed into the copy at once
                     const step& operand = steps_[s.operands[0]];
@@ -144,7 +151,7 @@ private:
                 return {copy.memory, copy.index, *view_layout(s, copy.where)};
             }
             case step_kind::number: case step_kind::causal_mask: case step_kind::arange: case step_kind::elementwise:
-            case step_kind::concat: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
+            case step_kind::concat: case step_kind::gather: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
             case step_kind::mean: {  // an array that entries compute
                 place array = temporary(s.rank, s.extents);
                 write(id, array);
@@ -179,6 +186,9 @@ private:
                 value(s.operands[0]);
                 return add(entry_kind::rowwise, id, dst);
             case step_kind::causal_mask: case step_kind::arange: return add(entry_kind::indices, id, dst);
+            case step_kind::gather:
+                value(s.operands[0]);  // the table; the ids are read where they are, as integers
+                return add(entry_kind::gather, id, dst);
             case step_kind::concat: {
                 // each operand into its slice of dst, where a later reader finds it; one already
                 // computed is copied there

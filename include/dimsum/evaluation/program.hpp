@@ -12,27 +12,34 @@
 #include <type_traits>
 #include <vector>
 
+#include "dimsum/core/element_type.hpp"
 #include "dimsum/core/functors.hpp"
 #include "dimsum/evaluation/layout.hpp"
 #include "dimsum/shape/axis.hpp"
 
 namespace dimsum::evaluation {
 
-enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute, reshape, select, slice, concat, matmul, softmax, layer_norm, sum, max, mean };
+enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute, reshape, select, slice, concat, gather,
+                       matmul, softmax, layer_norm, sum, max, mean };
 
-// The element types a program can hold.
-enum class element_type : std::uint8_t { float32, float64 };
+// The element types a program can hold. A program computes in float32 or float64; its
+// tensors may also hold int32 or int64 (ids, lengths), which it reads converted (a `convert`
+// entry) or as indices (a `gather` entry).
+enum class element_type : std::uint8_t { float32, float64, int32, int64 };
 
 template <class T>
 constexpr element_type element_type_of() {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "dimsum: evaluates float and double tensors");
-    return std::is_same_v<T, float> ? element_type::float32 : element_type::float64;
+    static_assert(tensor_element<T>, "dimsum: programs hold float, double, int32_t and int64_t");
+    if constexpr (std::is_same_v<T, float>) return element_type::float32;
+    else if constexpr (std::is_same_v<T, double>) return element_type::float64;
+    else if constexpr (std::is_same_v<T, std::int32_t>) return element_type::int32;
+    else return element_type::int64;
 }
 
 constexpr std::size_t size_of(element_type type) {
     switch (type) {
-        case element_type::float32: return 4;
-        case element_type::float64: return 8;
+        case element_type::float32: case element_type::int32: return 4;
+        case element_type::float64: case element_type::int64: return 8;
     }
     return 0;
 }
@@ -41,6 +48,8 @@ constexpr std::string_view name_of(element_type type) {
     switch (type) {
         case element_type::float32: return "float";
         case element_type::float64: return "double";
+        case element_type::int32: return "int32";
+        case element_type::int64: return "int64";
     }
     return "";
 }
@@ -74,7 +83,7 @@ struct step {
     double number = 0;         // number (exact for float and double); layer_norm: epsilon
     op_code op{};              // elementwise: which function of the operands
     order_t order{};           // permute: result axis i is operand axis order[i]
-    std::size_t axis = 0;      // select, slice, concat, softmax, layer_norm, reductions
+    std::size_t axis = 0;      // select, slice, concat, gather, softmax, layer_norm, reductions
     std::size_t index = 0;     // select; slice: the first position kept
     std::size_t spacing = 1;   // slice: the distance between the positions kept
 
@@ -114,6 +123,7 @@ constexpr std::string_view name_of(step_kind kind) {
         case step_kind::select: return "select";
         case step_kind::slice: return "slice";
         case step_kind::concat: return "concat";
+        case step_kind::gather: return "gather";
         case step_kind::matmul: return "matmul";
         case step_kind::softmax: return "softmax";
         case step_kind::layer_norm: return "layer_norm";

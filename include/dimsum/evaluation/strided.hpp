@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 
 #include "dimsum/core/next_index.hpp"
@@ -61,6 +62,24 @@ template <class T>
 strided<T> broadcast_to_rank(const strided<T>& s, std::size_t rank) {
     return strided_at(s.data, broadcast(layout_of(s), rank));
 }
+
+// What kernels see of a tensor of integers (int32 or int64): its memory and layout, each
+// element read as int64.
+class integers {
+public:
+    integers(const void* data, bool wide, const layout& where) : data_(data), wide_(wide), where_(where) {}
+
+    const layout& where() const { return where_; }
+    std::int64_t at(const std::size_t* index) const { return at_offset(where_.at(index)); }
+    std::int64_t at_offset(std::ptrdiff_t offset) const {
+        return wide_ ? static_cast<const std::int64_t*>(data_)[offset] : static_cast<const std::int32_t*>(data_)[offset];
+    }
+
+private:
+    const void* data_;
+    bool wide_;
+    layout where_;
+};
 
 // Calls f(index) for every index of `extents` (the first `rank`) in row-major order.
 template <class F>

@@ -139,6 +139,18 @@ struct concat {
     shape_type shape() const { return extents; }
 };
 
+// Table's slices at the ids along its axis Axis: the result has Table's axes before Axis, then
+// the ids' axes, then Table's axes after Axis. Ids is a tensor or view of integers.
+template <class Shape, std::size_t Axis, class Table, class Ids>
+struct gather {
+    using shape_type = Shape;
+    using value_type = value_type_of<Table>;
+    static constexpr std::size_t axis = Axis;
+    expr::operands<Table, Ids> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
 // (..., m, k) x (..., k, n) -> (..., m, n), leading axes broadcast.
 template <class Shape, class Lhs, class Rhs>
 struct matmul {

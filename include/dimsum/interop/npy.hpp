@@ -66,11 +66,11 @@ inline constexpr std::uint64_t max_header_length = 1 << 20;
 }
 
 // The dtype string that holds T as it lies in memory, which is how the data is read and
-// written: '<f4' for float on a little-endian machine.
+// written: '<f4' for float, '<i8' for int64_t on a little-endian machine.
 template <class T>
 std::string native_descr() {
     std::string d(1, std::endian::native == std::endian::little ? '<' : '>');
-    return d + 'f' + std::to_string(sizeof(T));
+    return d + (std::is_integral_v<T> ? 'i' : 'f') + std::to_string(sizeof(T));
 }
 
 // Text from a file, for a message: control and non-ASCII bytes as \xNN, at most `shown`
@@ -119,6 +119,8 @@ inline std::string describe_descr(const std::string& d) {
 inline std::string dtype_name(const std::string& d) {
     if (d == native_descr<float>()) return "float32";
     if (d == native_descr<double>()) return "float64";
+    if (d == native_descr<std::int32_t>()) return "int32";
+    if (d == native_descr<std::int64_t>()) return "int64";
     return describe_descr(d);
 }
 
@@ -419,13 +421,12 @@ tensor<T, Axes...> tensor_for(const std::vector<std::size_t>& file_shape,
 // Loads a .npy file into a tensor with the given axes. Static extents are checked against
 // the file; dynamic ones come from it or, where given as for the tensor constructor (one
 // value per dynamic axis, or one per axis), are checked too. The file must hold T exactly
-// ('<f4' for float, '<f8' for double), in C order: a conversion would hide a mistake.
+// ('<f4' for float, '<f8' for double, '<i4' and '<i8' for int32_t and int64_t), in C order: a conversion would hide a mistake.
 // Throws npy_error for a file that cannot be read or is not such a .npy file, shape_error
 // for a file of another rank or extents.
 template <class T, axis_type... Axes, axis_type... Given>
 tensor<T, Axes...> load_npy(const std::string& path, Given... extents) {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                  "dimsum: load_npy: the element type must be float or double");
+    static_assert(tensor_element<T>, "dimsum: load_npy: the element type must be float, double, int32_t or int64_t");
     using shape_type = shape<Axes...>;
     constexpr std::size_t rank = shape_type::rank;
     constexpr std::string_view op = "load_npy";
@@ -505,13 +506,12 @@ inline void write_file(const std::string& path, std::string_view op, const std::
 
 }  // namespace detail::npy
 
-// Writes a view as a .npy file ('<f4' or '<f8', C order); a strided view is copied first.
+// Writes a view as a .npy file ('<f4', '<f8', '<i4' or '<i8', C order); a strided view is copied first.
 // Throws npy_error if the file cannot be written in full, saying which step failed.
 template <class T, axis_type... Axes>
 void save_npy(const std::string& path, const tensor_view<T, Axes...>& v) {
     using value_type = std::remove_const_t<T>;
-    static_assert(std::is_same_v<value_type, float> || std::is_same_v<value_type, double>,
-                  "dimsum: save_npy: the element type must be float or double");
+    static_assert(tensor_element<value_type>, "dimsum: save_npy: the element type must be float, double, int32_t or int64_t");
     if (!v.is_contiguous()) {
         auto copy = detail::npy::contiguous_copy(v);
         save_npy(path, copy.view());

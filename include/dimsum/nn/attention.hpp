@@ -90,39 +90,52 @@ namespace detail {
 }  // namespace detail
 
 // A multi-head attention layer (Vaswani et al. 2017, section 3.2.2), inputs as rows (x W):
-//     head_i = attention(x W_Q_i + b_Q_i, c W_K_i + b_K_i, c W_V_i + b_V_i)
+//     head_i = attention(x W_Q_i + b_Q_i, c W_K_j + b_K_j, c W_V_j + b_V_j),  j = i / group
 //     y      = concat(head_1, ..., head_h) W_O + b_O
 // for queries x (batch, query, model) and a context c (batch, key, source): c = x in
-// self-attention. Keys have heads x head columns, values heads x value_head. The query, key
-// and value projections are either separate (w_q, w_k, w_v) or one fused matrix w_qkv
-// (self-attention with value_head = head), whose columns are [W_Q | W_K | W_V]. Biases are
-// zero unless set.
+// self-attention. With fewer key/value heads than query heads (KvHeads, grouped-query
+// attention, Ainslie et al. 2023; one: multi-query attention), each key/value head serves a
+// group of heads / kv_heads consecutive query heads, as PyTorch's repeat_interleave orders
+// them, read in place for every query head of its group (never copied). Queries and keys have
+// head columns per head, values value_head. The query, key and value projections are either
+// separate (w_q, w_k, w_v) or one fused matrix w_qkv (self-attention with value_head = head),
+// whose columns are [W_Q | W_K | W_V]. Biases are zero unless set.
 //
 // A call evaluates one formula, projections to output projection, so that its intermediate
 // values live in the evaluator's temporaries, reused from one call to the next.
 template <class T, axis_type Model, axis_type Heads, axis_type Head, axis_type ValueHead = Head,
-          axis_type Source = Model>
+          axis_type Source = Model, axis_type KvHeads = Heads>
 struct multi_head_attention {
-    static_assert(Heads::is_static && Head::is_static && ValueHead::is_static,
-                  "dimsum: multi_head_attention: heads, head and value_head need static extents");
-    using Inner = axis<"heads*head", Heads::static_extent * Head::static_extent>;
+    static_assert(Heads::is_static && Head::is_static && ValueHead::is_static && KvHeads::is_static,
+                  "dimsum: multi_head_attention: heads, head, value_head and kv_heads need static extents");
+    static_assert(KvHeads::static_extent > 0 && Heads::static_extent % KvHeads::static_extent == 0,
+                  "dimsum: multi_head_attention: the query heads must be a multiple of the key/value heads");
+    static constexpr std::size_t heads = Heads::static_extent, kv_heads = KvHeads::static_extent;
+    using Group = axis<"group", heads / kv_heads>;  // query heads per key/value head
+    using OneGroup = axis<"group", 1>;              // keys and values, broadcast over the group
+    using Inner = axis<"heads*head", heads * Head::static_extent>;  // the queries' columns
     using ValueInner = std::conditional_t<std::is_same_v<ValueHead, Head>, Inner,
-                                          axis<"heads*value_head", Heads::static_extent * ValueHead::static_extent>>;
-    using Part = axis<"part", 3>;  // query, key, value
-    using Fused = axis<"qkv", 3 * Inner::static_extent>;
+                                          axis<"heads*value_head", heads * ValueHead::static_extent>>;  // W_O's rows
+    // the keys' and values' columns: the same as the queries' without grouping
+    using KvInner = std::conditional_t<kv_heads == heads, Inner, axis<"kv_heads*head", kv_heads * Head::static_extent>>;
+    using KvValueInner =
+        std::conditional_t<kv_heads == heads, ValueInner,
+                           std::conditional_t<std::is_same_v<ValueHead, Head>, KvInner,
+                                              axis<"kv_heads*value_head", kv_heads * ValueHead::static_extent>>>;
+    using Fused = axis<"qkv", Inner::static_extent + 2 * KvInner::static_extent>;  // [W_Q | W_K | W_V]
 
     // The weights, by name for ds::load and ds::save (<dimsum/interop/parameters.hpp>). A
     // bias left empty is zero; a file without it leaves it empty.
     BOOST_HANA_DEFINE_STRUCT(multi_head_attention,
-        (std::optional<tensor<T, Model, Fused>>, w_qkv),      // (model, 3 heads x head)
-        (std::optional<tensor<T, Fused>>, b_qkv),             // (3 heads x head)
-        (std::optional<tensor<T, Model, Inner>>, w_q),        // (model, heads x head)
-        (std::optional<tensor<T, Source, Inner>>, w_k),       // (source, heads x head)
-        (std::optional<tensor<T, Source, ValueInner>>, w_v),  // (source, heads x value_head)
+        (std::optional<tensor<T, Model, Fused>>, w_qkv),        // (model, (heads + 2 kv_heads) x head)
+        (std::optional<tensor<T, Fused>>, b_qkv),               // ((heads + 2 kv_heads) x head)
+        (std::optional<tensor<T, Model, Inner>>, w_q),          // (model, heads x head)
+        (std::optional<tensor<T, Source, KvInner>>, w_k),       // (source, kv_heads x head)
+        (std::optional<tensor<T, Source, KvValueInner>>, w_v),  // (source, kv_heads x value_head)
         (std::optional<tensor<T, Inner>>, b_q),
-        (std::optional<tensor<T, Inner>>, b_k),
-        (std::optional<tensor<T, ValueInner>>, b_v),
-        (tensor<T, ValueInner, Model>, w_o),                  // (heads x value_head, model)
+        (std::optional<tensor<T, KvInner>>, b_k),
+        (std::optional<tensor<T, KvValueInner>>, b_v),
+        (tensor<T, ValueInner, Model>, w_o),                    // (heads x value_head, model)
         (std::optional<tensor<T, Model>>, b_o));
 
     // Self-attention: y (batch, seq, model) for x (batch, seq, model); `weights`, if given,
@@ -164,24 +177,28 @@ struct multi_head_attention {
             else evaluation::assign_with(backend, dst, formula);
         };
         const projection_views p = projections();
-        // the heads: (batch, heads, query, head), (batch, heads, key, head), (batch, heads, key, value_head)
-        auto q = transpose<Query, Heads>(view<Batch, Query, Heads, Head>(matmul(x, p.w_q) + p.b_q));
-        auto k = transpose<Key, Heads>(view<Batch, Key, Heads, Head>(matmul(c, p.w_k) + p.b_k));
-        auto v = transpose<Key, Heads>(view<Batch, Key, Heads, ValueHead>(matmul(c, p.w_v) + p.b_v));
-        // concat(heads) W_O + b_O, for z (batch, heads, query, value_head)
+        // the heads, query head h as (h / group, h % group): (batch, kv_heads, group, query, head),
+        // and (batch, kv_heads, group=1, key, head or value_head), broadcast over the group
+        auto q = permute<Batch, KvHeads, Group, Query, Head>(view<Batch, Query, KvHeads, Group, Head>(matmul(x, p.w_q) + p.b_q));
+        auto k = permute<Batch, KvHeads, OneGroup, Key, Head>(view<Batch, Key, KvHeads, OneGroup, Head>(matmul(c, p.w_k) + p.b_k));
+        auto v = permute<Batch, KvHeads, OneGroup, Key, ValueHead>(
+            view<Batch, Key, KvHeads, OneGroup, ValueHead>(matmul(c, p.w_v) + p.b_v));
+        // concat(heads) W_O + b_O, for z (batch, kv_heads, group, query, value_head)
         auto output = [&](auto&& z) {
-            store(y, matmul(view<Batch, Query, ValueInner>(transpose<Heads, Query>(z)), w_o) +
+            store(y, matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(z)), w_o) +
                          bias_or_zero(b_o, w_o.shape().extent(1)));
         };
         // softmax(mask(Q K^T / sqrt(d_k))) V, the mask one of four formulas
         auto run = [&](auto mask) {
-            auto weights_of = [&] { return softmax(mask(attention_scores(q, k))); };  // (batch, heads, query, key)
+            auto weights_of = [&] { return softmax(mask(attention_scores(q, k))); };  // (batch, kv_heads, group, query, key)
             if (!weights) return output(matmul(weights_of(), v));
             // asked for: held, and the output computed from them
             auto formula = weights_of();
-            *weights = tensor<T, Batch, Heads, Query, Key>(formula.shape());
-            store(weights->view(), formula);
-            output(matmul(*weights, v));
+            *weights = tensor<T, Batch, Heads, Query, Key>(Batch{formula.shape().extent(0)}, Heads{},
+                                                           Query{formula.shape().extent(3)}, Key{formula.shape().extent(4)});
+            auto grouped = view<Batch, KvHeads, Group, Query, Key>(*weights);
+            store(grouped, formula);
+            output(matmul(grouped, v));
         };
         auto padding = padding_mask<Batch, Key>(x.shape().extent(0), c.shape().extent(1), options.key_lengths);
         if (options.causal && padding) return run([&](auto&& s) { return causal(s + *padding); });
@@ -196,23 +213,34 @@ private:
     // The projections as views, whether fused or separate: one type, so one formula.
     struct projection_views {
         tensor_view<const T, Model, Inner> w_q;
-        tensor_view<const T, Source, Inner> w_k;
-        tensor_view<const T, Source, ValueInner> w_v;
-        tensor_view<const T, Inner> b_q, b_k;
-        tensor_view<const T, ValueInner> b_v;
+        tensor_view<const T, Source, KvInner> w_k;
+        tensor_view<const T, Source, KvValueInner> w_v;
+        tensor_view<const T, Inner> b_q;
+        tensor_view<const T, KvInner> b_k;
+        tensor_view<const T, KvValueInner> b_v;
     };
     projection_views projections() const {
-        if constexpr (std::is_same_v<Source, Model> && std::is_same_v<ValueInner, Inner>) {
+        if constexpr (std::is_same_v<Source, Model> && std::is_same_v<ValueHead, Head>) {
             if (w_qkv) {
-                auto w = view<Model, Part, Inner>(*w_qkv);  // (model, part, heads x head)
-                auto b = [&](std::size_t part) {            // (heads x head) of b_qkv, or zeros
-                    return b_qkv ? select<Part>(view<Part, Inner>(*b_qkv), part) : zero<Inner>();
-                };
-                return {select<Part>(w, 0), select<Part>(w, 1), select<Part>(w, 2), b(0), b(1), b(2)};
+                constexpr std::size_t key = Inner::static_extent, value = key + KvInner::static_extent;
+                return {fused_columns<Inner>(0),   fused_columns<KvInner>(key),   fused_columns<KvInner>(value),
+                        fused_bias<Inner>(0), fused_bias<KvInner>(key), fused_bias<KvInner>(value)};
             }
         }
         if (!w_q || !w_k || !w_v) throw shape_error("dimsum: multi_head_attention: neither w_qkv nor w_q, w_k and w_v are set");
         return {w_q->view(), w_k->view(), w_v->view(), bias_or_zero(b_q), bias_or_zero(b_k), bias_or_zero(b_v)};
+    }
+
+    // Columns [first, first + Columns) of w_qkv, (model, columns), and of b_qkv (or zeros).
+    template <axis_type Columns>
+    tensor_view<const T, Model, Columns> fused_columns(std::size_t first) const {
+        const std::size_t rows = w_qkv->extent(0);
+        return {w_qkv->data() + first, shape<Model, Columns>::from_extents({rows, Columns::static_extent}, "w_qkv"),
+                {static_cast<std::ptrdiff_t>(Fused::static_extent), 1}};
+    }
+    template <axis_type Columns>
+    tensor_view<const T, Columns> fused_bias(std::size_t first) const {
+        return b_qkv ? tensor_view<const T, Columns>(b_qkv->data() + first, shape<Columns>{}, {1}) : zero<Columns>();
     }
 
     // An absent bias reads as zeros: a view whose one element, stride 0, is a constant zero,
@@ -228,14 +256,14 @@ private:
         return bias ? bias->view() : zero<Axis>(extent);
     }
 
-    // (batch, 1, 1, key): 0 for the keys within each sequence's length, -infinity past it;
+    // (batch, 1, 1, 1, key): 0 for the keys within each sequence's length, -infinity past it;
     // none without lengths.
     template <axis_type Batch, axis_type Key>
-    static std::optional<tensor<T, Batch, dim<1>, dim<1>, Key>> padding_mask(std::size_t batch, std::size_t keys,
-                                                                              std::span<const std::size_t> lengths) {
+    static std::optional<tensor<T, Batch, dim<1>, dim<1>, dim<1>, Key>> padding_mask(std::size_t batch, std::size_t keys,
+                                                                                     std::span<const std::size_t> lengths) {
         if (lengths.empty()) return std::nullopt;
         if (lengths.size() != batch) detail::throw_key_length_count(lengths.size(), batch);
-        tensor<T, Batch, dim<1>, dim<1>, Key> mask(Batch{batch}, dim<1>{1}, dim<1>{1}, Key{keys});
+        tensor<T, Batch, dim<1>, dim<1>, dim<1>, Key> mask(Batch{batch}, dim<1>{}, dim<1>{}, dim<1>{}, Key{keys});
         for (std::size_t b = 0; b < batch; ++b) {
             if (lengths[b] > keys) detail::throw_key_length(lengths[b], keys);
             T* row = mask.data() + b * keys;

@@ -1,10 +1,12 @@
 #pragma once
-// The owning tensor: row-major, contiguous, 64-byte aligned, float or double.
+// The owning tensor: row-major, contiguous, 64-byte aligned; float or double, or int32 or
+// int64 for indices and lengths (core/element_type.hpp).
 
 #include <algorithm>
 #include <type_traits>
 
 #include "dimsum/core/concepts.hpp"
+#include "dimsum/core/element_type.hpp"
 #include "dimsum/shape/conform.hpp"
 #include "dimsum/tensor/aligned_buffer.hpp"
 #include "dimsum/tensor/tensor_view.hpp"
@@ -13,8 +15,7 @@ namespace dimsum {
 
 template <class T, axis_type... Axes>
 class tensor {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                  "dimsum: tensor: the element type must be float or double");
+    static_assert(tensor_element<T>, "dimsum: tensor: the element type must be float, double, int32_t or int64_t");
 
 public:
     using shape_type = ::dimsum::shape<Axes...>;

@@ -8,7 +8,9 @@
 //                 a fused pass over each tile of scores;
 //   fused, copy -> one fused elementwise pass (fused.hpp);
 //   rowwise    -> the line kernels (rowwise.hpp);
-//   indices    -> a loop (causal_mask, arange: small, read broadcast).
+//   indices    -> a loop (causal_mask, arange: small, read broadcast);
+//   convert    -> a loop (integers to the formula's type: lengths, positions);
+//   gather     -> gather.hpp, once every id has been checked (evaluation/integers.hpp).
 // The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
 // one evaluation to the next, so a formula evaluated in a loop allocates nothing after its
 // first evaluation.
@@ -22,6 +24,7 @@
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
 #include "dimsum/evaluation/explain.hpp"
+#include "dimsum/evaluation/integers.hpp"
 #include "dimsum/evaluation/lower.hpp"
 #include "dimsum/evaluation/plan.hpp"
 
@@ -30,6 +33,7 @@
 #include "dimsum/backend/cpu/attention.hpp"
 #include "dimsum/backend/cpu/elementwise.hpp"
 #include "dimsum/backend/cpu/fused.hpp"
+#include "dimsum/backend/cpu/gather.hpp"
 #include "dimsum/backend/cpu/gemm.hpp"
 #include "dimsum/backend/cpu/rowwise.hpp"
 #endif
@@ -85,9 +89,13 @@ public:
     executor(state<T>& s, const strided<T>& destination) : s_(s), steps_(s.program.steps), destination_(destination) {}
 
     void run() {
-        for (const evaluation::binding& b : s_.bindings) {
-            if (b.type != evaluation::element_type_of<T>()) throw std::logic_error("dimsum: a program mixes element types");
+        for (const evaluation::binding& b : s_.bindings) {  // integer tensors are read by convert and gather only
+            if (b.type != evaluation::element_type_of<T>() && b.type != evaluation::element_type::int32 &&
+                b.type != evaluation::element_type::int64) {
+                throw std::logic_error("dimsum: a program mixes element types");
+            }
         }
+        evaluation::check_gather_ids(s_.program, s_.bindings, s_.plan);
         s_.temporaries.clear();
         for (std::size_t size : s_.plan.temporaries) s_.temporaries.push_back(thread_temporaries().template allocate<T>(size));
         for (const entry& e : s_.plan.entries) run(e);
@@ -105,6 +113,14 @@ private:
                 return run_fused<T>(s_.fused, dst, true);
             case entry_kind::rowwise: return rowwise(s, dst);
             case entry_kind::indices: return indices(s, dst);
+            case entry_kind::convert: {
+                const evaluation::integers from = evaluation::integers_of(s_.bindings[s.binding]);
+                return evaluation::for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
+                    dst.at(index) = static_cast<T>(from.at(index));
+                });
+            }
+            case entry_kind::gather:
+                return cpu::gather<T>(value(s.operands[0]), s.axis, evaluation::integers_of(s_.bindings[steps_[s.operands[1]].binding]), dst);
         }
     }
 
@@ -136,7 +152,7 @@ private:
             case step_kind::max: return cpu::reduce<fn::max, T>(x, dst, s.axis);
             case step_kind::mean: return cpu::reduce<fn::mean, T>(x, dst, s.axis);
             case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
-            case step_kind::elementwise: case step_kind::concat:
+            case step_kind::elementwise: case step_kind::concat: case step_kind::gather:
             case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
                 break;
         }

@@ -1,7 +1,7 @@
 #pragma once
 // What the CPU kernels take and the calls they answer, without their definitions: the one
 // header the CPU evaluator needs. The definitions (gemm.hpp, attention.hpp, fused.hpp,
-// rowwise.hpp, elementwise.hpp) need xsimd and are compiled into every translation unit that evaluates a
+// rowwise.hpp, elementwise.hpp, gather.hpp) need xsimd or OpenMP and are compiled into every translation unit that evaluates a
 // formula, unless the program defines DIMSUM_PRECOMPILED_KERNELS and links dimsum::kernels
 // (src/kernels.cpp), which holds them compiled once for float and double.
 
@@ -200,5 +200,12 @@ void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t ax
 // out = the reduction (fn::sum, fn::max, fn::mean) of x along axis; out has x's axes without it.
 template <class Reduction, class T>
 void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis);
+
+// ---- indexing (gather.hpp)
+
+// out (before..., ids..., after...) = table (before..., ids[...], after...), the ids along
+// table's axis `axis`; every id lies in [0, extent) (checked by the caller).
+template <class T>
+void gather(const strided<const T>& table, std::size_t axis, const evaluation::integers& ids, const strided<T>& out);
 
 }  // namespace dimsum::backend::cpu

@@ -1,13 +1,15 @@
 #pragma once
 // Runs a plan (evaluation/plan.hpp) made without fusion, with plain loops: each gemm,
 // rowwise and indices entry by a reference kernel (kernels.hpp), each fused or copy entry
-// element by element, reading the formula's steps.
+// element by element, reading the formula's steps; convert and gather element by element,
+// once every gather id has been checked.
 
 #include <memory>
 #include <stdexcept>
 #include <vector>
 
 #include "dimsum/backend/reference/kernels.hpp"
+#include "dimsum/evaluation/integers.hpp"
 #include "dimsum/evaluation/plan.hpp"
 #include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
@@ -26,12 +28,16 @@ class interpreter {
 public:
     interpreter(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
                 const evaluation::plan& pl, const strided<T>& destination)
-        : steps_(p.steps), bindings_(bindings), plan_(pl), destination_(destination) {}
+        : program_(p), steps_(p.steps), bindings_(bindings), plan_(pl), destination_(destination) {}
 
     void run() {
-        for (const evaluation::binding& b : bindings_) {
-            if (b.type != evaluation::element_type_of<T>()) throw std::logic_error("dimsum: a program mixes element types");
+        for (const evaluation::binding& b : bindings_) {  // integer tensors are read by convert and gather only
+            if (b.type != evaluation::element_type_of<T>() && b.type != evaluation::element_type::int32 &&
+                b.type != evaluation::element_type::int64) {
+                throw std::logic_error("dimsum: a program mixes element types");
+            }
         }
+        evaluation::check_gather_ids(program_, bindings_, plan_);
         for (std::size_t size : plan_.temporaries) temporaries_.emplace_back(new T[size]());
         for (const entry& e : plan_.entries) run(e);
     }
@@ -57,6 +63,25 @@ private:
             case entry_kind::fused: case entry_kind::copy:
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = read(e.step, index); });
                 return;
+            case entry_kind::convert: {
+                const evaluation::integers from = evaluation::integers_of(bindings_[s.binding]);
+                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = static_cast<T>(from.at(index)); });
+                return;
+            }
+            case entry_kind::gather: {
+                // out (before..., ids..., after...) = table (before..., ids[...], after...)
+                const strided<const T> table = value(s.operands[0]);
+                const evaluation::integers ids = evaluation::integers_of(bindings_[steps_[s.operands[1]].binding]);
+                const std::size_t count = ids.where().rank;
+                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
+                    std::array<std::size_t, max_rank> at{};
+                    for (std::size_t i = 0; i < s.axis; ++i) at[i] = index[i];
+                    at[s.axis] = static_cast<std::size_t>(ids.at(index + s.axis));
+                    for (std::size_t i = s.axis + 1; i < table.rank; ++i) at[i] = index[i - 1 + count];
+                    dst.at(index) = table.at(at.data());
+                });
+                return;
+            }
             case entry_kind::attention: return;  // refused above
         }
     }
@@ -70,7 +95,7 @@ private:
             case step_kind::max: return reduce<fn::max, T>(x, dst, s.axis);
             case step_kind::mean: return reduce<fn::mean, T>(x, dst, s.axis);
             case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
-            case step_kind::elementwise: case step_kind::concat: case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
+            case step_kind::elementwise: case step_kind::concat: case step_kind::gather: case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
                 break;
         }
         throw std::logic_error("dimsum: a rowwise entry of another step");
@@ -90,7 +115,7 @@ private:
                 return fn::evaluate(s.op, arguments);
             }
             case step_kind::tensor: case step_kind::causal_mask: case step_kind::arange: case step_kind::concat:
-            case step_kind::permute: case step_kind::reshape:
+            case step_kind::gather: case step_kind::permute: case step_kind::reshape:
             case step_kind::select: case step_kind::slice: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
             case step_kind::sum: case step_kind::max: case step_kind::mean:
                 return value(id).at(index);
@@ -123,6 +148,7 @@ private:
         return {m.data, m.rank, m.extents, m.strides};
     }
 
+    const evaluation::program& program_;
     const std::vector<step>& steps_;
     const std::vector<evaluation::binding>& bindings_;
     const evaluation::plan& plan_;

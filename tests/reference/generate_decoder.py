@@ -1,0 +1,94 @@
+"""Reference data for examples/decoder.cpp: a small Llama-style decoder (token embedding,
+RMSNorm, grouped-query attention with rotary embeddings, SwiGLU, a final RMSNorm and the
+output projection) generating tokens greedily, computed by PyTorch in float64 from float32
+weights. Each step recomputes the whole sequence with a causal mask, no cache: a path
+independent of the cached one the example takes.
+
+Writes tests/reference/decoder/: weights.safetensors (float32, the names the example's
+parameter structs give), prompt.npy (int64, (batch, prompt)), tokens.npy (int64, (batch,
+prompt + steps): the prompt and the tokens generated), logits.npy (float64, (steps, batch,
+vocab): the last position's logits at each step).
+
+Run with /usr/bin/python3 tests/reference/generate_decoder.py (Debian's python3-torch)."""
+import pathlib
+
+import numpy as np
+import torch
+
+from safetensors_by_hand import write_safetensors
+
+VOCAB, MODEL, HEADS, KV_HEADS, HEAD, HIDDEN = 50, 32, 4, 2, 8, 48
+BATCH, PROMPT, STEPS = 2, 5, 8
+EPSILON, BASE = 1e-5, 10000.0
+
+out = pathlib.Path(__file__).parent / "decoder"
+out.mkdir(exist_ok=True)
+generator = torch.Generator().manual_seed(2026)
+
+
+def weight(*shape, scale):
+    return ((torch.rand(*shape, generator=generator, dtype=torch.float64) * 2 - 1) * scale).float()
+
+
+weights = {
+    "embedding": weight(VOCAB, MODEL, scale=1.0),
+    "block.attention_norm": 1 + weight(MODEL, scale=0.2),
+    "block.w_q": weight(MODEL, HEADS * HEAD, scale=MODEL ** -0.5),
+    "block.w_k": weight(MODEL, KV_HEADS * HEAD, scale=MODEL ** -0.5),
+    "block.w_v": weight(MODEL, KV_HEADS * HEAD, scale=MODEL ** -0.5),
+    "block.w_o": weight(HEADS * HEAD, MODEL, scale=(HEADS * HEAD) ** -0.5),
+    "block.ffn_norm": 1 + weight(MODEL, scale=0.2),
+    "block.w_1": weight(MODEL, HIDDEN, scale=MODEL ** -0.5),
+    "block.w_3": weight(MODEL, HIDDEN, scale=MODEL ** -0.5),
+    "block.w_2": weight(HIDDEN, MODEL, scale=HIDDEN ** -0.5),
+    "norm": 1 + weight(MODEL, scale=0.2),
+    "output": weight(MODEL, VOCAB, scale=MODEL ** -0.5),
+}
+w = {name: t.double() for name, t in weights.items()}
+
+
+def rms_norm(x, g):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPSILON) * g
+
+
+def rotate(x):  # (batch, heads, seq, head), half-split pairs (i, i + head/2)
+    seq = x.shape[-2]
+    frequency = BASE ** (-torch.arange(0, HEAD, 2, dtype=torch.float64) / HEAD)
+    angle = torch.arange(seq, dtype=torch.float64)[:, None] * frequency[None, :]
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x1, x2 = x[..., : HEAD // 2], x[..., HEAD // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def forward(tokens):  # (batch, seq) -> logits of every position (batch, seq, vocab)
+    batch, seq = tokens.shape
+    x = w["embedding"][tokens]
+    h = rms_norm(x, w["block.attention_norm"])
+    q = (h @ w["block.w_q"]).view(batch, seq, HEADS, HEAD).transpose(1, 2)
+    k = (h @ w["block.w_k"]).view(batch, seq, KV_HEADS, HEAD).transpose(1, 2)
+    v = (h @ w["block.w_v"]).view(batch, seq, KV_HEADS, HEAD).transpose(1, 2)
+    q, k = rotate(q), rotate(k)
+    k = k.repeat_interleave(HEADS // KV_HEADS, dim=1)
+    v = v.repeat_interleave(HEADS // KV_HEADS, dim=1)
+    scores = q @ k.transpose(-1, -2) / HEAD ** 0.5
+    scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+    z = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, seq, HEADS * HEAD)
+    x = x + z @ w["block.w_o"]
+    h = rms_norm(x, w["block.ffn_norm"])
+    x = x + (torch.nn.functional.silu(h @ w["block.w_1"]) * (h @ w["block.w_3"])) @ w["block.w_2"]
+    return rms_norm(x, w["norm"]) @ w["output"]
+
+
+prompt = torch.randint(0, VOCAB, (BATCH, PROMPT), generator=generator)
+tokens, logits = prompt.clone(), []
+with torch.no_grad():
+    for step in range(STEPS):
+        last = forward(tokens)[:, -1, :]  # (batch, vocab)
+        logits.append(last.numpy())
+        tokens = torch.cat([tokens, last.argmax(-1, keepdim=True)], dim=1)
+
+write_safetensors(out / "weights.safetensors", {name: t.numpy() for name, t in weights.items()})
+np.save(out / "prompt.npy", prompt.numpy().astype(np.int64))
+np.save(out / "tokens.npy", tokens.numpy().astype(np.int64))
+np.save(out / "logits.npy", np.stack(logits))
+print("wrote", out, "tokens:", tokens.tolist())
