@@ -211,6 +211,18 @@ void check_grouped_layer() {
     ds::tensor<float, Batch, Query, Width> x(Batch{3}, Query{5});
     ds::fill_normal(x, 99);
     test::require_close(f(x, {.causal = true}), test::to_xt(g(x, {.causal = true})), 1e-6, 1e-7);
+
+    // views and formulas as inputs: a slice of a longer sequence, and a formula of x
+    ds::tensor<float, Batch, Query, Width> longer(Batch{3}, Query{9});
+    ds::fill_normal(longer, 7);
+    ds::tensor<float, Batch, Query, Width> first(Batch{3}, Query{5});
+    first = ds::slice<Query>(longer, 0, 5);
+    const auto want = test::to_xt(g(first, {.causal = true}));
+    test::require_close(g(ds::slice<Query>(longer, 0, 5), {.causal = true}), want, 1e-6, 1e-7);
+    test::require_close(g(first * 2.0f - first, {.causal = true}), want, 1e-6, 1e-7);
+    ds::tensor<float, Batch, Query, Width> y(Batch{3}, Query{5});
+    g.forward(ds::slice<Query>(longer, 0, 5), longer, y.view(), {.causal = true});  // cross-attention to all 9
+    test::require_close(y, test::to_xt(g(first, longer, {.causal = true})), 1e-6, 1e-7);
 }
 
 }  // namespace

@@ -61,6 +61,13 @@ constexpr void for_each_operand(const Node& node, F&& f) {
     if constexpr (requires { node.operands; }) for_each_in(node.operands, f);
 }
 
+// The views (reshape, permute, select, slice) of anything but a named tensor or view are
+// formulas, read only: writing into one is this one error, not an overload failure.
+template <class>
+inline constexpr fixed_string read_only_view{
+    "dimsum: assign: a view of a temporary or of a formula is read only: evaluate it into a tensor first, or view a "
+    "named tensor"};
+
 // A number broadcast to any shape.
 template <class T>
 struct scalar {
@@ -89,6 +96,8 @@ struct reshape {
     expr::operands<Operand> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
+    template <class E>
+    void operator=(const E&) const { (void)sizeof(static_shape_error<read_only_view<E>>); }
 };
 
 // Result axis i is operand axis Order[i].
@@ -100,6 +109,8 @@ struct permute {
     expr::operands<Operand> operands;
     shape_type extents;
     shape_type shape() const { return extents; }
+    template <class E>
+    void operator=(const E&) const { (void)sizeof(static_shape_error<read_only_view<E>>); }
 };
 
 // The slice at `index` along operand axis Axis, which the result drops.
@@ -112,6 +123,8 @@ struct select {
     shape_type extents;
     std::size_t index;
     shape_type shape() const { return extents; }
+    template <class E>
+    void operator=(const E&) const { (void)sizeof(static_shape_error<read_only_view<E>>); }
 };
 
 // The positions begin, begin + spacing, ... along operand axis Axis, whose extent in Shape
@@ -125,6 +138,8 @@ struct slice {
     shape_type extents;
     std::size_t begin, spacing;
     shape_type shape() const { return extents; }
+    template <class E>
+    void operator=(const E&) const { (void)sizeof(static_shape_error<read_only_view<E>>); }
 };
 
 // A and B one after the other along axis Axis (concat, stack): the same axes, the same

@@ -76,6 +76,16 @@ struct attention_options {
     std::span<const std::size_t> key_lengths = {};
 };
 
+// The layer's inputs: a tensor, a view or a formula of (batch, rows, Width), Width named like
+// the layer's model or source axis; batch_of and rows_of name their first two axes.
+template <class X, class Width>
+concept rows_of_width = expression<X> && shape_of<X>::rank == 3 &&
+                        shape_of<X>::axes[2].name == describe_axis<Width>.name;
+template <class X>
+using batch_of = typename shape_of<X>::template axis_at<0>;
+template <class X>
+using rows_of = typename shape_of<X>::template axis_at<1>;
+
 namespace detail {
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_key_length_count(std::size_t given, std::size_t batch) {
     message m;
@@ -138,40 +148,46 @@ struct multi_head_attention {
         (tensor<T, ValueInner, Model>, w_o),                    // (heads x value_head, model)
         (std::optional<tensor<T, Model>>, b_o));
 
+    // The inputs x (batch, query, model) and c (batch, key, source) are tensors, views or
+    // formulas (a formula is computed once, inside the layer's own formula).
+
     // Self-attention: y (batch, seq, model) for x (batch, seq, model); `weights`, if given,
     // receives the attention weights (batch, heads, seq, seq), which are then not fused away.
-    template <axis_type Batch, axis_type Seq>
-    tensor<T, Batch, Seq, Model> operator()(const tensor<T, Batch, Seq, Model>& x, const attention_options& options = {},
-                                            tensor<T, Batch, Heads, Seq, Seq>* weights = nullptr) const
+    template <rows_of_width<Model> X>
+    tensor<T, batch_of<X>, rows_of<X>, Model> operator()(const X& x, const attention_options& options = {},
+                                                         tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<X>>* weights = nullptr) const
         requires std::is_same_v<Source, Model>
     {
         return (*this)(x, x, options, weights);
     }
 
     // Attention of queries x (batch, query, model) to a context c (batch, key, source).
-    template <axis_type Batch, axis_type Query, axis_type Key>
-    tensor<T, Batch, Query, Model> operator()(const tensor<T, Batch, Query, Model>& x, const tensor<T, Batch, Key, Source>& c,
-                                              const attention_options& options = {},
-                                              tensor<T, Batch, Heads, Query, Key>* weights = nullptr) const {
-        tensor<T, Batch, Query, Model> y(x.shape());
+    template <rows_of_width<Model> X, rows_of_width<Source> C>
+    tensor<T, batch_of<X>, rows_of<X>, Model> operator()(const X& x, const C& c, const attention_options& options = {},
+                                                         tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr) const {
+        tensor<T, batch_of<X>, rows_of<X>, Model> y(batch_of<X>{x.shape().extent(0)}, rows_of<X>{x.shape().extent(1)},
+                                                    Model{w_o.shape().extent(1)});
         forward(x, c, y.view(), options, weights);
         return y;
     }
 
     // The same into y, a view of x's shape: a call in a loop allocates nothing.
-    template <axis_type Batch, axis_type Query, axis_type Key>
-    void forward(const tensor<T, Batch, Query, Model>& x, const tensor<T, Batch, Key, Source>& c,
-                 const tensor_view<T, Batch, Query, Model>& y, const attention_options& options = {},
-                 tensor<T, Batch, Heads, Query, Key>* weights = nullptr) const {
+    template <rows_of_width<Model> X, rows_of_width<Source> C>
+    void forward(const X& x, const C& c, const tensor_view<T, batch_of<X>, rows_of<X>, Model>& y,
+                 const attention_options& options = {},
+                 tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr) const {
         forward_on(default_evaluation{}, x, c, y, options, weights);
     }
 
     // The same on a backend of the caller's choice, e.g.
     // `ds::backend::cpu::evaluator{.fuse_attention = false}`.
-    template <class Backend, axis_type Batch, axis_type Query, axis_type Key>
-    void forward_on(Backend backend, const tensor<T, Batch, Query, Model>& x, const tensor<T, Batch, Key, Source>& c,
-                    const tensor_view<T, Batch, Query, Model>& y, const attention_options& options = {},
-                    tensor<T, Batch, Heads, Query, Key>* weights = nullptr) const {
+    template <class Backend, rows_of_width<Model> X, rows_of_width<Source> C>
+    void forward_on(Backend backend, const X& x, const C& c, const tensor_view<T, batch_of<X>, rows_of<X>, Model>& y,
+                    const attention_options& options = {},
+                    tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr) const {
+        using Batch = batch_of<X>;
+        using Query = rows_of<X>;
+        using Key = rows_of<C>;
         auto store = [&](const auto& dst, const auto& formula) {
             if constexpr (std::is_same_v<Backend, default_evaluation>) assign(dst, formula);
             else evaluation::assign_with(backend, dst, formula);
