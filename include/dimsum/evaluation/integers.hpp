@@ -1,9 +1,11 @@
 #pragma once
-// The check that every gather id of a plan lies within its axis, made by a host executor over
-// the whole plan before any entry runs, so that a bad id leaves the destination untouched.
+// Tensors of integers in a plan, for the executors on the host: the checks made before any
+// entry runs (every binding of the plan's type or of integers; every gather id within its
+// axis, so that a bad id leaves the destination untouched), and a convert entry's values.
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "dimsum/core/index_error.hpp"
@@ -47,6 +49,25 @@ inline void check_gather_ids(const program& p, const std::vector<binding>& bindi
             if (id < 0 || id >= extent) throw_bad_id(table, s.axis, id, ids, index);
         });
     }
+}
+
+// What a host executor of a plan over T checks before it runs the first entry: every binding
+// holds T, or integers that only convert and gather entries read; every gather id is in range.
+template <class T>
+void check_before_running(const program& p, const std::vector<binding>& bindings, const plan& pl) {
+    for (const binding& b : bindings) {
+        if (b.type != element_type_of<T>() && b.type != element_type::int32 && b.type != element_type::int64) {
+            throw std::logic_error("dimsum: a program mixes element types");
+        }
+    }
+    check_gather_ids(p, bindings, pl);
+}
+
+// A convert entry: the integers of binding b written as T into dst, of b's extents.
+template <class T>
+void convert_integers(const binding& b, const strided<T>& dst) {
+    const integers from = integers_of(b);
+    for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = static_cast<T>(from.at(index)); });
 }
 
 }  // namespace dimsum::evaluation

@@ -20,6 +20,16 @@ namespace detail {
     m << "dimsum: kv_cache: " << adding << " more positions after " << size << " do not fit in its " << capacity;
     throw shape_error(m);
 }
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_value_positions(std::size_t keys, std::size_t values) {
+    message m;
+    m << "dimsum: kv_cache: " << keys << " new key positions but " << values << " value positions";
+    throw shape_error(m);
+}
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_cannot_keep(std::size_t size, std::size_t have) {
+    message m;
+    m << "dimsum: kv_cache: cannot keep " << size << " positions of " << have;
+    throw shape_error(m);
+}
 }  // namespace detail
 
 // Keys (batch, kv_heads, seq, head) and values (batch, kv_heads, seq, value_head) of up to
@@ -44,11 +54,7 @@ public:
     void append(const K& k, const V& v) {
         const std::size_t adding = k.shape().extent(2);
         if (adding > capacity() - size_) detail::throw_cache_full(size_, adding, capacity());
-        if (v.shape().extent(2) != adding) {
-            message m;
-            m << "dimsum: kv_cache: " << adding << " new key positions but " << v.shape().extent(2) << " value positions";
-            throw shape_error(m);
-        }
+        if (v.shape().extent(2) != adding) detail::throw_value_positions(adding, v.shape().extent(2));
         assign(slice<Seq>(keys_, size_, size_ + adding), k);
         assign(slice<Seq>(values_, size_, size_ + adding), v);
         size_ += adding;
@@ -63,11 +69,7 @@ public:
     // Forgets the positions from `size` on (a rejected draft, a beam backtracking); a size
     // past the positions so far is a shape_error.
     void keep(std::size_t size) {
-        if (size > size_) {
-            message m;
-            m << "dimsum: kv_cache: cannot keep " << size << " positions of " << size_;
-            throw shape_error(m);
-        }
+        if (size > size_) detail::throw_cannot_keep(size, size_);
         size_ = size;
     }
 

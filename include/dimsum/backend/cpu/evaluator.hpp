@@ -89,13 +89,7 @@ public:
     executor(state<T>& s, const strided<T>& destination) : s_(s), steps_(s.program.steps), destination_(destination) {}
 
     void run() {
-        for (const evaluation::binding& b : s_.bindings) {  // integer tensors are read by convert and gather only
-            if (b.type != evaluation::element_type_of<T>() && b.type != evaluation::element_type::int32 &&
-                b.type != evaluation::element_type::int64) {
-                throw std::logic_error("dimsum: a program mixes element types");
-            }
-        }
-        evaluation::check_gather_ids(s_.program, s_.bindings, s_.plan);
+        evaluation::check_before_running<T>(s_.program, s_.bindings, s_.plan);
         s_.temporaries.clear();
         for (std::size_t size : s_.plan.temporaries) s_.temporaries.push_back(thread_temporaries().template allocate<T>(size));
         for (const entry& e : s_.plan.entries) run(e);
@@ -113,12 +107,7 @@ private:
                 return run_fused<T>(s_.fused, dst, true);
             case entry_kind::rowwise: return rowwise(s, dst);
             case entry_kind::indices: return indices(s, dst);
-            case entry_kind::convert: {
-                const evaluation::integers from = evaluation::integers_of(s_.bindings[s.binding]);
-                return evaluation::for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
-                    dst.at(index) = static_cast<T>(from.at(index));
-                });
-            }
+            case entry_kind::convert: return evaluation::convert_integers<T>(s_.bindings[s.binding], dst);
             case entry_kind::gather:
                 return cpu::gather<T>(value(s.operands[0]), s.axis, evaluation::integers_of(s_.bindings[steps_[s.operands[1]].binding]), dst);
         }

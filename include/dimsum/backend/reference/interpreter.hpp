@@ -31,13 +31,7 @@ public:
         : program_(p), steps_(p.steps), bindings_(bindings), plan_(pl), destination_(destination) {}
 
     void run() {
-        for (const evaluation::binding& b : bindings_) {  // integer tensors are read by convert and gather only
-            if (b.type != evaluation::element_type_of<T>() && b.type != evaluation::element_type::int32 &&
-                b.type != evaluation::element_type::int64) {
-                throw std::logic_error("dimsum: a program mixes element types");
-            }
-        }
-        evaluation::check_gather_ids(program_, bindings_, plan_);
+        evaluation::check_before_running<T>(program_, bindings_, plan_);
         for (std::size_t size : plan_.temporaries) temporaries_.emplace_back(new T[size]());
         for (const entry& e : plan_.entries) run(e);
     }
@@ -63,11 +57,7 @@ private:
             case entry_kind::fused: case entry_kind::copy:
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = read(e.step, index); });
                 return;
-            case entry_kind::convert: {
-                const evaluation::integers from = evaluation::integers_of(bindings_[s.binding]);
-                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = static_cast<T>(from.at(index)); });
-                return;
-            }
+            case entry_kind::convert: return evaluation::convert_integers<T>(bindings_[s.binding], dst);
             case entry_kind::gather: {
                 // out (before..., ids..., after...) = table (before..., ids[...], after...)
                 const strided<const T> table = value(s.operands[0]);
