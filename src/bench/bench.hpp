@@ -211,7 +211,7 @@ void print_machine(const report& out);
 // The yardsticks: what this machine can do at best, measured in this run.
 double fma_peak_gflops(const options& opt, int threads);
 // memcpy, each thread its own contiguous part; bytes read plus bytes written.
-double copy_gbps(const options& opt, int threads, std::vector<float>& src, std::vector<float>& dst);
+double copy_gbps(const options& opt, int threads, const float* src, float* dst, std::size_t count);
 
 struct yardsticks {
     std::vector<double> fma_peak;  // GFLOP/s, one per thread count of the options

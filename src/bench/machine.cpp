@@ -92,14 +92,13 @@ double fma_peak_gflops(const options& opt, int threads) {
 }
 
 // memcpy, each thread its own contiguous part; bytes read plus bytes written.
-double copy_gbps(const options& opt, int threads, std::vector<float>& src, std::vector<float>& dst) {
-    std::size_t count = src.size();
+double copy_gbps(const options& opt, int threads, const float* src, float* dst, std::size_t count) {
     double seconds = best_seconds(yardstick_timing(opt), [&] {
 #pragma omp parallel num_threads(threads)
         {
             std::size_t t = omp_get_thread_num(), nt = omp_get_num_threads();
             std::size_t begin = count * t / nt, end = count * (t + 1) / nt;
-            std::memcpy(dst.data() + begin, src.data() + begin, (end - begin) * sizeof(float));
+            std::memcpy(dst + begin, src + begin, (end - begin) * sizeof(float));
         }
     });
     return 2.0 * double(count * sizeof(float)) / seconds * 1e-9;

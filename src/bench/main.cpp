@@ -12,9 +12,13 @@
 #include <string>
 #include <vector>
 
+#include <dimsum/dimsum.hpp>
+
 #include "bench.hpp"
 
 namespace dimsum_bench {
+
+namespace ds = dimsum;
 namespace {
 
 int run(const options& opt) {
@@ -29,14 +33,17 @@ int run(const options& opt) {
     bench s{out, opt, blas, dnnl, {}};
     {
         std::size_t count = streaming_floats(opt);
-        std::vector<float> src(count, 1.0f), dst(count, 0.0f);
+        // tensors, so that the copy reads and writes memory as the cases' tensors are allocated
+        using Elements = ds::axis<"elements">;
+        ds::tensor<float, Elements> src(Elements{count}), dst(Elements{count});
+        src.fill(1.0f);
         s.limits.fma_peak.assign(opt.threads.size(), 0.0);
         s.limits.copy.assign(opt.threads.size(), 0.0);
         for (int round = 0; round < rounds(opt); ++round) {
             for (std::size_t t = 0; t < opt.threads.size(); ++t) {
                 settle(opt);
                 s.limits.fma_peak[t] = std::max(s.limits.fma_peak[t], fma_peak_gflops(opt, opt.threads[t]));
-                s.limits.copy[t] = std::max(s.limits.copy[t], copy_gbps(opt, opt.threads[t], src, dst));
+                s.limits.copy[t] = std::max(s.limits.copy[t], copy_gbps(opt, opt.threads[t], src.data(), dst.data(), count));
             }
         }
         for (std::size_t t = 0; t < opt.threads.size(); ++t) {

@@ -2,10 +2,8 @@
 // Host memory that is kept and reused, so that a formula evaluated in a loop allocates
 // nothing after its first evaluation. Each thread owns its scratch (OpenMP keeps its worker
 // threads alive between parallel regions, so their scratch survives too). Page faults on
-// fresh memory are slow on virtual machines; large buffers therefore ask the kernel for huge
-// pages, and are never returned until release_workspace() or the thread's end.
-
-#include <sys/mman.h>
+// fresh memory are slow on virtual machines; large buffers are on huge pages (allocate_host),
+// and are never returned until release_workspace() or the thread's end.
 
 #include <algorithm>
 #include <array>
@@ -18,11 +16,11 @@
 
 #include "dimsum/runtime/threads.hpp"
 #include "dimsum/core/checked_math.hpp"
+#include "dimsum/core/host_memory.hpp"
 
 namespace dimsum::runtime {
 
-inline constexpr std::size_t huge_page = std::size_t(2) << 20;
-inline constexpr std::size_t cache_line = 64;
+using dimsum::detail::cache_line;
 
 // One growable block of raw memory; growing discards the old contents.
 class scratch_block {
@@ -35,16 +33,14 @@ public:
     void* reserve(std::size_t bytes) {
         if (bytes <= bytes_) return data_;
         release();
-        std::size_t alignment = bytes >= huge_page ? huge_page : cache_line;
-        std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-        data_ = ::operator new(rounded, std::align_val_t{alignment});
-        alignment_ = alignment;
-        if (alignment == huge_page) madvise(data_, rounded, MADV_HUGEPAGE);  // a hint: failure is harmless
+        const std::size_t alignment = dimsum::detail::host_alignment(bytes);
+        const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+        data_ = dimsum::detail::allocate_host(rounded);
         bytes_ = rounded;
         return data_;
     }
     void release() noexcept {
-        if (data_) ::operator delete(data_, std::align_val_t{alignment_});
+        if (data_) dimsum::detail::release_host(data_, bytes_);
         data_ = nullptr;
         bytes_ = 0;
     }
@@ -53,7 +49,7 @@ public:
 
 private:
     void* data_ = nullptr;
-    std::size_t bytes_ = 0, alignment_ = cache_line;
+    std::size_t bytes_ = 0;
 };
 
 // What the kernels use scratch for; one block each per thread.

@@ -1,5 +1,6 @@
 #pragma once
-// Owning, 64-byte aligned storage: one cache line, and the widest SIMD register (AVX-512).
+// Owning, zeroed storage from allocate_host (core/host_memory.hpp): 64-byte aligned, and
+// on huge pages when large.
 
 #include <cstddef>
 #include <cstdint>
@@ -8,10 +9,9 @@
 #include <new>
 
 #include "dimsum/core/checked_math.hpp"
+#include "dimsum/core/host_memory.hpp"
 
 namespace dimsum::detail {
-
-inline constexpr std::size_t buffer_alignment = 64;
 
 template <class T>
 class aligned_buffer {
@@ -22,7 +22,7 @@ public:
         std::size_t bytes = checked_multiply(count, sizeof(T), "allocate");
         // no object may be larger than the largest pointer difference: a size error, not a bad_alloc
         if (bytes > static_cast<std::size_t>(PTRDIFF_MAX)) throw_overflow(count, sizeof(T), "allocate");
-        data_.reset(static_cast<T*>(::operator new(bytes, std::align_val_t{buffer_alignment})));
+        data_ = std::unique_ptr<T, release>(static_cast<T*>(allocate_host(bytes)), release{bytes});
         std::memset(static_cast<void*>(data_.get()), 0, bytes);
     }
     aligned_buffer(const aligned_buffer& other) : aligned_buffer(other.size_) {
@@ -40,7 +40,8 @@ public:
 
 private:
     struct release {
-        void operator()(T* p) const { ::operator delete(p, std::align_val_t{buffer_alignment}); }
+        std::size_t bytes = 0;
+        void operator()(T* p) const { release_host(p, bytes); }
     };
     std::unique_ptr<T, release> data_;
     std::size_t size_ = 0;
