@@ -8,6 +8,7 @@
 #include "dimsum/ops/elementwise.hpp"
 #include "dimsum/ops/gather.hpp"
 #include "dimsum/ops/join.hpp"
+#include "dimsum/ops/map.hpp"
 #include "dimsum/ops/mask.hpp"
 #include "dimsum/ops/matmul.hpp"
 #include "dimsum/ops/softmax.hpp"

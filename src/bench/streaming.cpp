@@ -103,10 +103,12 @@ void bench_layer_norm(bench& s, std::size_t rows, std::size_t cols) {
                     error);
 }
 
-// A transformer-style epilogue: scale, bias, ReLU, residual.
+// A transformer-style epilogue: scale, bias, ReLU, residual; with dimsum's functions
+// (eltwise_), and as one user's function of three operands (map_, ds::map).
 void bench_elementwise(bench& s, std::size_t rows, std::size_t cols) {
-    std::string name = "eltwise_" + std::to_string(rows) + "x" + std::to_string(cols);
-    if (!s.selected(name)) return;
+    const std::string size = std::to_string(rows) + "x" + std::to_string(cols);
+    const std::string name = "eltwise_" + size, map_name = "map_" + size;
+    if (!s.selected(name) && !s.selected(map_name)) return;
     ds::tensor<float, Row, Col> x(Row{rows}, Col{cols});  // (row, col)
     ds::tensor<float, Col> bias(Col{cols});               // (col)
     ds::tensor<float, Row, Col> r(Row{rows}, Col{cols});  // (row, col) the residual
@@ -125,9 +127,16 @@ void bench_elementwise(bench& s, std::size_t rows, std::size_t cols) {
         }
         return worst;
     };
-    y.fill(std::numeric_limits<float>::quiet_NaN());
     double bytes = double((3 * x.size() + bias.size()) * sizeof(float));
-    bench_streaming(s, name, bytes, 1e-5, [&] { ds::assign(y, ds::max(x * 0.5f + bias, 0.0f) + r); }, error);
+    if (s.selected(name)) {
+        y.fill(std::numeric_limits<float>::quiet_NaN());
+        bench_streaming(s, name, bytes, 1e-5, [&] { ds::assign(y, ds::max(x * 0.5f + bias, 0.0f) + r); }, error);
+    }
+    if (s.selected(map_name)) {
+        auto epilogue = [](float v, float b, float residual) { return std::max(v * 0.5f + b, 0.0f) + residual; };
+        y.fill(std::numeric_limits<float>::quiet_NaN());
+        bench_streaming(s, map_name, bytes, 1e-5, [&] { ds::assign(y, ds::map(epilogue, x, bias, r)); }, error);
+    }
 }
 
 // concat of two halves along the columns: each read once, the result written once.

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <numbers>
+#include <stdexcept>
 #include <string_view>
 
 namespace dimsum {
@@ -22,8 +23,9 @@ enum class op_code : std::uint8_t {
     less, less_equal, greater, greater_equal, equal, not_equal,  // give masks
     logical_and, logical_or, logical_not,                        // of masks
     where,  // where(condition, a, b): the condition a mask of 0 and 1
+    map,    // a user's function (ds::map), which a program holds as an evaluation::host_function
 };
-inline constexpr std::size_t op_code_count = std::size_t(op_code::where) + 1;
+inline constexpr std::size_t op_code_count = std::size_t(op_code::map) + 1;
 
 }  // namespace dimsum
 
@@ -184,8 +186,9 @@ T evaluate(op_code op, const T* a) {
         case op_code::logical_or: return T(fn::logical_or{}(a[0], a[1]));
         case op_code::logical_not: return T(fn::logical_not{}(a[0]));
         case op_code::where: return fn::where{}(a[0] != T(0), a[1], a[2]);
+        case op_code::map: break;  // the user's function, which only the program holds
     }
-    __builtin_unreachable();  // every code is handled above
+    throw std::logic_error("dimsum: a map step is run by its program's host_function, not by op code");
 }
 
 // Reductions along an axis.

@@ -5,6 +5,7 @@
 // formula's type.
 
 #include <type_traits>
+#include <utility>
 
 #include "dimsum/core/functors.hpp"
 #include "dimsum/evaluation/program.hpp"
@@ -55,6 +56,11 @@ template <class T, class S, class F, class... X>
 void describe(step& s, std::vector<binding>&, const expr::elementwise<S, F, X...>&) {
     s.kind = step_kind::elementwise;
     s.op = F::code;
+}
+template <class T, class S, class F, class... X>
+void describe(step& s, std::vector<binding>&, const expr::map<S, F, X...>&) {
+    s.kind = step_kind::elementwise;
+    s.op = op_code::map;
 }
 template <class T, class S, auto Order, class X>
 void describe(step& s, std::vector<binding>&, const expr::permute<S, Order, X>&) {
@@ -109,6 +115,29 @@ void describe(step& s, std::vector<binding>&, const expr::reduce<S, F, Axis, X>&
     s.axis = Axis;
 }
 
+// A map node's function for a program over T: the loop over a block, compiled here, in the
+// user's translation unit, where f is known (and may be inlined and vectorised). Each operand's
+// values are passed as its own element type (a mask as bool, ids as integers).
+template <class T, class F, class... X, std::size_t... I>
+void map_block(const F& f, std::size_t n, const T* const* in, T* out, std::index_sequence<I...>) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(f(static_cast<value_type_of<X>>(in[I][i])...));
+}
+template <class T, class S, class F, class... X>
+host_function function_of(const expr::map<S, F, X...>& node) {
+    host_function h;
+    h.callable = &node.function;
+    auto apply = [](const void* callable, std::size_t n, const T* const* in, T* out) {
+        map_block<T, F, X...>(*static_cast<const F*>(callable), n, in, out, std::index_sequence_for<X...>{});
+    };
+    if constexpr (std::is_same_v<T, float>) h.on_floats = apply;
+    else h.on_doubles = apply;
+    return h;
+}
+template <class E>
+inline constexpr bool is_map = false;
+template <class S, class F, class... X>
+inline constexpr bool is_map<expr::map<S, F, X...>> = true;
+
 }  // namespace lowering
 
 // Appends the steps of e to p, operands first, and the memory of its tensors to `bindings`;
@@ -124,6 +153,10 @@ std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
     for (std::size_t i = 0; i < s.rank; ++i) s.extents[i] = extents[i];
     s.axes = shape_of<E>::axes.data();
     lowering::describe<T>(s, bindings, e);
+    if constexpr (lowering::is_map<E>) {  // never merged: each map holds its own f
+        s.index = p.functions.size();
+        p.functions.push_back(lowering::function_of<T>(e));
+    }
     if constexpr (requires { e.operands; }) {
         static_assert(decltype(e.operands)::size <= max_operands, "dimsum: a step holds at most max_operands operands");
     }

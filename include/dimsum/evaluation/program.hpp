@@ -84,22 +84,40 @@ struct step {
     op_code op{};              // elementwise: which function of the operands
     order_t order{};           // permute: result axis i is operand axis order[i]
     std::size_t axis = 0;      // select, slice, concat, gather, softmax, layer_norm, reductions
-    std::size_t index = 0;     // select; slice: the first position kept
+    std::size_t index = 0;     // select; slice: the first position kept; map: which of the program's functions
     std::size_t spacing = 1;   // slice: the distance between the positions kept
 
     // The same computation (operands compared by index): what lowering merges.
     bool operator==(const step&) const = default;
 };
 
+// A user's elementwise function (ds::map): the one part of a program that is code, not data.
+// It runs on the host only, and only while the formula that holds the callable lives (one
+// evaluation). Called on a block of n values of the program's type: out[i] = f(in[0][i], ...)
+// for i < n, possibly from several threads at once. Lowering sets the pointer of its type.
+struct host_function {
+    const void* callable = nullptr;
+    void (*on_floats)(const void* callable, std::size_t n, const float* const* in, float* out) = nullptr;
+    void (*on_doubles)(const void* callable, std::size_t n, const double* const* in, double* out) = nullptr;
+
+    template <class T>
+    void operator()(std::size_t n, const T* const* in, T* out) const {
+        if constexpr (std::is_same_v<T, float>) on_floats(callable, n, in, out);
+        else on_doubles(callable, n, in, out);
+    }
+};
+
 struct program {
     std::vector<step> steps;
     std::size_t root = 0;           // the step whose value the program computes
     std::size_t binding_count = 0;
+    std::vector<host_function> functions;  // of its map steps
 
     void clear() {
         steps.clear();
         root = 0;
         binding_count = 0;
+        functions.clear();
     }
 };
 
@@ -166,6 +184,7 @@ constexpr std::string_view name_of(op_code op) {
         case op_code::logical_or: return fn::logical_or::name;
         case op_code::logical_not: return fn::logical_not::name;
         case op_code::where: return fn::where::name;
+        case op_code::map: return "map";
     }
     return "";
 }

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 
 #include "dimsum/expr/expression.hpp"
 #include "dimsum/shape/shape.hpp"
@@ -83,6 +84,18 @@ template <class Shape, class F, class... Operands>
 struct elementwise {
     using shape_type = Shape;
     using value_type = std::remove_cvref_t<decltype(F{}(value_type_of<Operands>{}...))>;
+    expr::operands<Operands...> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
+// A user's function f applied element by element (ds::map), each operand's elements passed
+// as its own element type, the operands broadcast to `shape_type`.
+template <class Shape, class F, class... Operands>
+struct map {
+    using shape_type = Shape;
+    using value_type = std::remove_cvref_t<std::invoke_result_t<const F&, value_type_of<Operands>...>>;
+    F function;
     expr::operands<Operands...> operands;
     shape_type extents;
     shape_type shape() const { return extents; }

@@ -179,7 +179,8 @@ private:
         fused_node<T> node;
         if (s.kind == step_kind::elementwise) {
             node.what = fused_node<T>::kind::function;
-            node.function = s_.blocks[std::size_t(s.op)];
+            if (s.op == op_code::map) node.host = &s_.program.functions[s.index];
+            else node.function = s_.blocks[std::size_t(s.op)];
             node.operand_count = s.operand_count;
             for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_nodes(s.operands[o], in_place, dst);
         } else if (s.kind == step_kind::number) {

@@ -185,7 +185,8 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
                         const T* arguments[max_function_operands];
                         for (std::size_t o = 0; o < node.operand_count; ++o) arguments[o] = value[node.operands[o]];
                         T* target = k + 1 == nodes && in_place_result ? out : slot;
-                        node.function(n, arguments, target);
+                        if (node.host) (*node.host)(n, arguments, target);
+                        else node.function(n, arguments, target);
                         value[k] = target;
                         break;
                     }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
 #include "dimsum/core/functors.hpp"
 
@@ -154,6 +155,7 @@ struct fused_node {
     std::size_t input = 0;                                // input: which of the pass's inputs
     T value{};                                            // constant
     block_function<T> function = nullptr;                 // function, of earlier nodes:
+    const evaluation::host_function* host = nullptr;      //   or a user's (ds::map) instead
     std::array<std::size_t, max_function_operands> operands{};
     std::size_t operand_count = 0;
 };

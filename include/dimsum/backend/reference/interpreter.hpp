@@ -102,7 +102,11 @@ private:
                 for (std::size_t i = 0; i < s.operand_count; ++i) {
                     arguments[i] = read(s.operands[i], broadcast_index(s, steps_[s.operands[i]], index).data());
                 }
-                return fn::evaluate(s.op, arguments);
+                if (s.op != op_code::map) return fn::evaluate(s.op, arguments);
+                const T* in[max_operands] = {&arguments[0], &arguments[1], &arguments[2]};
+                T out{};
+                program_.functions[s.index](1, in, &out);
+                return out;
             }
             case step_kind::tensor: case step_kind::causal_mask: case step_kind::arange: case step_kind::concat:
             case step_kind::gather: case step_kind::permute: case step_kind::reshape:
