@@ -29,7 +29,8 @@ namespace dimsum::nn {
 
 // Q K^T / sqrt(d_k): q (..., query, d_k), k (..., key, d_k) -> (..., query, key).
 template <class Q, class K>
-auto attention_scores(Q&& q, K&& k) {
+auto attention_scores(Q&& q, K&& k, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
     using T = value_type_of<Q>;
     const auto d_k = static_cast<T>(q.shape().extent(shape_of<Q>::rank - 1));
     return matmul(std::forward<Q>(q), transpose(std::forward<K>(k))) / std::sqrt(d_k);
@@ -37,7 +38,8 @@ auto attention_scores(Q&& q, K&& k) {
 
 // The scores with -infinity wherever a key lies in its query's future (causal_mask).
 template <class S>
-auto causal(S&& scores) {
+auto causal(S&& scores, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
     using shape_type = shape_of<S>;
     using Query = typename shape_type::template axis_at<shape_type::rank - 2>;
     using Key = typename shape_type::template axis_at<shape_type::rank - 1>;
@@ -50,20 +52,23 @@ auto causal(S&& scores) {
 // softmax(Q K^T / sqrt(d_k)) V, the softmax along the keys:
 // q (..., query, d_k), k (..., key, d_k), v (..., key, d_v) -> (..., query, d_v).
 template <class Q, class K, class V>
-auto attention(Q&& q, K&& k, V&& v) {
+auto attention(Q&& q, K&& k, V&& v, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
     return matmul(softmax(attention_scores(std::forward<Q>(q), std::forward<K>(k))), std::forward<V>(v));
 }
 
 // The same where no query sees a key in its future.
 template <class Q, class K, class V>
-auto causal_attention(Q&& q, K&& k, V&& v) {
+auto causal_attention(Q&& q, K&& k, V&& v, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
     return matmul(softmax(causal(attention_scores(std::forward<Q>(q), std::forward<K>(k)))), std::forward<V>(v));
 }
 
 // softmax(Q K^T / sqrt(d_k) + mask) V, with an additive mask (0 where a key is seen,
 // -infinity where it is not, or any bias) that broadcasts to the scores.
 template <class Q, class K, class V, class Mask>
-auto masked_attention(Q&& q, K&& k, V&& v, Mask&& mask) {
+auto masked_attention(Q&& q, K&& k, V&& v, Mask&& mask, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
     return matmul(softmax(attention_scores(std::forward<Q>(q), std::forward<K>(k)) + std::forward<Mask>(mask)),
                   std::forward<V>(v));
 }
@@ -155,16 +160,19 @@ struct multi_head_attention {
     // receives the attention weights (batch, heads, seq, seq), which are then not fused away.
     template <rows_of_width<Model> X>
     tensor<T, batch_of<X>, rows_of<X>, Model> operator()(const X& x, const attention_options& options = {},
-                                                         tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<X>>* weights = nullptr) const
+                                                         tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<X>>* weights = nullptr,
+                                                         call_site caller = call_site::current()) const
         requires std::is_same_v<Source, Model>
     {
-        return (*this)(x, x, options, weights);
+        return (*this)(x, x, options, weights, caller);
     }
 
     // Attention of queries x (batch, query, model) to a context c (batch, key, source).
     template <rows_of_width<Model> X, rows_of_width<Source> C>
     tensor<T, batch_of<X>, rows_of<X>, Model> operator()(const X& x, const C& c, const attention_options& options = {},
-                                                         tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr) const {
+                                                         tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr,
+                                                         call_site caller = call_site::current()) const {
+        ::dimsum::detail::operation_site site(caller);
         tensor<T, batch_of<X>, rows_of<X>, Model> y(batch_of<X>{x.shape().extent(0)}, rows_of<X>{x.shape().extent(1)},
                                                     Model{w_o.shape().extent(1)});
         forward(x, c, y.view(), options, weights);
@@ -175,8 +183,9 @@ struct multi_head_attention {
     template <rows_of_width<Model> X, rows_of_width<Source> C>
     void forward(const X& x, const C& c, const tensor_view<T, batch_of<X>, rows_of<X>, Model>& y,
                  const attention_options& options = {},
-                 tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr) const {
-        forward_on(default_evaluation{}, x, c, y, options, weights);
+                 tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr,
+                 call_site caller = call_site::current()) const {
+        forward_on(default_evaluation{}, x, c, y, options, weights, caller);
     }
 
     // The same on a backend of the caller's choice, e.g.
@@ -184,7 +193,9 @@ struct multi_head_attention {
     template <class Backend, rows_of_width<Model> X, rows_of_width<Source> C>
     void forward_on(Backend backend, const X& x, const C& c, const tensor_view<T, batch_of<X>, rows_of<X>, Model>& y,
                     const attention_options& options = {},
-                    tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr) const {
+                    tensor<T, batch_of<X>, Heads, rows_of<X>, rows_of<C>>* weights = nullptr,
+                    call_site caller = call_site::current()) const {
+        ::dimsum::detail::operation_site site(caller);
         using Batch = batch_of<X>;
         using Query = rows_of<X>;
         using Key = rows_of<C>;

@@ -51,7 +51,8 @@ public:
     // them to the cache. A shape mismatch or a full cache is a shape_error, and leaves the
     // cache as it was.
     template <class K, class V>
-    void append(const K& k, const V& v) {
+    void append(const K& k, const V& v, call_site caller = call_site::current()) {
+        ::dimsum::detail::operation_site site(caller);
         const std::size_t adding = k.shape().extent(2);
         if (adding > capacity() - size_) detail::throw_cache_full(size_, adding, capacity());
         if (v.shape().extent(2) != adding) detail::throw_value_positions(adding, v.shape().extent(2));

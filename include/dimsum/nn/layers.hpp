@@ -20,7 +20,8 @@ auto gelu(X&& x) {
 // layer_norm(x) gamma + beta along the last axis (Ba et al. 2016): gamma and beta have that
 // axis only.
 template <class X, class Gamma, class Beta>
-auto layer_norm(X&& x, Gamma&& gamma, Beta&& beta, double epsilon = 1e-5) {
+auto layer_norm(X&& x, Gamma&& gamma, Beta&& beta, double epsilon = 1e-5, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
     return ::dimsum::layer_norm(std::forward<X>(x), epsilon) * std::forward<Gamma>(gamma) + std::forward<Beta>(beta);
 }
 
@@ -34,7 +35,8 @@ inline constexpr bool is_temporary_tensor = is_tensor<std::remove_cvref_t<X>>::v
 // torch.nn.RMSNorm and LLaMA compute it; g has that axis only. x is read twice (one step,
 // computed once); a temporary tensor is refused at compile time: name it first.
 template <class X, class G>
-auto rms_norm(X&& x, G&& g, double epsilon = 1e-6) {
+auto rms_norm(X&& x, G&& g, double epsilon = 1e-6, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
     static_assert(!detail::is_temporary_tensor<X>,
                   "dimsum: nn::rms_norm reads x twice: give it a named tensor or a formula, not a temporary tensor");
     using S = shape_of<X>;
@@ -47,7 +49,8 @@ auto rms_norm(X&& x, G&& g, double epsilon = 1e-6) {
 // The SwiGLU feed-forward (Shazeer 2020), as in LLaMA: (silu(x W_1) * x W_3) W_2, x (..., model),
 // W_1 and W_3 (model, hidden), W_2 (hidden, model). x is read twice, as in rms_norm.
 template <class X, class W1, class W3, class W2>
-auto swiglu(X&& x, W1&& w_1, W3&& w_3, W2&& w_2) {
+auto swiglu(X&& x, W1&& w_1, W3&& w_3, W2&& w_2, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
     static_assert(!detail::is_temporary_tensor<X>,
                   "dimsum: nn::swiglu reads x twice: give it a named tensor or a formula, not a temporary tensor");
     const auto& rows = x;

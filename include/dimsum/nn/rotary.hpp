@@ -70,7 +70,8 @@ public:
     // x (..., seq, head), its rows at positions first, first + 1, ...: x rotated, a formula of
     // x's shape. x is read twice (computed once); a temporary tensor is refused, as in rms_norm.
     template <class X>
-    auto operator()(X&& x, std::size_t first = 0) const {
+    auto operator()(X&& x, std::size_t first = 0, call_site caller = call_site::current()) const {
+        ::dimsum::detail::operation_site site(caller);
         static_assert(!detail::is_temporary_tensor<X>,
                       "dimsum: nn::rotary reads x twice: give it a named tensor or a formula, not a temporary tensor");
         using S = shape_of<X>;

@@ -132,12 +132,21 @@ auto operator*(A&& a, B&& b) { return detail::binary<fn::multiply>(std::forward<
 template <class A, class B> requires binary_operands<A, B>
 auto operator/(A&& a, B&& b) { return detail::binary<fn::divide>(std::forward<A>(a), std::forward<B>(b)); }
 template <class A, class B> requires binary_operands<A, B>
-auto max(A&& a, B&& b) { return detail::binary<fn::maximum>(std::forward<A>(a), std::forward<B>(b)); }
+auto max(A&& a, B&& b, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
+    return detail::binary<fn::maximum>(std::forward<A>(a), std::forward<B>(b));
+}
 template <class A, class B> requires binary_operands<A, B>
-auto min(A&& a, B&& b) { return detail::binary<fn::minimum>(std::forward<A>(a), std::forward<B>(b)); }
+auto min(A&& a, B&& b, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
+    return detail::binary<fn::minimum>(std::forward<A>(a), std::forward<B>(b));
+}
 // a to the power b (either may be a number), as std::pow
 template <class A, class B> requires binary_operands<A, B>
-auto pow(A&& a, B&& b) { return detail::binary<fn::pow>(std::forward<A>(a), std::forward<B>(b)); }
+auto pow(A&& a, B&& b, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
+    return detail::binary<fn::pow>(std::forward<A>(a), std::forward<B>(b));
+}
 
 // Comparisons: masks (bool), true where the comparison holds; false for NaN, but for !=.
 template <class A, class B> requires binary_operands<A, B>
@@ -178,7 +187,8 @@ template <operand A> auto rsqrt(A&& a) { return detail::unary<fn::rsqrt>(std::fo
 // where(condition, a, b): a where the boolean condition holds, else b; a and b may be numbers.
 template <operand C, class A, class B>
     requires (operand<A> || arithmetic<A>) && (operand<B> || arithmetic<B>)
-auto where(C&& condition, A&& a, B&& b) {
+auto where(C&& condition, A&& a, B&& b, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     if constexpr (any_invalid<C, A, B>) {
         return invalid_expression{};
     } else {
@@ -198,8 +208,8 @@ auto where(C&& condition, A&& a, B&& b) {
 
 // x with `value` wherever the boolean mask holds, e.g. -infinity above a causal diagonal.
 template <operand E, operand M, arithmetic V>
-auto masked_fill(E&& x, M&& mask, V value) {
-    return where(std::forward<M>(mask), value, std::forward<E>(x));
+auto masked_fill(E&& x, M&& mask, V value, call_site caller = call_site::current()) {
+    return dimsum::where(std::forward<M>(mask), value, std::forward<E>(x), caller);
 }
 
 }  // namespace dimsum

@@ -44,7 +44,8 @@ constexpr message gather_ids_error() {
 // outside [0, extent) is an index_error when the formula is evaluated, before anything is
 // written. Table may be any formula.
 template <axis_type Axis, operand Table, operand Ids>
-auto gather(Table&& table, Ids&& ids) {
+auto gather(Table&& table, Ids&& ids, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     if constexpr (any_invalid<Table, Ids>) {
         return invalid_expression{};
     } else {

@@ -11,7 +11,8 @@ namespace dimsum {
 // causal_mask(queries, keys): a boolean mask, true where attention must not look, queries
 // and keys aligned at their ends. E.g. masked_fill(scores, causal_mask(Seq{n}, Seq{n}), -infinity).
 template <axis_type Query, axis_type Key>
-auto causal_mask(Query queries, Key keys) {
+auto causal_mask(Query queries, Key keys, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     using S = shape<Query, Key>;
     return expr::causal_mask<Query, Key>{{}, S::from_extents({queries.extent, keys.extent}, "causal_mask")};
 }
@@ -22,7 +23,7 @@ auto causal_mask(Query queries, Key keys) {
 // when j > lengths - n + i. The mask has lengths' axes, then (query, key); a query before
 // its sequence's start (lengths < n) sees nothing (its softmax row is 0).
 template <operand Lengths, axis_type Query, axis_type Key>
-auto causal_mask(Lengths&& lengths, Query queries, Key keys);
+auto causal_mask(Lengths&& lengths, Query queries, Key keys, call_site caller = call_site::current());
 
 // arange<T>(Axis{n}): 0, 1, ..., n - 1 along the axis, as values of T (float unless asked),
 // e.g. positions for rotary embeddings, or arange(Key{n}) < lengths for a mask.
@@ -35,12 +36,14 @@ auto arange(Axis positions) {
 // for lengths of any shape (batch, ...): the mask has lengths' axes and then Key. Where a key
 // is padding, !sequence_mask(...) holds; masked_fill(scores, !mask, -infinity) hides it.
 template <operand Lengths, axis_type Key>
-auto sequence_mask(Lengths&& lengths, Key keys) {
+auto sequence_mask(Lengths&& lengths, Key keys, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     return arange<value_type_of<Lengths>>(keys) < unsqueeze<axis<Key::name, 1>, shape_of<Lengths>::rank>(std::forward<Lengths>(lengths));
 }
 
 template <operand Lengths, axis_type Query, axis_type Key>
-auto causal_mask(Lengths&& lengths, Query queries, Key keys) {
+auto causal_mask(Lengths&& lengths, Query queries, Key keys, call_site caller) {
+    detail::operation_site site(caller);
     using T = value_type_of<Lengths>;
     constexpr std::size_t rank = shape_of<Lengths>::rank;
     using OneQuery = axis<Query::name, 1>;

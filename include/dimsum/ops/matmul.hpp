@@ -7,7 +7,8 @@
 namespace dimsum {
 
 template <operand A, operand B>
-auto matmul(A&& a, B&& b) {
+auto matmul(A&& a, B&& b, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     if constexpr (any_invalid<A, B>) {
         return invalid_expression{};
     } else {

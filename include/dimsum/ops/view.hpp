@@ -47,7 +47,8 @@ struct replace_axis<S, Position, To, std::index_sequence<I...>> {
 }  // namespace detail
 
 template <axis_type... Axes, operand E>
-auto view(E&& e) {
+auto view(E&& e, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     if constexpr (is_invalid<E>) return invalid_expression{};
     else return detail::reshape_to<shape<Axes...>>(std::forward<E>(e));
 }
@@ -70,7 +71,8 @@ auto rename(E&& e) {
 // select<Axis>(x, i): the slice at index i along the named axis, which the result drops,
 // e.g. the query part of a fused QKV projection. Of a tensor or view it is a view.
 template <axis_type Axis, operand E>
-auto select(E&& e, std::size_t index) {
+auto select(E&& e, std::size_t index, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     if constexpr (is_invalid<E>) {
         return invalid_expression{};
     } else {
@@ -151,7 +153,8 @@ using sliced_shape_t =
 // in NumPy (no negative bounds). Of a tensor or view it is a view, writable when the tensor
 // is. A range outside the axis, or a step of 0, is a shape_error.
 template <axis_type Axis, operand E>
-auto slice(E&& e, std::size_t begin, std::size_t end, std::size_t step = 1) {
+auto slice(E&& e, std::size_t begin, std::size_t end, std::size_t step = 1, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     if constexpr (is_invalid<E>) {
         return invalid_expression{};
     } else {
@@ -333,7 +336,8 @@ auto unsqueeze(E&& e) {
 // squeeze<Axis>(x): x without the axis named like Axis (whatever Axis's extent), which must
 // have extent 1 (at compile time where it is static, else a shape_error).
 template <axis_type Axis, operand E>
-auto squeeze(E&& e) {
+auto squeeze(E&& e, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     if constexpr (is_invalid<E>) {
         return invalid_expression{};
     } else {

@@ -60,7 +60,8 @@ public:
     // `tensor<...> y = formula;` evaluates the formula.
     template <operand E>
         requires(!std::is_same_v<std::remove_cvref_t<E>, tensor>)
-    tensor(const E& e) {
+    tensor(const E& e, call_site caller = call_site::current()) {
+        detail::operation_site site(caller);
         if constexpr (!is_invalid<E>) {
             constexpr message error = detail::conform_error<shape_type, typename E::shape_type>("assign");
             if constexpr (error.length != 0) {
@@ -83,12 +84,13 @@ public:
         requires(!std::is_same_v<std::remove_cvref_t<E>, tensor>)
     tensor& operator=(const E& e) {
         if constexpr (!is_invalid<E>) {
+            // an operator cannot learn its caller's line: its errors name none
             if constexpr (E::shape_type::rank != rank) {
-                tensor checked(e);  // reports the mismatch
+                tensor checked(e, call_site::unknown());  // reports the mismatch
             } else if (e.shape().extents() == shape_.extents()) {
-                assign(view(), e);
+                assign(view(), e, call_site::unknown());
             } else {
-                tensor resized(e);
+                tensor resized(e, call_site::unknown());
                 *this = std::move(resized);
             }
         }

@@ -112,7 +112,8 @@ struct default_assignment {
 // Stores a formula into a tensor or view of the same shape, on the default backend; what
 // `dst = formula` calls.
 template <class Dst, class E>
-void assign(Dst&& dst, const E& e) {
+void assign(Dst&& dst, const E& e, call_site caller = call_site::current()) {
+    detail::operation_site site(caller);
     default_assignment<std::enable_if_t<sizeof(E) != 0>>::run(std::forward<Dst>(dst), e);
 }
 
@@ -146,12 +147,12 @@ public:
 
     // Assignment writes elements, as for Eigen's Map: a view never rebinds.
     tensor_view& operator=(const tensor_view& other) requires(!std::is_const_v<T>) {
-        assign(*this, other);
+        assign(*this, other, call_site::unknown());  // an operator cannot learn its caller's line
         return *this;
     }
     template <operand E>
     tensor_view& operator=(const E& e) requires(!std::is_const_v<T>) {
-        assign(*this, e);
+        assign(*this, e, call_site::unknown());
         return *this;
     }
     tensor_view(const tensor_view&) = default;
