@@ -13,6 +13,7 @@ packages=(
     catch2                      # Catch2 v2, the unit tests
     python3                     # the docs check
     libopenblas-dev libdnnl-dev # the baselines of dimsum_bench (src/bench/), loaded at run time; the library uses neither
+    libopenmpi-dev openmpi-bin  # dimsum::dist (tensor parallelism over MPI) and its tests under mpirun
 )
 # Optional (DIMSUM_WITH_TORCH=1): only tests/reference/generate*.py need them, to remake the
 # committed reference data.

@@ -17,7 +17,7 @@ if(MODE STREQUAL "add_subdirectory")
 else()
     run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/dimsum -DCMAKE_BUILD_TYPE=Release
         -DDIMSUM_BUILD_TESTS=OFF -DDIMSUM_BUILD_EXAMPLES=OFF -DDIMSUM_BUILD_TOOLS=OFF)
-    run(${CMAKE_COMMAND} --build ${WORK_DIR}/dimsum --target dimsum_kernels)
+    run(${CMAKE_COMMAND} --build ${WORK_DIR}/dimsum)  # the libraries: dimsum::kernels, and dimsum::dist with MPI
     run(${CMAKE_COMMAND} --install ${WORK_DIR}/dimsum --prefix ${WORK_DIR}/prefix)
     list(APPEND consumer_args -DMODE=find_package -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
     if(MODE STREQUAL "find_package_sse2")

@@ -1,0 +1,223 @@
+// dimsum::dist under mpirun (tests/CMakeLists.txt runs it on 1, 2, 3 and 4 ranks): the
+// collectives against sums computed on each rank from every rank's data (each rank can make
+// them: the data are seeded by rank), and the tensor-parallel layers against the
+// single-process ones. Every rank runs every test case; a failure on any rank fails mpirun.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <dimsum/dimsum.hpp>
+#include <dimsum/dist/group.hpp>
+#include <dimsum/dist/layers.hpp>
+
+#include <mpi.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace ds = dimsum;
+namespace dist = dimsum::dist;
+
+namespace {
+
+using Batch = ds::axis<"batch">;
+using Seq = ds::axis<"seq">;
+using Rows = ds::axis<"rows">;
+using Cols = ds::axis<"cols">;
+using Model = ds::axis<"model", 24>;
+using Heads = ds::axis<"heads", 12>;
+using Head = ds::axis<"head", 2>;
+using Hidden = ds::axis<"hidden", 48>;
+
+// Rank r's data for a test: integers (exact in any order of summation), different per rank.
+ds::tensor<double, Rows, Cols> data_of(int rank, std::size_t rows, std::size_t cols) {
+    ds::tensor<double, Rows, Cols> x(Rows{rows}, Cols{cols});
+    for (std::size_t i = 0; i < rows; ++i) {
+        for (std::size_t j = 0; j < cols; ++j) x(i, j) = double((rank + 1) * 1000 + int(i * cols + j) % 97);
+    }
+    return x;
+}
+
+double largest_difference(const double* a, const double* b, std::size_t n) {
+    double worst = 0;
+    for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / (1 + std::abs(b[i])));
+    return worst;
+}
+
+template <class A, class B>
+double largest_difference(const A& got, const B& want) {
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::abs(double(got.data()[i]) - double(want.data()[i])) / (1 + std::abs(double(want.data()[i]))));
+    }
+    return worst;
+}
+
+using full_attention = ds::nn::multi_head_attention<double, Model, Heads, Head>;
+
+full_attention random_attention(bool fused, bool biases) {
+    full_attention l;
+    if (fused) {
+        ds::fill_uniform(l.w_qkv.emplace(), 1, -0.5, 0.5);
+        if (biases) ds::fill_uniform(l.b_qkv.emplace(), 2);
+    } else {
+        ds::fill_uniform(l.w_q.emplace(), 3, -0.5, 0.5);
+        ds::fill_uniform(l.w_k.emplace(), 4, -0.5, 0.5);
+        ds::fill_uniform(l.w_v.emplace(), 5, -0.5, 0.5);
+        if (biases) {
+            ds::fill_uniform(l.b_q.emplace(), 6);
+            ds::fill_uniform(l.b_k.emplace(), 7);
+            ds::fill_uniform(l.b_v.emplace(), 8);
+        }
+    }
+    ds::fill_uniform(l.w_o, 9, -0.5, 0.5);
+    if (biases) ds::fill_uniform(l.b_o.emplace(), 10);
+    return l;
+}
+
+// The BERT layer of examples/bert_layer.cpp, in one process: the reference of the split one.
+struct full_encoder {
+    full_attention attention;
+    ds::tensor<double, Model> ln1_weight, ln1_bias;
+    ds::tensor<double, Model, Hidden> w_ff1;
+    ds::tensor<double, Hidden> b_ff1;
+    ds::tensor<double, Hidden, Model> w_ff2;
+    ds::tensor<double, Model> b_ff2, ln2_weight, ln2_bias;
+
+    ds::tensor<double, Batch, Seq, Model> operator()(const ds::tensor<double, Batch, Seq, Model>& x,
+                                                     const ds::nn::attention_options& options = {}) const {
+        ds::tensor<double, Batch, Seq, Model> h = ds::nn::layer_norm(x + attention(x, options), ln1_weight, ln1_bias, 1e-12);
+        auto feed_forward = ds::matmul(ds::nn::gelu(ds::matmul(h, w_ff1) + b_ff1), w_ff2) + b_ff2;
+        return ds::nn::layer_norm(h + feed_forward, ln2_weight, ln2_bias, 1e-12);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("split: each rank owns consecutive heads; a count the ranks do not divide is the same error on every rank") {
+    const dist::group world = dist::group::world();
+    const dist::share mine = world.split(12, "heads");
+    ds::tensor<double, Rows> firsts(Rows{std::size_t(world.size())}), mine_first(Rows{1});
+    mine_first(0) = double(mine.first);
+    dist::all_gather<Rows>(world, mine_first.view(), firsts.view());
+    for (int r = 0; r < world.size(); ++r) CHECK(firsts(std::size_t(r)) == double(std::size_t(r) * mine.count));
+    CHECK(mine.count * std::size_t(world.size()) == 12);
+    if (7 % world.size() != 0) {
+        CHECK_THROWS_WITH(world.split(7, "heads"),
+                          "dimsum: dist: 7 heads do not split over " + std::to_string(world.size()) + " ranks");
+    }
+}
+
+TEST_CASE("all_reduce sums every rank's tensor, contiguous or transposed; started, it overlaps other work") {
+    const dist::group world = dist::group::world();
+    for (auto [rows, cols] : {std::array<std::size_t, 2>{1, 1}, {3, 17}, {65, 7}}) {
+        INFO("rows " << rows << " cols " << cols);
+        ds::tensor<double, Rows, Cols> want(Rows{rows}, Cols{cols});
+        for (int r = 0; r < world.size(); ++r) want = want + data_of(r, rows, cols);
+        auto x = data_of(world.rank(), rows, cols);
+        dist::all_reduce(world, x);
+        CHECK(largest_difference(x.data(), want.data(), x.size()) == 0);
+
+        ds::tensor<double, Cols, Rows> t = ds::transpose(data_of(world.rank(), rows, cols));
+        auto strided = ds::transpose(t.view());  // (rows, cols), not contiguous
+        dist::all_reduce(world, strided);
+        ds::tensor<double, Rows, Cols> back = strided;
+        CHECK(largest_difference(back.data(), want.data(), back.size()) == 0);
+
+        auto y = data_of(world.rank(), rows, cols);
+        dist::pending sum = dist::all_reduce_start(world, y);
+        ds::tensor<double, Rows, Cols> meanwhile = ds::exp(want * 0.0);  // other work while it runs
+        sum.wait();
+        CHECK(largest_difference(y.data(), want.data(), y.size()) == 0);
+        CHECK(meanwhile(0, 0) == 1.0);
+    }
+}
+
+TEST_CASE("all_gather joins along a named axis in rank order; reduce_scatter sums and cuts along it") {
+    const dist::group world = dist::group::world();
+    const auto ranks = std::size_t(world.size());
+    for (std::size_t cols : {1, 5}) {
+        // all_gather along cols, the inner axis: rank r's block at columns [r cols, (r + 1) cols)
+        auto local = data_of(world.rank(), 3, cols);
+        ds::tensor<double, Rows, Cols> all(Rows{3}, Cols{cols * ranks});
+        dist::all_gather<Cols>(world, local.view(), all.view());
+        for (std::size_t r = 0; r < ranks; ++r) {
+            auto theirs = data_of(int(r), 3, cols);
+            for (std::size_t i = 0; i < 3; ++i) {
+                for (std::size_t j = 0; j < cols; ++j) CHECK(all(i, r * cols + j) == theirs(i, j));
+            }
+        }
+        // reduce_scatter along rows: rank r gets rows [r 2, (r + 1) 2) of the sum
+        auto in = data_of(world.rank(), 2 * ranks, cols);
+        ds::tensor<double, Rows, Cols> out(Rows{2}, Cols{cols});
+        dist::reduce_scatter<Rows>(world, in.view(), out.view());
+        ds::tensor<double, Rows, Cols> sum(Rows{2 * ranks}, Cols{cols});
+        for (int r = 0; r < world.size(); ++r) sum = sum + data_of(r, 2 * ranks, cols);
+        for (std::size_t i = 0; i < 2; ++i) {
+            for (std::size_t j = 0; j < cols; ++j) CHECK(out(i, j) == sum(std::size_t(world.rank()) * 2 + i, j));
+        }
+    }
+}
+
+TEST_CASE("ranks that pass different shapes all get the same shape_error, and none waits") {
+    const dist::group world = dist::group::world();
+    if (world.size() == 1) return;
+    auto x = data_of(world.rank(), 2, world.rank() == 1 ? 4 : 3);  // rank 1 differs
+    const auto before = x;
+    CHECK_THROWS_WITH(dist::all_reduce(world, x),
+                      "dimsum: all_reduce: the ranks pass different sizes (from 6 to 8 elements; this rank " +
+                          std::to_string(x.size()) + ")");
+    CHECK(largest_difference(x.data(), before.data(), x.size()) == 0);
+    world.barrier();  // every rank is still here
+}
+
+TEST_CASE("tensor-parallel attention equals the single-process layer, fused or separate projections, every mask") {
+    const dist::group world = dist::group::world();
+    ds::tensor<double, Batch, Seq, Model> x(Batch{2}, Seq{9});
+    ds::fill_normal(x, 11);
+    std::vector<std::size_t> lengths{9, 4};
+    for (bool fused : {false, true}) {
+        const full_attention full = random_attention(fused, true);
+        const auto split = dist::multi_head_attention<double, Model, Heads, Head>::shard(full, world);
+        CHECK(split.owned.count == 12 / std::size_t(world.size()));
+        for (bool causal : {false, true}) {
+            for (bool padded : {false, true}) {
+                INFO("fused " << fused << " causal " << causal << " padded " << padded);
+                ds::nn::attention_options options{.causal = causal};
+                if (padded) options.key_lengths = lengths;
+                CHECK(largest_difference(split(x, options), full(x, options)) < 1e-12);
+            }
+        }
+    }
+    // a group of one (MPI_COMM_SELF) is the single-process layer, on every rank alone
+    const dist::group self(MPI_Comm_c2f(MPI_COMM_SELF));
+    const full_attention full = random_attention(false, false);
+    const auto whole = dist::multi_head_attention<double, Model, Heads, Head>::shard(full, self);
+    CHECK(whole.owned.count == 12);
+    CHECK(largest_difference(whole(x), full(x)) < 1e-13);
+}
+
+TEST_CASE("a tensor-parallel BERT layer equals the single-process one") {
+    const dist::group world = dist::group::world();
+    full_encoder full;
+    full.attention = random_attention(true, true);
+    ds::fill_uniform(full.ln1_weight, 20, 0.5, 1.5);
+    ds::fill_uniform(full.ln1_bias, 21);
+    ds::fill_uniform(full.w_ff1, 22, -0.3, 0.3);
+    ds::fill_uniform(full.b_ff1, 23);
+    ds::fill_uniform(full.w_ff2, 24, -0.3, 0.3);
+    ds::fill_uniform(full.b_ff2, 25);
+    ds::fill_uniform(full.ln2_weight, 26, 0.5, 1.5);
+    ds::fill_uniform(full.ln2_bias, 27);
+    const auto split = dist::encoder_layer<double, Model, Heads, Head, Hidden>::shard(full, world);
+    ds::tensor<double, Batch, Seq, Model> x(Batch{3}, Seq{5});
+    ds::fill_normal(x, 12);
+    CHECK(largest_difference(split(x), full(x)) < 1e-12);
+    CHECK(largest_difference(split(x, {.causal = true}), full(x, {.causal = true})) < 1e-12);
+}
+
+int main(int argc, char** argv) {
+    dist::session mpi(argc, argv);
+    return Catch::Session().run(argc, argv);
+}
