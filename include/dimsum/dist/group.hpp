@@ -11,7 +11,6 @@
 
 #include <cstddef>
 #include <exception>
-#include <iostream>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -228,7 +227,7 @@ void all_gather(const group& g, const tensor_view<U, A...>& local, const tensor_
     std::vector<T>& all = detail::staging<T>();
     all.resize(count * ranks);
     tensor<T, A...> staged;
-    const T* mine = local.is_contiguous() ? local.data() : detail::contiguous(tensor_view<const T, A...>(local), staged);
+    const T* mine = detail::contiguous(tensor_view<const T, A...>(local), staged);
     detail::all_gather(g.handle(), mine, all.data(), count, detail::number_type_of<T>());
     for (std::size_t r = 0; r < ranks; ++r) {
         assign(slice<Axis>(out, r * n, (r + 1) * n), tensor_view<const T, A...>(all.data() + r * count, local.shape()));

@@ -47,6 +47,17 @@ tensor<T, To> part(const tensor<T, Axis>& bias, std::size_t first, std::size_t c
     return rename<Axis, To>(slice<Axis>(bias.view(), first, first + count));
 }
 
+// An output bias as rank `rank` adds it to its part of a row-parallel product: the bias on
+// rank 0 (so that the sum over ranks counts it once), elsewhere, or where there is none, a
+// view of one constant zero (stride 0) of the same extent, so that every rank runs one formula.
+template <class T>
+inline constexpr T zero_value = T(0);
+template <class T, axis_type Axis>
+tensor_view<const T, Axis> bias_on_rank_0(int rank, const tensor<T, Axis>* bias, std::size_t extent) {
+    if (rank == 0 && bias) return bias->view();
+    return {&zero_value<T>, shape<Axis>(Axis{extent}), {0}};
+}
+
 }  // namespace detail
 
 // Self-attention split over the ranks of a group by heads (kv_heads = heads; grouped-query
@@ -134,9 +145,7 @@ struct multi_head_attention {
         auto k = rename<Seq, Key>(heads(w_k, b_k));
         auto v = rename<Seq, Key>(heads(w_v, b_v));
         const std::size_t batch = x.shape().extent(0), keys = x.shape().extent(1);
-        const T zero = T(0);
-        const tensor_view<const T, Model> no_bias(&zero, shape<Model>(Model{y.extent(2)}), {0});
-        const tensor_view<const T, Model> bias = team.rank() == 0 && b_o ? b_o->view() : no_bias;
+        const tensor_view<const T, Model> bias = detail::bias_on_rank_0(team.rank(), b_o ? &*b_o : nullptr, y.extent(2));
         auto output = [&](auto&& z) {  // z (batch, local heads, seq, head)
             assign(y, matmul(view<Batch, Seq, LocalInner>(permute<Batch, Seq, LocalHeads, Head>(z)), w_o) + bias);
         };
@@ -203,9 +212,7 @@ struct encoder_layer {
         using Out = tensor<T, nn::batch_of<X>, nn::rows_of<X>, Model>;
         Out a = attention(x, options);
         Out h = nn::layer_norm(x + a, ln1_weight, ln1_bias, epsilon);
-        const T zero = T(0);
-        const tensor_view<const T, Model> no_bias(&zero, shape<Model>(Model{b_ff2.extent(0)}), {0});
-        const tensor_view<const T, Model> bias = attention.team.rank() == 0 ? b_ff2.view() : no_bias;
+        const tensor_view<const T, Model> bias = detail::bias_on_rank_0(attention.team.rank(), &b_ff2, b_ff2.extent(0));
         Out f = matmul(nn::gelu(matmul(h, w_ff1) + b_ff1), w_ff2) + bias;  // this rank's part
         all_reduce(attention.team, f);
         return nn::layer_norm(h + f, ln2_weight, ln2_bias, epsilon);
