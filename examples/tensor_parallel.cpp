@@ -4,9 +4,10 @@
 //
 //     mpirun -np 2 ./tensor_parallel [--weights PATH]
 //
-// (across machines: mpirun --hostfile hosts -np N ...). Every rank reads the checkpoint (by
-// default the committed tests/reference/bert/weights.safetensors) and keeps its part, runs
-// the layer on the same input, and checks the whole output against PyTorch's, with and
+// (across machines: mpirun --hostfile hosts -np N ...). Every rank reads only its part of the
+// checkpoint (by default the committed tests/reference/bert/weights.safetensors): its columns
+// and rows of the projections, and the small vectors every rank needs. Each runs the layer on
+// the same input, and checks the whole output against PyTorch's, with and
 // without key padding; rank 0 prints. A rank count that does not divide the heads, or any
 // other error on any rank, ends every rank with one message (dist::run_or_abort).
 
@@ -17,6 +18,7 @@
 
 #include "bert_layer.hpp"
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -33,9 +35,16 @@ int main(int argc, char** argv) {
     const std::string dir = DIMSUM_BERT_DATA;
     return dist::run_or_abort(world, [&] {
         using namespace bert;
-        encoder_layer full;
-        ds::load(full, weights);
-        const auto layer = dist::encoder_layer<float, Model, Heads, Head, Hidden>::shard(full, world, encoder_layer::epsilon);
+        ds::checkpoint file(weights);
+        const auto layer = dist::encoder_layer<float, Model, Heads, Head, Hidden>::load_shard(file, world, "",
+                                                                                            encoder_layer::epsilon);
+        std::uint64_t whole = 0;  // the bytes of every array in the file, for comparison
+        for (const std::string& name : file.names()) {
+            const ds::stored_array array = *file.find(name);
+            std::uint64_t count = 4;  // float32
+            for (std::size_t extent : array.shape) count *= extent;
+            whole += count;
+        }
 
         activations x = ds::load_npy<float, Batch, Seq, Model>(dir + "/x.npy");
         auto want = ds::load_npy<double, Batch, Seq, Model>(dir + "/out.npy");
@@ -48,6 +57,8 @@ int main(int argc, char** argv) {
         if (world.rank() == 0) {
             std::printf("BERT encoder layer over %d ranks (rank 0: heads %zu to %zu of 2)\n", world.size(),
                         layer.attention.owned.first, layer.attention.owned.first + layer.attention.owned.count);
+            std::printf("rank 0 read %llu of the checkpoint's %llu bytes of weights\n",
+                        static_cast<unsigned long long>(file.bytes_read()), static_cast<unsigned long long>(whole));
             std::printf("largest difference from torch.nn.TransformerEncoderLayer: %.2e; with key padding: %.2e\n", plain,
                         padded);
         }

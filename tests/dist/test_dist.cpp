@@ -1,17 +1,22 @@
 // dimsum::dist under mpirun (tests/CMakeLists.txt runs it on 1, 2, 3 and 4 ranks): the
 // collectives against sums computed on each rank from every rank's data (each rank can make
 // them: the data are seeded by rank), and the tensor-parallel layers against the
-// single-process ones. Every rank runs every test case; a failure on any rank fails mpirun.
+// single-process ones, whether sharded from the full layer or read slice by slice from its
+// checkpoint. Every rank runs every test case; a failure on any rank fails mpirun.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <dimsum/dimsum.hpp>
 #include <dimsum/dist/group.hpp>
 #include <dimsum/dist/layers.hpp>
+#include <dimsum/interop/parameters.hpp>
 
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -78,12 +83,16 @@ full_attention random_attention(bool fused, bool biases) {
 
 // The BERT layer of examples/bert_layer.cpp, in one process: the reference of the split one.
 struct full_encoder {
-    full_attention attention;
-    ds::tensor<double, Model> ln1_weight, ln1_bias;
-    ds::tensor<double, Model, Hidden> w_ff1;
-    ds::tensor<double, Hidden> b_ff1;
-    ds::tensor<double, Hidden, Model> w_ff2;
-    ds::tensor<double, Model> b_ff2, ln2_weight, ln2_bias;
+    BOOST_HANA_DEFINE_STRUCT(full_encoder,
+        (full_attention, attention),
+        (ds::tensor<double, Model>, ln1_weight),
+        (ds::tensor<double, Model>, ln1_bias),
+        (ds::tensor<double, Model, Hidden>, w_ff1),
+        (ds::tensor<double, Hidden>, b_ff1),
+        (ds::tensor<double, Hidden, Model>, w_ff2),
+        (ds::tensor<double, Model>, b_ff2),
+        (ds::tensor<double, Model>, ln2_weight),
+        (ds::tensor<double, Model>, ln2_bias));
 
     ds::tensor<double, Batch, Seq, Model> operator()(const ds::tensor<double, Batch, Seq, Model>& x,
                                                      const ds::nn::attention_options& options = {}) const {
@@ -92,6 +101,66 @@ struct full_encoder {
         return ds::nn::layer_norm(h + feed_forward, ln2_weight, ln2_bias, 1e-12);
     }
 };
+
+full_encoder random_encoder() {
+    full_encoder full;
+    full.attention = random_attention(true, true);
+    ds::fill_uniform(full.ln1_weight, 20, 0.5, 1.5);
+    ds::fill_uniform(full.ln1_bias, 21);
+    ds::fill_uniform(full.w_ff1, 22, -0.3, 0.3);
+    ds::fill_uniform(full.b_ff1, 23);
+    ds::fill_uniform(full.w_ff2, 24, -0.3, 0.3);
+    ds::fill_uniform(full.b_ff2, 25);
+    ds::fill_uniform(full.ln2_weight, 26, 0.5, 1.5);
+    ds::fill_uniform(full.ln2_bias, 27);
+    return full;
+}
+
+// A file rank 0 writes with `save` and every rank then reads: its name is the same on every
+// rank and unique to this mpirun (rank 0's process id), and it is removed once all have read.
+class shared_file {
+public:
+    template <class Save>
+    shared_file(const dist::group& g, const std::string& name, Save save) : team_(g) {
+        ds::tensor<double, Rows> id(Rows{1});
+        id(0) = g.rank() == 0 ? double(getpid()) : 0.0;
+        dist::all_reduce(g, id);
+        path_ = std::filesystem::temp_directory_path() / ("dimsum_dist_" + std::to_string(long(id(0))) + "_" + name);
+        if (g.rank() == 0) save(path_);
+        g.barrier();
+    }
+    ~shared_file() {
+        team_.barrier();
+        if (team_.rank() == 0) std::filesystem::remove_all(path_);
+    }
+    shared_file(const shared_file&) = delete;
+    shared_file& operator=(const shared_file&) = delete;
+    const std::filesystem::path& path() const { return path_; }
+
+private:
+    dist::group team_;
+    std::filesystem::path path_;
+};
+
+template <class T, class... A>
+bool same_bits(const ds::tensor<T, A...>& a, const ds::tensor<T, A...>& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <class Layer>
+bool same_attention(const Layer& a, const Layer& b) {
+    return a.owned.first == b.owned.first && a.owned.count == b.owned.count && same_bits(a.w_q, b.w_q) &&
+           same_bits(a.w_k, b.w_k) && same_bits(a.w_v, b.w_v) && same_bits(a.b_q, b.b_q) && same_bits(a.b_k, b.b_k) &&
+           same_bits(a.b_v, b.b_v) && same_bits(a.w_o, b.w_o) && bool(a.b_o) == bool(b.b_o) &&
+           (!a.b_o || same_bits(*a.b_o, *b.b_o));
+}
+
+// The bytes of float64 values a rank's attention part holds.
+template <class Layer>
+std::size_t bytes_held(const Layer& l) {
+    return 8 * (l.w_q.size() + l.w_k.size() + l.w_v.size() + l.b_q.size() + l.b_k.size() + l.b_v.size() + l.w_o.size() +
+                (l.b_o ? l.b_o->size() : 0));
+}
 
 }  // namespace
 
@@ -200,21 +269,63 @@ TEST_CASE("tensor-parallel attention equals the single-process layer, fused or s
 
 TEST_CASE("a tensor-parallel BERT layer equals the single-process one") {
     const dist::group world = dist::group::world();
-    full_encoder full;
-    full.attention = random_attention(true, true);
-    ds::fill_uniform(full.ln1_weight, 20, 0.5, 1.5);
-    ds::fill_uniform(full.ln1_bias, 21);
-    ds::fill_uniform(full.w_ff1, 22, -0.3, 0.3);
-    ds::fill_uniform(full.b_ff1, 23);
-    ds::fill_uniform(full.w_ff2, 24, -0.3, 0.3);
-    ds::fill_uniform(full.b_ff2, 25);
-    ds::fill_uniform(full.ln2_weight, 26, 0.5, 1.5);
-    ds::fill_uniform(full.ln2_bias, 27);
+    const full_encoder full = random_encoder();
     const auto split = dist::encoder_layer<double, Model, Heads, Head, Hidden>::shard(full, world);
     ds::tensor<double, Batch, Seq, Model> x(Batch{3}, Seq{5});
     ds::fill_normal(x, 12);
     CHECK(largest_difference(split(x), full(x)) < 1e-12);
     CHECK(largest_difference(split(x, {.causal = true}), full(x, {.causal = true})) < 1e-12);
+}
+
+TEST_CASE("each rank reads only its slice of the full checkpoint, and holds what shard() cuts from the full layer") {
+    const dist::group world = dist::group::world();
+    using split_attention = dist::multi_head_attention<double, Model, Heads, Head>;
+    for (const char* format : {"layer.safetensors", "layer.npz", "layer"}) {
+        for (bool fused : {false, true}) {
+            INFO(format << " fused " << fused);
+            const full_attention full = random_attention(fused, !fused);  // separate: biases; fused: none
+            shared_file file(world, format, [&](const auto& path) { ds::save(full, path, {.prefix = "attention."}); });
+            ds::checkpoint in(file.path());
+            const auto read = split_attention::load_shard(in, world, "attention.");
+            CHECK(same_attention(read, split_attention::shard(full, world)));
+            CHECK(in.bytes_read() == bytes_held(read) - (fused ? 8 * 3 * read.b_q.size() : 0));  // absent biases: zeros
+        }
+    }
+
+    const full_encoder full = random_encoder();
+    shared_file file(world, "bert.safetensors", [&](const auto& path) { ds::save(full, path); });
+    ds::checkpoint in(file.path());
+    using split_encoder = dist::encoder_layer<double, Model, Heads, Head, Hidden>;
+    const auto read = split_encoder::load_shard(in, world);
+    const auto cut = split_encoder::shard(full, world);
+    CHECK(same_attention(read.attention, cut.attention));
+    CHECK((same_bits(read.w_ff1, cut.w_ff1) && same_bits(read.b_ff1, cut.b_ff1) && same_bits(read.w_ff2, cut.w_ff2)));
+    CHECK((same_bits(read.ln1_weight, cut.ln1_weight) && same_bits(read.ln2_bias, cut.ln2_bias) &&
+           same_bits(read.b_ff2, cut.b_ff2)));
+    const std::size_t replicated = 8 * 24 * 5;  // two layer norms and b_ff2
+    CHECK(in.bytes_read() == bytes_held(read.attention) + 8 * (read.w_ff1.size() + read.b_ff1.size() + read.w_ff2.size()) +
+                                 replicated);
+    ds::tensor<double, Batch, Seq, Model> x(Batch{2}, Seq{7});
+    ds::fill_normal(x, 13);
+    CHECK(largest_difference(read(x), full(x)) < 1e-12);
+}
+
+TEST_CASE("a checkpoint of another layer is the same shape_error on every rank, never a wrong slice") {
+    const dist::group world = dist::group::world();
+    struct narrower {  // w_q of 20 columns where the layer has heads x head = 24
+        BOOST_HANA_DEFINE_STRUCT(narrower,
+            (ds::tensor<double, Model, ds::axis<"inner", 20>>, w_q));
+    };
+    shared_file file(world, "narrow.safetensors", [](const auto& path) { ds::save(narrower{}, path); });
+    ds::checkpoint in(file.path());
+    std::string message;
+    try {
+        dist::multi_head_attention<double, Model, Heads, Head>::load_shard(in, world);
+    } catch (const ds::shape_error& e) {
+        message = e.what();
+    }
+    CHECK(message == "dimsum: dist: load_shard: " + file.path().string() +
+                         ", parameter 'w_q': axis 1 is 20 in the file, 24 in the layer");
 }
 
 int main(int argc, char** argv) {

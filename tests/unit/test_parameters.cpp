@@ -1,7 +1,8 @@
 // Parameter structs (interop/parameters.hpp): the same weights from a folder of .npy files,
 // NumPy's .npz (stored and deflated) and a .safetensors file written by hand to the published
 // layout (tests/reference/generate_parameters.py); round trips in each format; and one clear
-// error for each mismatch or broken file, with the layer left as it was.
+// error for each mismatch or broken file, with the layer left as it was; and ds::checkpoint,
+// which reads an array whole or a slice of it, reading only the slice's bytes.
 #include "support.hpp"
 
 #include <dimsum/interop/parameters.hpp>
@@ -326,4 +327,96 @@ TEST_CASE("a save that cannot write leaves no partial file and says why") {
     REQUIRE(test::error_of([&] { ds::save(b, target); }) ==
             "dimsum: save: " + target + ": cannot open a file for writing in its folder");
     REQUIRE_FALSE(fs::exists(target + ".partial"));
+}
+
+TEST_CASE("a checkpoint reads a slice along any axis from every format, and only its bytes where stored") {
+    const block want = expected_block();
+    using Local = ds::axis<"local">;
+    for (const char* file : {"block", "block.npz", "block_compressed.npz", "block.safetensors"}) {
+        INFO(file);
+        ds::checkpoint in(reference / file);
+        REQUIRE(in.contains("ff.w1"));
+        REQUIRE_FALSE(in.contains("ff.w2"));
+        const auto info = in.find("attention.w_qkv");
+        REQUIRE(info->element_type == "float32");
+        REQUIRE(info->shape == std::vector<std::size_t>{8, 24});
+
+        ds::tensor<float, Model, Local> columns;  // columns [9, 13) of (8, 24): eight runs of four
+        in.read_slice<Local>("attention.w_qkv", 9, 4, columns);
+        REQUIRE(columns.extent(1) == 4);
+        for (std::size_t i = 0; i < 8; ++i) {
+            for (std::size_t j = 0; j < 4; ++j) REQUIRE(columns(i, j) == (*want.attention.w_qkv)(i, 9 + j));
+        }
+        const bool compressed = std::string(file) == "block_compressed.npz";
+        const std::uint64_t after_columns = in.bytes_read();
+        if (!compressed) REQUIRE(after_columns == 8 * 4 * sizeof(float));
+
+        ds::tensor<float, Local, Model> rows;  // rows [2, 5) of w_o (8, 8): one run
+        in.read_slice<Local>("attention.w_o", 2, 3, rows);
+        for (std::size_t i = 0; i < 3; ++i) {
+            for (std::size_t j = 0; j < 8; ++j) REQUIRE(rows(i, j) == want.attention.w_o(2 + i, j));
+        }
+        if (!compressed) REQUIRE(in.bytes_read() - after_columns == 3 * 8 * sizeof(float));
+
+        ds::tensor<double, Local> all;  // a slice of the whole extent is the array
+        in.read_slice<Local>("norm", 0, 8, all);
+        ds::tensor<double, Model> whole;
+        in.read("norm", whole);
+        for (std::size_t i = 0; i < 8; ++i) REQUIRE((all(i) == whole(i) || (std::isnan(all(i)) && std::isnan(whole(i)))));
+        REQUIRE(same_bits(whole, want.norm));
+
+        ds::tensor<float, Model, Local> none;  // an empty slice is a tensor of extent 0
+        in.read_slice<Local>("ff.w1", 5, 0, none);
+        REQUIRE(none.size() == 0);
+    }
+}
+
+TEST_CASE("a slice of the middle axis of a 3-D array is its runs, one per outer index") {
+    temp_dir tmp;
+    using A = ds::axis<"a", 3>;
+    using B = ds::axis<"b", 7>;
+    using C = ds::axis<"c", 5>;
+    using Part = ds::axis<"part">;
+    ds::tensor<float, A, B, C> cube;
+    ds::fill_uniform(cube, 3);
+    fs::create_directory(tmp.path("folder"));
+    ds::save_npy(tmp.path("folder/cube.npy"), cube.view());
+    ds::checkpoint in(tmp.path("folder"));
+    ds::tensor<float, A, Part, C> part;
+    in.read_slice<Part>("cube", 2, 4, part);
+    REQUIRE(in.bytes_read() == 3 * 4 * 5 * sizeof(float));
+    for (std::size_t a = 0; a < 3; ++a) {
+        for (std::size_t b = 0; b < 4; ++b) {
+            for (std::size_t c = 0; c < 5; ++c) REQUIRE(part(a, b, c) == cube(a, 2 + b, c));
+        }
+    }
+}
+
+TEST_CASE("a checkpoint's errors name the file and the parameter, and leave the target as it was") {
+    ds::checkpoint in(reference / "block.safetensors");
+    const std::string where = (reference / "block.safetensors").string() + ", parameter ";
+    using Local = ds::axis<"local">;
+    ds::tensor<float, Model, Local> t(Model{}, Local{2});
+    ds::fill_uniform(t, 5);
+    const ds::tensor<float, Model, Local> before = t;
+    auto error = [&](auto&& f) {
+        const std::string message = test::error_of(f);
+        REQUIRE(same_bits(t, before));
+        return message;
+    };
+    REQUIRE(error([&] { in.read_slice<Local>("ff.w2", 0, 1, t); }) ==
+            "dimsum: load: " + (reference / "block.safetensors").string() + ": the file has no parameter 'ff.w2'");
+    REQUIRE(error([&] { in.read_slice<Local>("ff.w1", 3, 3, t); }) ==
+            "dimsum: load: " + where + "'ff.w1': positions [3, 6) of axis 1 lie outside its extent 5");
+    REQUIRE(error([&] { in.read_slice<Local>("ff.w1", 6, 0, t); }) ==
+            "dimsum: load: " + where + "'ff.w1': positions [6, 6) of axis 1 lie outside its extent 5");
+    REQUIRE(error([&] { in.read_slice<Local>("norm", 0, 1, t); }) ==
+            "dimsum: load: " + where + "'norm': the file holds float64 values, the tensor float32");
+    REQUIRE(error([&] { in.read_slice<Local>("attention.b_qkv", 0, 1, t); }) ==
+            "dimsum: load: " + where + "'attention.b_qkv': the file's array has 1 axes, the tensor 2 "
+            "(the file's shape (24,), the tensor's (model=8, local=?))");
+    ds::tensor<float, ds::axis<"model", 4>, Local> narrow(ds::axis<"model", 4>{}, Local{2});
+    REQUIRE(test::error_of([&] { in.read_slice<Local>("ff.w1", 0, 1, narrow); }) ==
+            "dimsum: load: " + where + "'ff.w1': axis model is 4 in the tensor but 8 in the file "
+            "(the file's shape (8, 1), the tensor's (model=4, local=?))");
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dimsum/dist/group.hpp"
+#include "dimsum/interop/parameters.hpp"
 #include "dimsum/nn/attention.hpp"
 #include "dimsum/nn/layers.hpp"
 
@@ -56,6 +57,21 @@ template <class T, axis_type Axis>
 tensor_view<const T, Axis> bias_on_rank_0(int rank, const tensor<T, Axis>* bias, std::size_t extent) {
     if (rank == 0 && bias) return bias->view();
     return {&zero_value<T>, shape<Axis>(Axis{extent}), {0}};
+}
+
+// Positions [first, first + count) along axis Axis (at `position`) of the array `name`, whose
+// whole extent there must be the full layer's `whole`: a file of another layer is a shape_error,
+// never a wrong slice.
+template <axis_type Axis, class T, axis_type... Axes>
+void read_part(checkpoint& file, const std::string& name, std::size_t position, std::size_t whole, std::size_t first,
+               std::size_t count, tensor<T, Axes...>& into) {
+    const std::optional<stored_array> stored = file.find(name);
+    if (stored && stored->shape.size() == sizeof...(Axes) && stored->shape[position] != whole) {
+        throw shape_error("dimsum: dist: load_shard: " + file.path() + ", parameter '" + name + "': axis " +
+                          std::to_string(position) + " is " + std::to_string(stored->shape[position]) +
+                          " in the file, " + std::to_string(whole) + " in the layer");
+    }
+    file.read_slice<Axis>(name, first, count, into);
 }
 
 }  // namespace detail
@@ -106,6 +122,42 @@ struct multi_head_attention {
         }
         layer.w_o = detail::rows<LocalInner>(tensor_view<const T, Inner, Model>(full.w_o.view()), first, count);
         layer.b_o = full.b_o;
+        return layer;
+    }
+
+    // The same part read from a checkpoint holding the full layer under `prefix` (the names
+    // nn::multi_head_attention saves: w_qkv and b_qkv, or w_q, w_k, w_v, b_q, b_k, b_v; w_o, b_o):
+    // each rank reads only its columns and rows, never the whole layer.
+    static multi_head_attention load_shard(checkpoint& file, const group& g, const std::string& prefix = "") {
+        multi_head_attention layer;
+        layer.team = g;
+        layer.owned = g.split(Heads::static_extent, "heads");
+        const std::size_t head = Head::static_extent, first = layer.owned.first * head, count = layer.owned.count * head;
+        const std::size_t inner = full_layer::Inner::static_extent;
+        auto columns = [&](const std::string& name, std::size_t whole, std::size_t offset, auto& w) {
+            detail::read_part<LocalInner>(file, prefix + name, 1, whole, offset + first, count, w);
+        };
+        auto bias = [&](const std::string& name, std::size_t whole, std::size_t offset, auto& b) {  // absent: zeros
+            if (!file.contains(prefix + name)) b = tensor<T, LocalInner>(LocalInner{count});
+            else detail::read_part<LocalInner>(file, prefix + name, 0, whole, offset + first, count, b);
+        };
+        if (file.contains(prefix + "w_qkv")) {  // columns [W_Q | W_K | W_V]
+            columns("w_qkv", 3 * inner, 0, layer.w_q);
+            columns("w_qkv", 3 * inner, inner, layer.w_k);
+            columns("w_qkv", 3 * inner, 2 * inner, layer.w_v);
+            bias("b_qkv", 3 * inner, 0, layer.b_q);
+            bias("b_qkv", 3 * inner, inner, layer.b_k);
+            bias("b_qkv", 3 * inner, 2 * inner, layer.b_v);
+        } else {
+            columns("w_q", inner, 0, layer.w_q);
+            columns("w_k", inner, 0, layer.w_k);
+            columns("w_v", inner, 0, layer.w_v);
+            bias("b_q", inner, 0, layer.b_q);
+            bias("b_k", inner, 0, layer.b_k);
+            bias("b_v", inner, 0, layer.b_v);
+        }
+        detail::read_part<LocalInner>(file, prefix + "w_o", 0, inner, first, count, layer.w_o);
+        if (file.contains(prefix + "b_o")) file.read(prefix + "b_o", layer.b_o.emplace());
         return layer;
     }
 
@@ -200,6 +252,27 @@ struct encoder_layer {
         layer.b_ff2 = full.b_ff2;
         layer.ln2_weight = full.ln2_weight;
         layer.ln2_bias = full.ln2_bias;
+        layer.epsilon = epsilon;
+        return layer;
+    }
+
+    // The same part read from a checkpoint holding the full layer under `prefix`, with the names
+    // above (the attention's under `attention.`): each rank reads only its columns and rows of
+    // the projections and the whole of the layer norms and output biases.
+    static encoder_layer load_shard(checkpoint& file, const group& g, const std::string& prefix = "",
+                                    double epsilon = 1e-12) {
+        encoder_layer layer;
+        layer.attention = multi_head_attention<T, Model, Heads, Head>::load_shard(file, g, prefix + "attention.");
+        const share hidden = g.split(Hidden::static_extent, "hidden units");
+        const std::size_t whole = Hidden::static_extent;
+        file.read(prefix + "ln1_weight", layer.ln1_weight);
+        file.read(prefix + "ln1_bias", layer.ln1_bias);
+        detail::read_part<LocalHidden>(file, prefix + "w_ff1", 1, whole, hidden.first, hidden.count, layer.w_ff1);
+        detail::read_part<LocalHidden>(file, prefix + "b_ff1", 0, whole, hidden.first, hidden.count, layer.b_ff1);
+        detail::read_part<LocalHidden>(file, prefix + "w_ff2", 0, whole, hidden.first, hidden.count, layer.w_ff2);
+        file.read(prefix + "b_ff2", layer.b_ff2);
+        file.read(prefix + "ln2_weight", layer.ln2_weight);
+        file.read(prefix + "ln2_bias", layer.ln2_bias);
         layer.epsilon = epsilon;
         return layer;
     }

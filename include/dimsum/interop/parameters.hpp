@@ -56,10 +56,12 @@
 #include <boost/hana/second.hpp>
 #include <boost/hana/string.hpp>
 
+#include "dimsum/core/checked_math.hpp"
 #include "dimsum/core/file_error.hpp"
 #include "dimsum/interop/npy.hpp"
 #include "dimsum/interop/safetensors.hpp"
 #include "dimsum/interop/zip.hpp"
+#include "dimsum/shape/find_axis.hpp"
 
 namespace dimsum {
 
@@ -78,6 +80,13 @@ inline std::ostream& operator<<(std::ostream& out, const parameter_info& p) {
     for (std::size_t i = 0; i < p.axes.size(); ++i) out << (i ? ", " : "") << p.axes[i] << '=' << p.extents[i];
     return out << ")  " << p.count;
 }
+
+// What a checkpoint says of one array: its element type as NumPy names it ("float32"), and
+// its extents in C order.
+struct stored_array {
+    std::string element_type;
+    std::vector<std::size_t> shape;
+};
 
 struct load_options {
     std::string prefix = "";    // prepended to every name: "encoder.layer.0." loads one layer of a model's file
@@ -143,12 +152,6 @@ constexpr std::string_view element_name() {
     return std::is_same_v<T, float> ? "float32" : "float64";
 }
 
-// What a file says of one array: its element type as NumPy names it, and its shape.
-struct stored_array {
-    std::string element_type;
-    std::vector<std::size_t> shape;
-};
-
 // What a .npy header says, for load: parameters are read in C order only.
 inline stored_array stored_array_of(const npy::header_info& header, std::string_view op, const std::string& where) {
     if (header.fortran_order) {
@@ -159,7 +162,8 @@ inline stored_array stored_array_of(const npy::header_info& header, std::string_
 
 // One checkpoint open for reading, whatever its format. find() describes an array (nullopt if
 // the file has no such name); read() then fills `bytes` bytes with its data, checking that the
-// file holds exactly that many.
+// file holds exactly that many; read_part() reads `size` bytes from byte `from` of the data,
+// checking first that the file holds exactly `total` bytes for the array.
 class reader {
 public:
     explicit reader(std::string path) : path_(std::move(path)) {}
@@ -167,8 +171,15 @@ public:
     virtual std::vector<std::string> names() const = 0;
     virtual std::optional<stored_array> find(const std::string& name) = 0;
     virtual void read(const std::string& name, void* into, std::uint64_t bytes) = 0;
+    virtual void read_part(const std::string& name, std::uint64_t total, std::uint64_t from, void* into,
+                           std::uint64_t size) = 0;
     const std::string& path() const { return path_; }
     std::string where(const std::string& name) const { return path_ + ", parameter '" + name + "'"; }
+    // Bytes of array data read from the file so far (a deflated member counts its compressed size).
+    std::uint64_t bytes_read() const { return bytes_read_; }
+
+protected:
+    std::uint64_t bytes_read_ = 0;
 
 private:
     std::string path_;
@@ -202,9 +213,14 @@ public:
         return stored_array_of(header_, op_, file);
     }
 
-    void read(const std::string&, void* into, std::uint64_t bytes) override {
-        npy::check_data_size(header_, bytes, op_, file_);
-        if (bytes) npy::read_exact(open_, static_cast<char*>(into), bytes, op_, file_, "data");
+    void read(const std::string& name, void* into, std::uint64_t bytes) override { read_part(name, bytes, 0, into, bytes); }
+
+    void read_part(const std::string&, std::uint64_t total, std::uint64_t from, void* into, std::uint64_t size) override {
+        npy::check_data_size(header_, total, op_, file_);
+        if (size == 0) return;
+        open_.seekg(static_cast<std::streamoff>(header_.data_offset + from));
+        npy::read_exact(open_, static_cast<char*>(into), size, op_, file_, "data");
+        bytes_read_ += size;
     }
 
 private:
@@ -242,6 +258,7 @@ public:
             archive_.read_stored(*it, data_start_, 0, head.data(), head.size());
         } else {
             inflated_ = archive_.read(*it);
+            bytes_read_ += it->compressed_size;
             head.assign(reinterpret_cast<const char*>(inflated_.data()),
                         std::min<std::size_t>(inflated_.size(), 12 + npy::max_header_length));
         }
@@ -256,8 +273,22 @@ public:
         if (member_->how == zip::method::stored) {
             archive_.read_stored(*member_, data_start_, header_.data_offset, into, bytes);
             archive_.check_crc(*member_, zip::crc32(head_crc_, into, bytes));
+            bytes_read_ += bytes;
         } else if (bytes) {
             std::copy_n(inflated_.data() + header_.data_offset, bytes, static_cast<unsigned char*>(into));
+        }
+    }
+
+    // A part of a stored member is read alone, so its CRC (which covers the whole member) goes
+    // unchecked; a deflated member was decompressed whole by find().
+    void read_part(const std::string&, std::uint64_t total, std::uint64_t from, void* into, std::uint64_t size) override {
+        npy::check_data_size(header_, total, op_, where_);
+        if (size == 0) return;
+        if (member_->how == zip::method::stored) {
+            archive_.read_stored(*member_, data_start_, header_.data_offset + from, into, size);
+            bytes_read_ += size;
+        } else {
+            std::copy_n(inflated_.data() + header_.data_offset + from, size, static_cast<unsigned char*>(into));
         }
     }
 
@@ -320,13 +351,18 @@ public:
         return stored_array{numpy_name(it->dtype), it->shape};
     }
 
-    void read(const std::string& name, void* into, std::uint64_t bytes) override {
-        if (found_->end - found_->begin != bytes) {
+    void read(const std::string& name, void* into, std::uint64_t bytes) override { read_part(name, bytes, 0, into, bytes); }
+
+    void read_part(const std::string& name, std::uint64_t total, std::uint64_t from, void* into,
+                   std::uint64_t size) override {
+        if (found_->end - found_->begin != total) {
             throw_file_error(op_, where(name), "the file holds " + std::to_string(found_->end - found_->begin) +
-                                                   " bytes, the tensor " + std::to_string(bytes));
+                                                   " bytes, the tensor " + std::to_string(total));
         }
-        in_.seekg(static_cast<std::streamoff>(data_start_ + found_->begin));
-        if (bytes) npy::read_exact(in_, static_cast<char*>(into), bytes, op_, where(name), "data");
+        if (size == 0) return;
+        in_.seekg(static_cast<std::streamoff>(data_start_ + found_->begin + from));
+        npy::read_exact(in_, static_cast<char*>(into), size, op_, where(name), "data");
+        bytes_read_ += size;
     }
 
 private:
@@ -360,14 +396,19 @@ inline std::unique_ptr<reader> open(const std::filesystem::path& path, std::stri
     return nullptr;
 }
 
-// Loads one tensor: its element type and shape checked against the file, then its data.
-template <class T, axis_type... Axes>
-void load_tensor(reader& file, const std::string& name, const stored_array& stored, tensor<T, Axes...>& t,
-                 std::string_view op) {
+template <class T>
+void check_element_type(const reader& file, const std::string& name, const stored_array& stored, std::string_view op) {
     if (stored.element_type != element_name<T>()) {
         throw_file_error(op, file.where(name), "the file holds " + stored.element_type + " values, the tensor " +
                                                    std::string(element_name<T>()));
     }
+}
+
+// Loads one tensor: its element type and shape checked against the file, then its data.
+template <class T, axis_type... Axes>
+void load_tensor(reader& file, const std::string& name, const stored_array& stored, tensor<T, Axes...>& t,
+                 std::string_view op) {
+    check_element_type<T>(file, name, stored, op);
     auto fresh = npy::tensor_for<T, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
     file.read(name, fresh.data(), fresh.size() * sizeof(T));
     t = std::move(fresh);
@@ -457,7 +498,7 @@ void load(Layer& layer, const std::filesystem::path& path, const load_options& o
     Layer staged = layer;
     std::set<std::string> used;
     auto load_member = [&]<class M>(const std::string& name, M& member) {
-        std::optional<detail::parameters::stored_array> stored = file->find(name);
+        std::optional<stored_array> stored = file->find(name);
         if constexpr (detail::parameters::is_optional<M>) {
             if (!stored) {
                 member.reset();
@@ -540,5 +581,87 @@ void save(const Layer& layer, const std::filesystem::path& path, const save_opti
         }
     }
 }
+
+// A checkpoint (any format load reads) opened once, its arrays read one at a time, whole or in
+// part: how each rank of a tensor-parallel layer reads only its own slice of a full model.
+//
+//   ds::checkpoint file("model.safetensors");
+//   ds::tensor<float, Model, Local> w;                      // Local: a run-time extent
+//   file.read_slice<Local>("attention.w_q", 256, 128, w);  // columns [256, 384) of (model, 768)
+//
+// A slice along an axis reads only its bytes from a .safetensors file, a folder of .npy files
+// or a stored .npz member (whose CRC covers the whole member, and so goes unchecked for a
+// part); a deflated .npz member is decompressed whole. Errors are load's: a missing name or
+// another element type (file_error), another shape or a slice past the array's end
+// (shape_error), each naming the file and the parameter. `into` is replaced only on success.
+class checkpoint {
+public:
+    explicit checkpoint(const std::filesystem::path& path) : file_(detail::parameters::open(path, op)) {}
+
+    const std::string& path() const { return file_->path(); }
+    std::vector<std::string> names() const { return file_->names(); }
+    // An array's element type and extents, or nullopt if the file has no such name.
+    std::optional<stored_array> find(const std::string& name) { return file_->find(name); }
+    bool contains(const std::string& name) { return find(name).has_value(); }
+
+    // The whole array `name`, its element type and shape checked as by load.
+    template <class T, axis_type... Axes>
+    void read(const std::string& name, tensor<T, Axes...>& into) {
+        detail::parameters::load_tensor(*file_, name, require(name), into, op);
+    }
+
+    // The positions [first, first + count) along axis Axis of `into` (the array's axis at the same
+    // position) of the array `name`; every other extent is the file's.
+    template <axis_type Axis, class T, axis_type... Axes>
+    void read_slice(const std::string& name, std::size_t first, std::size_t count, tensor<T, Axes...>& into) {
+        using S = shape<Axes...>;
+        constexpr detail::axis_lookup found = detail::find_axis<S>("checkpoint::read_slice", describe_axis<Axis>);
+        static_assert(found.error.length == 0, "dimsum: checkpoint::read_slice: Axis must name one axis of the tensor");
+        constexpr std::size_t k = found.position;
+        const stored_array stored = require(name);
+        detail::parameters::check_element_type<T>(*file_, name, stored, op);
+        if (stored.shape.size() != S::rank) {  // another number of axes: tensor_for says so
+            detail::npy::tensor_for<T, Axes...>(stored.shape, S::axes, op, file_->where(name));
+        }
+        const std::size_t extent = stored.shape[k];
+        if (first > extent || count > extent - first) {
+            throw shape_error("dimsum: " + std::string(op) + ": " + file_->where(name) + ": positions [" +
+                              std::to_string(first) + ", " + std::to_string(first + count) + ") of axis " +
+                              std::to_string(k) + " lie outside its extent " + std::to_string(extent));
+        }
+        std::vector<std::size_t> part_shape = stored.shape;
+        part_shape[k] = count;
+        auto fresh = detail::npy::tensor_for<T, Axes...>(part_shape, S::axes, op, file_->where(name));
+        // C order: `outer` runs, each of `count` slabs of `inner` elements, `extent` slabs apart.
+        std::size_t outer = 1, inner = 1;
+        for (std::size_t i = 0; i < k; ++i) outer = detail::checked_multiply(outer, stored.shape[i], op);
+        for (std::size_t i = k + 1; i < S::rank; ++i) inner = detail::checked_multiply(inner, stored.shape[i], op);
+        const std::uint64_t slab = detail::checked_multiply(inner, sizeof(T), op);
+        const std::uint64_t total = detail::checked_multiply(detail::checked_multiply(outer, extent, op), slab, op);
+        const std::uint64_t run = count * slab;
+        auto* out = reinterpret_cast<unsigned char*>(fresh.data());
+        if (count == extent) {
+            file_->read_part(name, total, 0, out, total);  // the whole array: one read
+        } else {
+            for (std::size_t o = 0; o < outer; ++o) file_->read_part(name, total, (o * extent + first) * slab, out + o * run, run);
+        }
+        into = std::move(fresh);
+    }
+
+    // Bytes of array data read from the file so far (a deflated .npz member counts its
+    // compressed size): what a slice saves can be seen.
+    std::uint64_t bytes_read() const { return file_->bytes_read(); }
+
+private:
+    static constexpr std::string_view op = "load";
+
+    stored_array require(const std::string& name) {
+        std::optional<stored_array> stored = file_->find(name);
+        if (!stored) detail::throw_file_error(op, file_->path(), "the file has no parameter '" + name + "'");
+        return *std::move(stored);
+    }
+
+    std::unique_ptr<detail::parameters::reader> file_;
+};
 
 }  // namespace dimsum
