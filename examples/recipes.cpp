@@ -741,10 +741,42 @@ bool run() {
 
 }  // namespace checkpoint
 
+// ---------------------------------------------------------------------------------------
+// bf16: weights and activations stored in half the memory, computed in float. The same
+// formula as in float; the values are read widened and the result rounded once when stored.
+
+namespace bfloat16 {
+
+using Rows = ds::axis<"rows">;
+using Model = ds::axis<"model", 64>;
+using Hidden = ds::axis<"hidden", 256>;
+
+bool run() {
+    ds::tensor<float, Rows, Model> x(Rows{12});
+    ds::tensor<float, Model, Hidden> w(Model{}, Hidden{});
+    ds::fill_normal(x, 50);
+    ds::fill_uniform(w, 51, -0.125, 0.125);
+
+    ds::tensor<ds::bf16, Rows, Model> x16 = ds::cast<ds::bf16>(x);  // rounded to nearest even
+    ds::tensor<ds::bf16, Model, Hidden> w16 = ds::cast<ds::bf16>(w);
+    ds::tensor<ds::bf16, Rows, Hidden> h = ds::nn::gelu(ds::matmul(x16, w16));  // a bf16 formula
+    ds::tensor<float, Rows, Hidden> wide = ds::cast<float>(h) * 2.0f;           // back to float, exactly
+
+    // against the float formula on the unrounded values: bf16 keeps 8 significant bits, so each
+    // input is off by at most 2^-9 of itself, each product by 2^-8 and the sum by 2^-8 sum |x||w|
+    // (about 0.013 here); rounding h adds 2^-9 |h| (h < 4); gelu' <= 1.13 and the factor 2: < 0.05
+    std::vector<double> want = reference::matmul(reference::values(x), 12, 64, reference::values(w), 256);
+    for (double& v : want) v = 2.0 * 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+    return check("bf16: gelu(x W) from bf16 tensors", wide, want, 0.05);
+}
+
+}  // namespace bfloat16
+
 int main() {
     int failed = 0;
     for (bool (*recipe)() : {gqa::run, rope::run, kv_cache::run, padding::run, cross::run, llama::run, keepdims::run,
-                             own_function::run, mixed::run, errors::run, reuse::run, threads::run, checkpoint::run}) {
+                             own_function::run, mixed::run, errors::run, reuse::run, threads::run, checkpoint::run,
+                             bfloat16::run}) {
         failed += recipe() ? 0 : 1;
     }
     std::cout << (failed ? "some recipes FAILED\n" : "every recipe checked\n");

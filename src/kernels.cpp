@@ -35,6 +35,7 @@ namespace dimsum::backend::cpu {
     template void apply_to_block<fn::sin, T, 1>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::cos, T, 1>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::rsqrt, T, 1>(std::size_t, const T* const*, T*);                             \
+    template void apply_to_block<fn::round_bf16, T, 1>(std::size_t, const T* const*, T*);                        \
     template void apply_to_block<fn::add, T, 2>(std::size_t, const T* const*, T*);                               \
     template void apply_to_block<fn::subtract, T, 2>(std::size_t, const T* const*, T*);                          \
     template void apply_to_block<fn::multiply, T, 2>(std::size_t, const T* const*, T*);                          \

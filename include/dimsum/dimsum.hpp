@@ -5,6 +5,7 @@
 #include "dimsum/core/static_error.hpp"
 
 #include "dimsum/backend/default.hpp"
+#include "dimsum/ops/cast.hpp"
 #include "dimsum/ops/elementwise.hpp"
 #include "dimsum/ops/gather.hpp"
 #include "dimsum/ops/join.hpp"

@@ -37,6 +37,24 @@ TEST_CASE("a formula evaluated again allocates nothing") {
     ds::set_num_threads(0);
 }
 
+TEST_CASE("a bf16 formula allocates nothing after its first evaluation: its float value lives in the workspace") {
+    using Rows = ds::axis<"rows">;
+    using Inner = ds::axis<"inner", 48>;
+    using Cols = ds::axis<"cols", 40>;
+    ds::tensor<ds::bf16, Rows, Inner> a(Rows{33});
+    ds::tensor<ds::bf16, Inner, Cols> w;
+    ds::tensor<ds::bf16, Cols> b;
+    ds::fill_normal(a, 1);
+    ds::fill_normal(w, 2);
+    ds::fill_normal(b, 3);
+    ds::tensor<ds::bf16, Rows, Cols> y(Rows{33});
+    auto formula = ds::softmax<Cols>(ds::nn::gelu(ds::matmul(a, w) + b));
+    ds::assign(y, formula);
+    std::size_t before = allocations.load();
+    for (int repeat = 0; repeat < 3; ++repeat) ds::assign(y, formula);
+    REQUIRE(allocations.load() - before == 0);
+}
+
 TEST_CASE("a decoder step with a KV cache allocates nothing after the first of its size") {
     using sizes = llama::tiny;
     using llama::Batch;

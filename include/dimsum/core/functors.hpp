@@ -11,6 +11,9 @@
 #include <numbers>
 #include <stdexcept>
 #include <string_view>
+#include <type_traits>
+
+#include "dimsum/core/bf16.hpp"
 
 namespace dimsum {
 
@@ -19,6 +22,7 @@ namespace dimsum {
 enum class op_code : std::uint8_t {
     add, subtract, multiply, divide, negate,
     exp, log, sqrt, tanh, abs, erf, sigmoid, silu, gelu, sin, cos, rsqrt,
+    round_bf16,  // cast<bf16>: the nearest bf16, kept in the formula's type
     maximum, minimum, pow,
     less, less_equal, greater, greater_equal, equal, not_equal,  // give masks
     logical_and, logical_or, logical_not,                        // of masks
@@ -54,6 +58,18 @@ struct rsqrt {
     auto operator()(auto a) const {
         using std::sqrt;
         return decltype(a)(1) / sqrt(a);
+    }
+};
+
+// The nearest bf16 to a (ties to even), as a value of a's own type: what cast<bf16> does to a
+// float or double inside a formula, which goes on computing in float.
+struct round_bf16 {
+    static constexpr std::string_view name = "cast";
+    static constexpr op_code code = op_code::round_bf16;
+    template <class V>
+    V operator()(V a) const {
+        if constexpr (std::is_same_v<V, bf16>) return a;
+        else return static_cast<V>(static_cast<float>(bf16(a)));
     }
 };
 
@@ -173,6 +189,7 @@ T evaluate(op_code op, const T* a) {
         case op_code::sin: return fn::sin{}(a[0]);
         case op_code::cos: return fn::cos{}(a[0]);
         case op_code::rsqrt: return fn::rsqrt{}(a[0]);
+        case op_code::round_bf16: return fn::round_bf16{}(a[0]);
         case op_code::maximum: return fn::maximum{}(a[0], a[1]);
         case op_code::minimum: return fn::minimum{}(a[0], a[1]);
         case op_code::pow: return fn::pow{}(a[0], a[1]);

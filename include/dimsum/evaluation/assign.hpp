@@ -45,12 +45,12 @@ bool reads(const E& e, const byte_range& target) {
 
 template <class>
 inline constexpr fixed_string computes_in_floats{
-    "dimsum: formulas compute in float or double: a formula of integers (ids, lengths) is read by comparisons and "
+    "dimsum: formulas compute in float or double (bf16 in float): a formula of integers (ids, lengths) is read by comparisons and "
     "gather, not evaluated on its own"};
 
 template <class Backend, class E>
 auto eval_with(Backend& backend, const E& e) {
-    if constexpr (!floating_element<value_type_of<E>>) {
+    if constexpr (!evaluable_element<value_type_of<E>>) {
         (void)sizeof(static_shape_error<computes_in_floats<E>>);
     } else {
         tensor_of_shape_t<value_type_of<E>, shape_of<E>> result(e.shape());
@@ -67,7 +67,7 @@ void assign_with(Backend& backend, const V& dst, const E& e) {
         fail<shapes_error>();
     } else if constexpr (!std::is_same_v<value_type_of<V>, value_type_of<E>>) {
         fail<detail::element_type_error<value_type_of<V>, value_type_of<E>>("assign")>();
-    } else if constexpr (!floating_element<value_type_of<E>>) {
+    } else if constexpr (!evaluable_element<value_type_of<E>>) {
         (void)sizeof(static_shape_error<computes_in_floats<E>>);
     } else {
         auto extents = e.shape().extents();

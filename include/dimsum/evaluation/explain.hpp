@@ -7,9 +7,12 @@
 //   in0, in1, ...  the formula's tensors, in the order they appear in it;
 //   t0, t1, ...    temporaries the plan allocates;
 //   out            the destination.
-// An operand written `transpose(view(t0))` is t0 read through new strides: no copy.
+// An operand written `transpose(view(t0))` is t0 read through new strides: no copy. A formula
+// of bf16 computes in float (double on the reference backend), its tensors read through
+// `convert` entries, and its value is rounded into the bf16 destination at the end.
 
 #include <cstddef>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -33,16 +36,19 @@ public:
         for (std::size_t& n : number_) n = n == no_step ? next++ : n;
     }
 
-    std::string text(std::string_view backend) {
-        const std::size_t size = size_of(steps_.empty() ? element_type::float32 : steps_[0].computes_in);
+    std::string text(std::string_view backend, element_type stored) {
+        const element_type computes_in = steps_.empty() ? stored : steps_[0].computes_in;
+        const std::size_t size = size_of(computes_in);
         std::size_t bytes = 0;
         for (std::size_t count : plan_.temporaries) bytes += count * size;
-        out_ << backend << " plan, " << name_of(steps_.empty() ? element_type::float32 : steps_[0].computes_in) << ": "
-             << plan_.entries.size() << (plan_.entries.size() == 1 ? " entry, " : " entries, ") << plan_.temporaries.size()
-             << (plan_.temporaries.size() == 1 ? " temporary" : " temporaries");
+        out_ << backend << " plan, " << name_of(computes_in);
+        if (stored != computes_in) out_ << " stored as " << name_of(stored);
+        out_ << ": " << plan_.entries.size() << (plan_.entries.size() == 1 ? " entry, " : " entries, ")
+             << plan_.temporaries.size() << (plan_.temporaries.size() == 1 ? " temporary" : " temporaries");
         if (!plan_.temporaries.empty()) out_ << " (" << human_bytes(bytes) << ")";
         out_ << '\n';
         for (std::size_t i = 0; i < plan_.entries.size(); ++i) write_entry(i + 1, plan_.entries[i]);
+        if (stored != computes_in) out_ << "  then out, computed in " << name_of(computes_in) << ", rounded to " << name_of(stored) << '\n';
         for (std::size_t b = 0, id = 0; id < steps_.size(); ++id) {  // bindings are numbered as first read
             if (steps_[id].kind != step_kind::tensor || steps_[id].binding != b) continue;
             out_ << "  in" << b++ << ' ';
@@ -239,22 +245,24 @@ private:
 
 }  // namespace explaining
 
-// The plan as text (see the top of this file).
-inline std::string explain(const program& p, const plan& pl, std::string_view backend) {
-    return explaining::printer(p, pl).text(backend);
+// The plan as text (see the top of this file); `stored`: the destination's element type, when
+// it is not the one the program computes in.
+inline std::string explain(const program& p, const plan& pl, std::string_view backend,
+                           std::optional<element_type> stored = std::nullopt) {
+    const element_type computes_in = p.steps.empty() ? element_type::float32 : p.steps[0].computes_in;
+    return explaining::printer(p, pl).text(backend, stored.value_or(computes_in));
 }
 
-// The plan of formula e for a new tensor of its shape, made with `options`.
-template <class E>
+// The plan of formula e for a new tensor of its shape, made with `options`, computing in T.
+template <class T, class E>
 std::string explain_formula(const E& e, planner_options options, std::string_view backend) {
-    using T = value_type_of<E>;
     program p;
     std::vector<binding> bindings;
     lower<T>(e, p, bindings);
     const step& root = p.steps[p.root];
     plan pl;
     make_plan(p, bindings, row_major(root.rank, root.extents), options, pl);
-    return explain(p, pl, backend);
+    return explain(p, pl, backend, element_type_of<value_type_of<E>>());
 }
 
 }  // namespace dimsum::evaluation

@@ -1,7 +1,7 @@
 #pragma once
 // Tensors of integers in a plan, for the executors on the host: the checks made before any
-// entry runs (every binding of the plan's type or of integers; every gather id within its
-// axis, so that a bad id leaves the destination untouched), and a convert entry's values.
+// entry runs (every binding of a type the plan may read; every gather id within its axis, so
+// that a bad id leaves the destination untouched).
 
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dimsum/core/index_error.hpp"
+#include "dimsum/evaluation/convert.hpp"
 #include "dimsum/evaluation/plan.hpp"
 #include "dimsum/evaluation/strided.hpp"
 
@@ -52,22 +53,14 @@ inline void check_gather_ids(const program& p, const std::vector<binding>& bindi
 }
 
 // What a host executor of a plan over T checks before it runs the first entry: every binding
-// holds T, or integers that only convert and gather entries read; every gather id is in range.
+// holds T or a type that convert and gather entries read (convert.hpp); every gather id is in
+// range.
 template <class T>
 void check_before_running(const program& p, const std::vector<binding>& bindings, const plan& pl) {
     for (const binding& b : bindings) {
-        if (b.type != element_type_of<T>() && b.type != element_type::int32 && b.type != element_type::int64) {
-            throw std::logic_error("dimsum: a program mixes element types");
-        }
+        if (!readable(b.type, element_type_of<T>())) throw std::logic_error("dimsum: a program mixes element types");
     }
     check_gather_ids(p, bindings, pl);
-}
-
-// A convert entry: the integers of binding b written as T into dst, of b's extents.
-template <class T>
-void convert_integers(const binding& b, const strided<T>& dst) {
-    const integers from = integers_of(b);
-    for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = static_cast<T>(from.at(index)); });
 }
 
 }  // namespace dimsum::evaluation

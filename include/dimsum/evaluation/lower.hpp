@@ -57,6 +57,13 @@ void describe(step& s, std::vector<binding>&, const expr::elementwise<S, F, X...
     s.kind = step_kind::elementwise;
     s.op = F::code;
 }
+// A cast to bf16 rounds (the value stays in T); a widening cast is no step at all (lower_step).
+template <class T, class To, class X>
+void describe(step& s, std::vector<binding>&, const expr::cast<To, X>&) {
+    static_assert(std::is_same_v<To, bf16>, "dimsum: a widening cast is no step (lower_step)");
+    s.kind = step_kind::elementwise;
+    s.op = op_code::round_bf16;
+}
 template <class T, class S, class F, class... X>
 void describe(step& s, std::vector<binding>&, const expr::map<S, F, X...>&) {
     s.kind = step_kind::elementwise;
@@ -138,36 +145,48 @@ inline constexpr bool is_map = false;
 template <class S, class F, class... X>
 inline constexpr bool is_map<expr::map<S, F, X...>> = true;
 
+// A cast to float or double: the operand's values as they are, read converted by the planner
+// where they are bf16 or integers.
+template <class E>
+inline constexpr bool is_widening_cast = false;
+template <class To, class X>
+inline constexpr bool is_widening_cast<expr::cast<To, X>> = !std::is_same_v<To, bf16>;
+
 }  // namespace lowering
 
 // Appends the steps of e to p, operands first, and the memory of its tensors to `bindings`;
-// returns the index of e's step. Every step holds T. A sub-formula used more than once (the
-// same computation over the same operands: steps are pure) is one step, so that the planner
-// computes it once.
+// returns the index of e's step. Every step holds T, but a tensor's, which holds the tensor's
+// own type: T is the type the formula computes in (float for a formula of bf16). A sub-formula
+// used more than once (the same computation over the same operands: steps are pure) is one
+// step, so that the planner computes it once.
 template <class T, class E>
 std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
-    step s{};
-    s.type = s.computes_in = element_type_of<T>();
-    auto extents = e.shape().extents();
-    s.rank = extents.size();
-    for (std::size_t i = 0; i < s.rank; ++i) s.extents[i] = extents[i];
-    s.axes = shape_of<E>::axes.data();
-    lowering::describe<T>(s, bindings, e);
-    if constexpr (lowering::is_map<E>) {  // never merged: each map holds its own f
-        s.index = p.functions.size();
-        p.functions.push_back(lowering::function_of<T>(e));
+    if constexpr (lowering::is_widening_cast<E>) {
+        return lower_step<T>(e.operands.first, p, bindings);
+    } else {
+        step s{};
+        s.type = s.computes_in = element_type_of<T>();
+        auto extents = e.shape().extents();
+        s.rank = extents.size();
+        for (std::size_t i = 0; i < s.rank; ++i) s.extents[i] = extents[i];
+        s.axes = shape_of<E>::axes.data();
+        lowering::describe<T>(s, bindings, e);
+        if constexpr (lowering::is_map<E>) {  // never merged: each map holds its own f
+            s.index = p.functions.size();
+            p.functions.push_back(lowering::function_of<T>(e));
+        }
+        if constexpr (requires { e.operands; }) {
+            static_assert(decltype(e.operands)::size <= max_operands, "dimsum: a step holds at most max_operands operands");
+        }
+        expr::for_each_operand(e, [&p, &bindings, &s](const auto& operand) {
+            s.operands[s.operand_count++] = lower_step<T>(operand, p, bindings);
+        });
+        for (std::size_t id = 0; id < p.steps.size(); ++id) {
+            if (p.steps[id] == s) return id;
+        }
+        p.steps.push_back(s);
+        return p.steps.size() - 1;
     }
-    if constexpr (requires { e.operands; }) {
-        static_assert(decltype(e.operands)::size <= max_operands, "dimsum: a step holds at most max_operands operands");
-    }
-    expr::for_each_operand(e, [&p, &bindings, &s](const auto& operand) {
-        s.operands[s.operand_count++] = lower_step<T>(operand, p, bindings);
-    });
-    for (std::size_t id = 0; id < p.steps.size(); ++id) {
-        if (p.steps[id] == s) return id;
-    }
-    p.steps.push_back(s);
-    return p.steps.size() - 1;
 }
 
 // The program of formula e over T, and its tensors' memory: p and bindings are cleared first

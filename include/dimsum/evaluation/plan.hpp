@@ -12,7 +12,8 @@
 //                                             are tensors, views and other entries' values;
 //   causal_mask, arange                    -> an `indices` entry: values computed from their
 //                                             indices, read by the formula around them;
-//   a tensor of integers read by a formula -> a `convert` into a temporary of the formula's type;
+//   a tensor of bf16 or integers read by a formula
+//                                          -> a `convert` into a temporary of the formula's type;
 //   gather                                 -> a `gather` entry, which reads its ids as integers;
 //   concat                                 -> no entry: each operand is written straight into
 //                                             its slice of the result;
@@ -132,7 +133,7 @@ private:
         switch (s.kind) {
             case step_kind::tensor: {
                 if (s.type == s.computes_in) return {memory_kind::binding, s.binding, bindings_[s.binding].where};
-                place converted = temporary(s.rank, s.extents);  // integers, read as the formula's type
+                place converted = temporary(s.rank, s.extents);  // bf16 or integers, read as the formula's type
                 add(entry_kind::convert, id, converted);
                 return converted;
             }

@@ -23,21 +23,23 @@ enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute
                        matmul, softmax, layer_norm, sum, max, mean };
 
 // The element types a program can hold. A program computes in float32 or float64; its
-// tensors may also hold int32 or int64 (ids, lengths), which it reads converted (a `convert`
-// entry) or as indices (a `gather` entry).
-enum class element_type : std::uint8_t { float32, float64, int32, int64 };
+// tensors may also hold bf16 (widened exactly), int32 or int64 (ids, lengths), which it reads
+// converted (a `convert` entry), integers also as indices (a `gather` entry).
+enum class element_type : std::uint8_t { float32, float64, bf16, int32, int64 };
 
 template <class T>
 constexpr element_type element_type_of() {
-    static_assert(tensor_element<T>, "dimsum: programs hold float, double, int32_t and int64_t");
+    static_assert(tensor_element<T>, "dimsum: programs hold float, double, bf16, int32_t and int64_t");
     if constexpr (std::is_same_v<T, float>) return element_type::float32;
     else if constexpr (std::is_same_v<T, double>) return element_type::float64;
+    else if constexpr (std::is_same_v<T, bf16>) return element_type::bf16;
     else if constexpr (std::is_same_v<T, std::int32_t>) return element_type::int32;
     else return element_type::int64;
 }
 
 constexpr std::size_t size_of(element_type type) {
     switch (type) {
+        case element_type::bf16: return 2;
         case element_type::float32: case element_type::int32: return 4;
         case element_type::float64: case element_type::int64: return 8;
     }
@@ -48,6 +50,7 @@ constexpr std::string_view name_of(element_type type) {
     switch (type) {
         case element_type::float32: return "float";
         case element_type::float64: return "double";
+        case element_type::bf16: return "bf16";
         case element_type::int32: return "int32";
         case element_type::int64: return "int64";
     }
@@ -171,6 +174,7 @@ constexpr std::string_view name_of(op_code op) {
         case op_code::sin: return fn::sin::name;
         case op_code::cos: return fn::cos::name;
         case op_code::rsqrt: return fn::rsqrt::name;
+        case op_code::round_bf16: return "cast<bf16>";
         case op_code::pow: return fn::pow::name;
         case op_code::maximum: return fn::maximum::name;
         case op_code::minimum: return fn::minimum::name;

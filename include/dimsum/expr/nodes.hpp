@@ -89,6 +89,16 @@ struct elementwise {
     shape_type shape() const { return extents; }
 };
 
+// The operand's values as element type To (ds::cast): to bf16 from float, the nearest bf16;
+// to float or double from bf16 or integers, the same value.
+template <class To, class Operand>
+struct cast {
+    using shape_type = shape_of<Operand>;
+    using value_type = To;
+    expr::operands<Operand> operands;
+    shape_type shape() const { return operands.first.shape(); }
+};
+
 // A user's function f applied element by element (ds::map), each operand's elements passed
 // as its own element type, the operands broadcast to `shape_type`.
 template <class Shape, class F, class... Operands>

@@ -14,6 +14,7 @@
 //
 // Not part of <dimsum/dimsum.hpp>, which stays light: include <dimsum/interop/npy.hpp>.
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -373,6 +374,17 @@ inline void check_data_size(const header_info& info, std::uint64_t data_bytes, s
     }
 }
 
+// The values of a bf16 view as float, exactly.
+template <class T, class... A>
+void widen_into(const tensor_view<T, A...>& v, tensor<float, A...>& out) {
+    std::array<std::size_t, sizeof...(A)> index{};
+    const auto extents = v.shape().extents();
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        out.data()[i] = static_cast<float>(v.data()[v.offset(index)]);
+        next_index(index.data(), extents.data(), extents.size());
+    }
+}
+
 // A contiguous copy of a strided view, for writing.
 template <class T, class... A>
 tensor<std::remove_const_t<T>, A...> contiguous_copy(const tensor_view<T, A...>& v) {
@@ -422,11 +434,13 @@ tensor<T, Axes...> tensor_for(const std::vector<std::size_t>& file_shape,
 // the file; dynamic ones come from it or, where given as for the tensor constructor (one
 // value per dynamic axis, or one per axis), are checked too. The file must hold T exactly
 // ('<f4' for float, '<f8' for double, '<i4' and '<i8' for int32_t and int64_t), in C order: a conversion would hide a mistake.
-// Throws npy_error for a file that cannot be read or is not such a .npy file, shape_error
+// NumPy has no bfloat16: a bf16 tensor loads a '<f4' file, each value rounded to the nearest
+// bf16 (ties to even). Throws npy_error for a file that cannot be read or is not such a .npy file, shape_error
 // for a file of another rank or extents.
 template <class T, axis_type... Axes, axis_type... Given>
 tensor<T, Axes...> load_npy(const std::string& path, Given... extents) {
-    static_assert(tensor_element<T>, "dimsum: load_npy: the element type must be float, double, int32_t or int64_t");
+    static_assert(tensor_element<T>, "dimsum: load_npy: the element type must be float, double, bf16, int32_t or int64_t");
+    using Stored = std::conditional_t<std::is_same_v<T, bf16>, float, T>;  // what the file holds
     using shape_type = shape<Axes...>;
     constexpr std::size_t rank = shape_type::rank;
     constexpr std::string_view op = "load_npy";
@@ -443,20 +457,29 @@ tensor<T, Axes...> load_npy(const std::string& path, Given... extents) {
     detail::npy::header_info info = detail::npy::read_header(in, file_size, op, path);
 
     // The file itself first, then whether it is the tensor asked for.
-    std::string want = detail::npy::native_descr<T>();
+    std::string want = detail::npy::native_descr<Stored>();
     if (info.descr != want) {
         detail::npy::fail(op, path, "the file holds " + detail::npy::describe_descr(info.descr) +
-                                        " values; a tensor of " + (sizeof(T) == 4 ? "float" : "double") +
-                                        " loads " + detail::npy::describe_descr(want) + " only");
+                                        " values; a tensor of " + std::string(detail::type_name<T>()) + " loads " +
+                                        detail::npy::describe_descr(want) + " only");
     }
     if (info.fortran_order) {
         detail::npy::fail(op, path, "the data is in Fortran (column-major) order; load_npy reads C (row-major) "
                                     "order only: save np.ascontiguousarray(a)");
     }
-    std::uint64_t count = detail::npy::count_of(info, sizeof(T), op, path);
-    detail::npy::check_data_size(info, count * sizeof(T), op, path);
+    std::uint64_t count = detail::npy::count_of(info, sizeof(Stored), op, path);
+    detail::npy::check_data_size(info, count * sizeof(Stored), op, path);
     auto t = detail::npy::tensor_for<T, Axes...>(info.shape, expected, op, path);
-    if (count != 0) detail::npy::read_exact(in, reinterpret_cast<char*>(t.data()), count * sizeof(T), op, path, "data");
+    if constexpr (std::is_same_v<T, bf16>) {  // in chunks, rounded
+        std::vector<float> chunk(std::min<std::uint64_t>(count, 1 << 16));
+        for (std::uint64_t done = 0; done < count; done += chunk.size()) {
+            const std::size_t n = std::min<std::uint64_t>(chunk.size(), count - done);
+            detail::npy::read_exact(in, reinterpret_cast<char*>(chunk.data()), n * sizeof(float), op, path, "data");
+            for (std::size_t i = 0; i < n; ++i) t.data()[done + i] = bf16(chunk[i]);
+        }
+    } else if (count != 0) {
+        detail::npy::read_exact(in, reinterpret_cast<char*>(t.data()), count * sizeof(T), op, path, "data");
+    }
     return t;
 }
 
@@ -507,12 +530,18 @@ inline void write_file(const std::string& path, std::string_view op, const std::
 }  // namespace detail::npy
 
 // Writes a view as a .npy file ('<f4', '<f8', '<i4' or '<i8', C order); a strided view is copied first.
+// bf16 values are written as the float32 values they are, exactly ('<f4': NumPy has no bf16).
 // Throws npy_error if the file cannot be written in full, saying which step failed.
 template <class T, axis_type... Axes>
 void save_npy(const std::string& path, const tensor_view<T, Axes...>& v) {
     using value_type = std::remove_const_t<T>;
-    static_assert(tensor_element<value_type>, "dimsum: save_npy: the element type must be float, double, int32_t or int64_t");
-    if (!v.is_contiguous()) {
+    static_assert(tensor_element<value_type>, "dimsum: save_npy: the element type must be float, double, bf16, int32_t or int64_t");
+    if constexpr (std::is_same_v<value_type, bf16>) {
+        tensor<float, Axes...> wide(v.shape());
+        detail::npy::widen_into(v, wide);
+        save_npy(path, wide.view());
+        return;
+    } else if (!v.is_contiguous()) {
         auto copy = detail::npy::contiguous_copy(v);
         save_npy(path, copy.view());
         return;

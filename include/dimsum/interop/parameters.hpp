@@ -148,8 +148,8 @@ void for_each_present(const Layer& layer, const std::string& prefix, F& f) {
 
 template <class T>
 constexpr std::string_view element_name() {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
-    return std::is_same_v<T, float> ? "float32" : "float64";
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>);
+    return std::is_same_v<T, float> ? "float32" : std::is_same_v<T, double> ? "float64" : "bfloat16";
 }
 
 // What a .npy header says, for load: parameters are read in C order only.
@@ -397,20 +397,30 @@ inline std::unique_ptr<reader> open(const std::filesystem::path& path, std::stri
 }
 
 template <class T>
-void check_element_type(const reader& file, const std::string& name, const stored_array& stored, std::string_view op) {
-    if (stored.element_type != element_name<T>()) {
+void check_element_type(const reader& file, const std::string& name, const stored_array& stored, std::string_view op,
+                        bool float32_too = false) {
+    if (stored.element_type != element_name<T>() && !(float32_too && stored.element_type == "float32")) {
         throw_file_error(op, file.where(name), "the file holds " + stored.element_type + " values, the tensor " +
                                                    std::string(element_name<T>()));
     }
 }
 
 // Loads one tensor: its element type and shape checked against the file, then its data.
+// A bf16 tensor loads bfloat16 values as they are, or float32 ones rounded to nearest even
+// (NumPy has no bfloat16: .npy and .npz files hold bf16 parameters as float32).
 template <class T, axis_type... Axes>
 void load_tensor(reader& file, const std::string& name, const stored_array& stored, tensor<T, Axes...>& t,
                  std::string_view op) {
-    check_element_type<T>(file, name, stored, op);
+    constexpr bool is_bf16 = std::is_same_v<T, bf16>;
+    check_element_type<T>(file, name, stored, op, is_bf16);
     auto fresh = npy::tensor_for<T, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
-    file.read(name, fresh.data(), fresh.size() * sizeof(T));
+    if (is_bf16 && stored.element_type == "float32") {
+        auto wide = npy::tensor_for<float, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
+        file.read(name, wide.data(), wide.size() * sizeof(float));
+        for (std::size_t i = 0; i < wide.size(); ++i) fresh.data()[i] = T(wide.data()[i]);
+    } else {
+        file.read(name, fresh.data(), fresh.size() * sizeof(T));
+    }
     t = std::move(fresh);
 }
 
@@ -532,16 +542,29 @@ template <class Layer>
 void save(const Layer& layer, const std::filesystem::path& path, const save_options& options = {}) {
     constexpr std::string_view op = "save";
     using detail::parameters::saved_array;
+    const detail::parameters::format format = detail::parameters::format_of(path, op, false);
     std::vector<saved_array> arrays;
+    std::vector<std::vector<float>> widened;  // bf16 parameters for .npz and .npy, which have no bfloat16
+                                              // (moving a vector keeps its data where it is)
     auto add = [&]<class T, axis_type... Axes>(const std::string& name, const tensor<T, Axes...>& t) {
         auto extents = t.shape().extents();
-        arrays.push_back(saved_array{name, sizeof(T), detail::npy::native_descr<T>(), sizeof(T) == 4 ? "F32" : "F64",
-                                     std::vector<std::size_t>(extents.begin(), extents.end()), t.data(),
-                                     t.size() * sizeof(T)});
+        std::vector<std::size_t> shape(extents.begin(), extents.end());
+        if constexpr (std::is_same_v<T, bf16>) {
+            if (format != detail::parameters::format::safetensors) {
+                std::vector<float>& wide = widened.emplace_back(t.size());
+                for (std::size_t i = 0; i < t.size(); ++i) wide[i] = static_cast<float>(t.data()[i]);
+                arrays.push_back(saved_array{name, 4, detail::npy::native_descr<float>(), "F32", std::move(shape),
+                                             wide.data(), wide.size() * sizeof(float)});
+                return;
+            }
+        }
+        arrays.push_back(saved_array{name, sizeof(T), std::is_same_v<T, bf16> ? "" : detail::npy::native_descr<T>(),
+                                     std::is_same_v<T, bf16> ? "BF16" : sizeof(T) == 4 ? "F32" : "F64", std::move(shape),
+                                     t.data(), t.size() * sizeof(T)});
     };
     detail::parameters::for_each_present(layer, options.prefix, add);
 
-    switch (detail::parameters::format_of(path, op, false)) {
+    switch (format) {
         case detail::parameters::format::npy_folder: {
             std::error_code ec;
             std::filesystem::create_directories(path, ec);

@@ -8,8 +8,9 @@
 
 namespace dimsum {
 
+// A number a formula may meet: a C++ arithmetic value, or a bf16.
 template <class T>
-concept arithmetic = std::is_arithmetic_v<std::remove_cvref_t<T>>;
+concept arithmetic = std::is_arithmetic_v<std::remove_cvref_t<T>> || std::is_same_v<std::remove_cvref_t<T>, bf16>;
 
 namespace detail {
 

@@ -15,7 +15,7 @@ namespace dimsum {
 
 template <class T, axis_type... Axes>
 class tensor {
-    static_assert(tensor_element<T>, "dimsum: tensor: the element type must be float, double, int32_t or int64_t");
+    static_assert(tensor_element<T>, "dimsum: tensor: the element type must be float, double, bf16, int32_t or int64_t");
 
 public:
     using shape_type = ::dimsum::shape<Axes...>;

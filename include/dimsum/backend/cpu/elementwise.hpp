@@ -54,6 +54,18 @@ struct on_batches<fn::pow> {
         return B::load_aligned(x);
     }
 };
+// Lane by lane: a cast to bf16 inside a formula is rare, and the scalar rounding is the
+// reference one (stores into bf16 memory use the conversion kernels instead).
+template <>
+struct on_batches<fn::round_bf16> {
+    template <class B>
+    B operator()(B a) const {
+        alignas(64) typename B::value_type x[B::size];
+        a.store_aligned(x);
+        for (std::size_t i = 0; i < B::size; ++i) x[i] = fn::round_bf16{}(x[i]);
+        return B::load_aligned(x);
+    }
+};
 // Comparisons and mask logic give 1 or 0. not_equal is the negation of ==, which is false for
 // NaN (xsimd's own != is ordered, see above).
 template <class F>

@@ -9,7 +9,7 @@
 //   fused, copy -> one fused elementwise pass (fused.hpp);
 //   rowwise    -> the line kernels (rowwise.hpp);
 //   indices    -> a loop (causal_mask, arange: small, read broadcast);
-//   convert    -> a loop (integers to the formula's type: lengths, positions);
+//   convert    -> a loop (bf16 values, lengths and positions to the formula's type);
 //   gather     -> gather.hpp, once every id has been checked (evaluation/integers.hpp).
 // The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
 // one evaluation to the next, so a formula evaluated in a loop allocates nothing after its
@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dimsum/backend/cpu/kernels.hpp"
@@ -56,6 +57,10 @@ void add_block(const E&, block_table<T>&) {}
 template <class T, class S, class F, class... X>
 void add_block(const expr::elementwise<S, F, X...>&, block_table<T>& table) {
     table[std::size_t(F::code)] = &apply_to_block<F, T, sizeof...(X)>;
+}
+template <class T, class X>
+void add_block(const expr::cast<bf16, X>&, block_table<T>& table) {
+    table[std::size_t(op_code::round_bf16)] = &apply_to_block<fn::round_bf16, T, 1>;
 }
 template <class T, class E>
 void collect_blocks(const E& e, block_table<T>& table) {
@@ -107,7 +112,7 @@ private:
                 return run_fused<T>(s_.fused, dst, true);
             case entry_kind::rowwise: return rowwise(s, dst);
             case entry_kind::indices: return indices(s, dst);
-            case entry_kind::convert: return evaluation::convert_integers<T>(s_.bindings[s.binding], dst);
+            case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[s.binding], dst);
             case entry_kind::gather:
                 return cpu::gather<T>(value(s.operands[0]), s.axis, evaluation::integers_of(s_.bindings[steps_[s.operands[1]].binding]), dst);
         }
@@ -393,16 +398,20 @@ public:
     evaluation::planner_options planning() const { return {fuse_attention, true}; }
 
     // Writes the value of e into dst, a view of e's shape that e does not read.
+    // A formula of bf16 is computed in float into a temporary (of this thread's temporaries,
+    // kept between evaluations), then rounded into dst.
     template <class E, class T, class... A>
     void run(const E& e, const tensor_view<T, A...>& dst) {
-        auto& s = detail::state<T>::of_this_thread();
         temporaries& memory = thread_temporaries();
         try {
-            const strided<T> destination = evaluation::to_strided(dst);
-            evaluation::lower<T>(e, s.program, s.bindings);
-            evaluation::make_plan(s.program, s.bindings, evaluation::layout_of(destination), planning(), s.plan);
-            detail::collect_blocks<T>(e, s.blocks);
-            detail::executor<T>(s, destination).run();
+            if constexpr (std::is_same_v<std::remove_const_t<T>, bf16>) {
+                const tensor_view<float, A...> wide(memory.allocate<float>(dst.size()), dst.shape());
+                run_into(e, evaluation::to_strided(wide));
+                evaluation::round_into<float>(evaluation::to_strided(tensor_view<const float, A...>(wide)),
+                                              evaluation::to_strided(dst));
+            } else {
+                run_into(e, evaluation::to_strided(dst));
+            }
         } catch (...) {
             memory.abandon();  // the thread as it was before, whatever failed
             throw;
@@ -413,7 +422,17 @@ public:
     // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).
     template <class E>
     std::string explain(const E& e) const {
-        return evaluation::explain_formula(e, planning(), "cpu");
+        return evaluation::explain_formula<compute_type_t<value_type_of<E>>>(e, planning(), "cpu");
+    }
+
+private:
+    template <class E, class T>
+    void run_into(const E& e, const strided<T>& destination) {
+        auto& s = detail::state<T>::of_this_thread();
+        evaluation::lower<T>(e, s.program, s.bindings);
+        evaluation::make_plan(s.program, s.bindings, evaluation::layout_of(destination), planning(), s.plan);
+        detail::collect_blocks<T>(e, s.blocks);
+        detail::executor<T>(s, destination).run();
     }
 };
 

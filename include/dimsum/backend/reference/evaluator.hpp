@@ -7,9 +7,12 @@
 // runs the plan with plain loops that accumulate in double (long double for double tensors).
 
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dimsum/backend/reference/interpreter.hpp"
+#include "dimsum/evaluation/convert.hpp"
 #include "dimsum/evaluation/explain.hpp"
 #include "dimsum/evaluation/lower.hpp"
 #include "dimsum/evaluation/plan.hpp"
@@ -20,9 +23,29 @@ class evaluator {
 public:
     static constexpr evaluation::planner_options planning{false, false};
 
-    // Writes the value of e into dst, a view of e's shape that e does not read.
+    // Writes the value of e into dst, a view of e's shape that e does not read. A formula of bf16
+    // is computed in double from the bf16 values, then rounded once into dst.
     template <class E, class T, class... A>
     void run(const E& e, const tensor_view<T, A...>& dst) {
+        if constexpr (std::is_same_v<T, bf16>) {
+            tensor<double, A...> wide(dst.shape());
+            run(e, wide.view());
+            evaluation::round_into<double>(evaluation::to_strided(std::as_const(wide).view()), evaluation::to_strided(dst));
+        } else {
+            run_computing(e, dst);
+        }
+    }
+
+    // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).
+    template <class E>
+    std::string explain(const E& e) const {
+        using T = value_type_of<E>;
+        return evaluation::explain_formula<std::conditional_t<std::is_same_v<T, bf16>, double, T>>(e, planning, "reference");
+    }
+
+private:
+    template <class E, class T, class... A>
+    void run_computing(const E& e, const tensor_view<T, A...>& dst) {
         evaluation::program program;
         std::vector<evaluation::binding> bindings;
         evaluation::plan plan;
@@ -30,12 +53,6 @@ public:
         evaluation::lower<T>(e, program, bindings);
         evaluation::make_plan(program, bindings, evaluation::layout_of(destination), planning, plan);
         interpreter<T>(program, bindings, plan, destination).run();
-    }
-
-    // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).
-    template <class E>
-    std::string explain(const E& e) const {
-        return evaluation::explain_formula(e, planning, "reference");
     }
 };
 

@@ -57,7 +57,7 @@ private:
             case entry_kind::fused: case entry_kind::copy:
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = read(e.step, index); });
                 return;
-            case entry_kind::convert: return evaluation::convert_integers<T>(bindings_[s.binding], dst);
+            case entry_kind::convert: return evaluation::convert_binding<T>(bindings_[s.binding], dst);
             case entry_kind::gather: {
                 // out (before..., ids..., after...) = table (before..., ids[...], after...)
                 const strided<const T> table = value(s.operands[0]);

@@ -1,0 +1,46 @@
+#pragma once
+// cast<To>(x): a formula's values as another element type, a node that fuses like any other.
+//   cast<bf16>(x)    x of float: each value rounded to the nearest bf16 (ties to even), the
+//                    formula going on in float; stored into a bf16 tensor it loses nothing more;
+//   cast<float>(x)   x of bf16, int32 or int64 (also cast<double>): the same values, exactly
+//                    (integers up to 2^24 in float, 2^53 in double).
+// Mixing element types without a cast is a compile error naming both.
+
+#include <type_traits>
+#include <utility>
+
+#include "dimsum/ops/common.hpp"
+
+namespace dimsum {
+
+namespace detail {
+
+template <class To, class From>
+constexpr message cast_error() {
+    message m;
+    constexpr bool to_bf16 = std::is_same_v<To, bf16> && std::is_same_v<From, float>;
+    constexpr bool widening = floating_element<To> && (std::is_same_v<From, bf16> || integer_element<From>);
+    if constexpr (!std::is_same_v<To, From> && !to_bf16 && !widening) {
+        m << "dimsum: cast: from " << type_name<From>() << " to " << type_name<To>()
+          << " is not supported: a cast goes to bf16 from float, or to float or double from bf16, int32 or int64";
+    }
+    return m;
+}
+
+}  // namespace detail
+
+template <class To, operand E>
+auto cast(E&& e) {
+    using From = std::remove_const_t<value_type_of<E>>;
+    if constexpr (is_invalid<E>) {
+        return invalid_expression{};
+    } else if constexpr (constexpr message error = detail::cast_error<To, From>(); error.length != 0) {
+        return fail<error>();
+    } else if constexpr (std::is_same_v<To, From>) {
+        return expr::hold(std::forward<E>(e));
+    } else {
+        return expr::cast<To, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}};
+    }
+}
+
+}  // namespace dimsum

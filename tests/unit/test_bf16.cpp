@@ -1,0 +1,303 @@
+// bf16 tensors: conversions bit for bit against independent references (PyTorch for float,
+// exact rational arithmetic for double: tests/reference/generate_bf16.py), and formulas over
+// bf16 on the CPU backend against (a) the same formula over the float values, rounded once
+// (bit for bit: the CPU computes a bf16 formula in float), and (b) the reference backend,
+// which computes in double from the bf16 values, within the bound written at each check.
+#include "support.hpp"
+
+#include <dimsum/interop/npy.hpp>
+#include <dimsum/interop/parameters.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace ds = dimsum;
+using ds::bf16;
+
+namespace {
+
+using Rows = ds::axis<"rows">;
+using Cols = ds::axis<"cols">;
+using Inner = ds::axis<"inner">;
+using N = ds::axis<"n">;
+
+const std::string data = std::string(DIMSUM_TEST_DATA) + "/bf16/";
+
+template <class... A>
+ds::tensor<bf16, A...> random_bf16(std::uint64_t seed, A... extents) {
+    ds::tensor<bf16, A...> t(extents...);
+    ds::fill_normal(t, seed);
+    return t;
+}
+
+// NaN and infinities at positions that fall in every SIMD lane and in the tail.
+template <class... A>
+void poison(ds::tensor<bf16, A...>& t) {
+    bf16* d = t.data();
+    const std::size_t n = t.size();
+    const bf16 specials[] = {std::numeric_limits<bf16>::quiet_NaN(), std::numeric_limits<bf16>::infinity(),
+                             -std::numeric_limits<bf16>::infinity()};
+    for (std::size_t i = 0; i < n; i += 7) d[i] = specials[(i / 7) % 3];
+    d[n - 1] = specials[0];
+}
+
+template <class T, class... A>
+std::vector<std::uint16_t> bits_of(const ds::tensor<T, A...>& t) {
+    std::vector<std::uint16_t> bits(t.size());
+    for (std::size_t i = 0; i < t.size(); ++i) bits[i] = t.data()[i].bits;
+    return bits;
+}
+
+// Whether got equals the float values `wide` rounded to bf16, bit for bit (any NaN for NaN).
+template <class... A, class... B>
+void require_rounded(const ds::tensor<bf16, A...>& got, const ds::tensor<float, B...>& wide) {
+    REQUIRE(got.size() == wide.size());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const float w = wide.data()[i];
+        const bool same = std::isnan(w) ? isnan(got.data()[i]) : got.data()[i].bits == bf16(w).bits;
+        if (!same && bad++ == 0) UNSCOPED_INFO("first difference at " << i << ": got " << got.data()[i] << ", want " << w);
+    }
+    REQUIRE(bad == 0);
+}
+
+// |got - want| <= ulps bf16 ulps of want + absolute (NaN and infinities exactly).
+template <class... A>
+void require_near(const ds::tensor<bf16, A...>& got, const ds::tensor<bf16, A...>& want, double ulps, double absolute) {
+    REQUIRE(got.size() == want.size());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        const double g = double(got.data()[i]), w = double(want.data()[i]);
+        bool ok = (std::isnan(g) && std::isnan(w)) || (std::isinf(w) && g == w) ||
+                  std::abs(g - w) <= ulps * std::ldexp(1.0, -7) * std::abs(w) + absolute;
+        if (!ok && bad++ == 0) UNSCOPED_INFO("first difference at " << i << ": got " << g << ", want " << w);
+    }
+    REQUIRE(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("float to bf16 rounds to nearest even, bit for bit as PyTorch") {
+    const auto in = ds::load_npy<float, N>(data + "float_in.npy");
+    const auto want = ds::load_npy<std::int32_t, N>(data + "float_bits.npy");
+    std::size_t checked = 0;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+        INFO("input bits " << std::bit_cast<std::uint32_t>(in(i)));
+        REQUIRE(bf16(in(i)).bits == std::uint16_t(want(i)));
+        REQUIRE(float(bf16(in(i))) == float(bf16::from_bits(std::uint16_t(want(i)))));  // widening is exact
+        ++checked;
+    }
+    REQUIRE(checked > 5000);
+}
+
+TEST_CASE("double to bf16 rounds once, where rounding through float would round twice") {
+    const auto in = ds::load_npy<double, N>(data + "double_in.npy");
+    const auto want = ds::load_npy<std::int32_t, N>(data + "double_bits.npy");
+    std::size_t twice = 0;  // inputs on which rounding to float first gives another answer
+    for (std::size_t i = 0; i < in.size(); ++i) {
+        INFO("input " << in(i));
+        REQUIRE(bf16(in(i)).bits == std::uint16_t(want(i)));
+        if (bf16(float(in(i))).bits != std::uint16_t(want(i))) ++twice;
+    }
+    REQUIRE(twice > 100);  // the file holds such traps, so this test can tell the two apart
+}
+
+TEST_CASE("NaN stays NaN, with its sign; infinities and the edges of the range") {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    REQUIRE(isnan(bf16(nan)));
+    REQUIRE(isnan(bf16(-nan)));
+    REQUIRE((bf16(-nan).bits & 0x8000) != 0);
+    REQUIRE(isnan(bf16(std::bit_cast<float>(0x7f80'0001u))));  // a payload only in the low bits
+    REQUIRE(isnan(bf16(std::bit_cast<float>(0x7fff'ffffu))));   // rounding must not carry it to infinity
+    REQUIRE(isnan(bf16(double(nan))));
+    REQUIRE(float(std::numeric_limits<bf16>::max()) == 3.3895313892515355e38f);  // torch.finfo(torch.bfloat16)
+    REQUIRE(float(std::numeric_limits<bf16>::min()) == 1.1754943508222875e-38f);
+    REQUIRE(float(std::numeric_limits<bf16>::epsilon()) == 0.0078125f);
+    REQUIRE(float(std::numeric_limits<bf16>::denorm_min()) == std::ldexp(1.0f, -133));
+    REQUIRE(float(std::numeric_limits<bf16>::lowest()) == -3.3895313892515355e38f);
+    REQUIRE(std::isinf(float(std::numeric_limits<bf16>::infinity())));
+    REQUIRE(isnan(std::numeric_limits<bf16>::quiet_NaN()));
+    REQUIRE(float(-bf16(0.0f)) == 0.0f);
+    REQUIRE(std::signbit(float(-bf16(0.0f))));
+}
+
+TEST_CASE("elementwise formulas over bf16 are the float formula rounded once, on strided and broadcast operands") {
+    for (std::size_t rows : {1, 5, 37}) {
+        for (std::size_t cols : {1, 7, 16, 33}) {
+            INFO(rows << " x " << cols);
+            auto x = random_bf16(1, Rows{rows}, Cols{cols});
+            auto y = random_bf16(2, Cols{cols}, Rows{rows});  // read transposed
+            auto b = random_bf16(3, Cols{cols});               // broadcast
+            poison(x);
+            const ds::tensor<float, Rows, Cols> xf = ds::cast<float>(x);
+            const ds::tensor<float, Cols, Rows> yf = ds::cast<float>(y);
+            const ds::tensor<float, Cols> bf = ds::cast<float>(b);
+
+            auto formula = [](const auto& x, const auto& y, const auto& b) {
+                return ds::tanh(x * ds::transpose(y) + b) - ds::exp(ds::abs(x)) / 3.0f + ds::nn::gelu(x);
+            };
+            const ds::tensor<bf16, Rows, Cols> got = formula(x, y, b);
+            const ds::tensor<float, Rows, Cols> wide = formula(xf, yf, bf);
+            require_rounded(got, wide);
+
+            // the oracle computes in double from the bf16 values; rounded once, the two differ by
+            // at most one bf16 ulp, plus float's own error near 0 (cancellation in the sum)
+            const auto oracle = ds::eval(formula(x, y, b), ds::backend::reference::evaluator{});
+            require_near(got, oracle, 1.0, 1e-5);
+
+            // into a transposed view of a bf16 tensor
+            ds::tensor<bf16, Cols, Rows> out(Cols{cols}, Rows{rows});
+            ds::assign(ds::transpose(out), formula(x, y, b));
+            const ds::tensor<bf16, Rows, Cols> back = ds::transpose(out);
+            REQUIRE(bits_of(back) == bits_of(got));
+        }
+    }
+}
+
+TEST_CASE("matmul, softmax, layer_norm and sum over bf16 compute in float and round once") {
+    const std::size_t rows = 29, inner = 67, cols = 35;
+    auto a = random_bf16(4, Rows{rows}, Inner{inner});
+    auto w = random_bf16(5, Cols{cols}, Inner{inner});  // used transposed
+    auto bias = random_bf16(6, Cols{cols});
+    const ds::tensor<float, Rows, Inner> af = ds::cast<float>(a);
+    const ds::tensor<float, Cols, Inner> wf = ds::cast<float>(w);
+    const ds::tensor<float, Cols> biasf = ds::cast<float>(bias);
+
+    auto product = [](const auto& a, const auto& w, const auto& bias) { return ds::matmul(a, ds::transpose(w)) + bias; };
+    const ds::tensor<bf16, Rows, Cols> got = product(a, w, bias);
+    require_rounded(got, ds::tensor<float, Rows, Cols>(product(af, wf, biasf)));
+    // float accumulation over `inner` products of values below ~4 (normal data): at most
+    // inner * 2^-24 * sum |a||w| ~ 67 * 6e-8 * 67 * 1.5 < 5e-4 absolute, plus one bf16 ulp
+    require_near(got, ds::eval(product(a, w, bias), ds::backend::reference::evaluator{}), 1.0, 5e-4);
+
+    const ds::tensor<bf16, Rows, Cols> p = ds::softmax<Cols>(got);
+    require_rounded(p, ds::tensor<float, Rows, Cols>(ds::softmax<Cols>(ds::cast<float>(got))));
+    const ds::tensor<bf16, Rows, Cols> n = ds::layer_norm<Cols>(got);
+    require_rounded(n, ds::tensor<float, Rows, Cols>(ds::layer_norm<Cols>(ds::cast<float>(got))));
+    const ds::tensor<bf16, Rows> s = ds::sum<Cols>(got);
+    require_rounded(s, ds::tensor<float, Rows>(ds::sum<Cols>(ds::cast<float>(got))));
+    require_near(s, ds::eval(ds::sum<Cols>(got), ds::backend::reference::evaluator{}), 1.0, 1e-4);
+}
+
+TEST_CASE("fused attention over bf16 equals the float kernel rounded once, and the oracle within its bound") {
+    using Batch = ds::axis<"batch">;
+    using Seq = ds::axis<"seq">;
+    using Key = ds::axis<"key">;
+    using Head = ds::axis<"head", 16>;
+    auto q = random_bf16(7, Batch{2}, Seq{45}, Head{});
+    auto k = random_bf16(8, Batch{2}, Key{45}, Head{});
+    auto v = random_bf16(9, Batch{2}, Key{45}, Head{});
+    auto attention = [](const auto& q, const auto& k, const auto& v) {
+        return ds::matmul(ds::softmax<Key>(ds::nn::causal(ds::matmul(q, ds::transpose(k)) * 0.25f)), v);
+    };
+    const ds::tensor<bf16, Batch, Seq, Head> got = attention(q, k, v);
+    using F = ds::tensor<float, Batch, Seq, Head>;
+    const F qf = ds::cast<float>(q);
+    const ds::tensor<float, Batch, Key, Head> kf = ds::cast<float>(k), vf = ds::cast<float>(v);
+    require_rounded(got, F(attention(qf, kf, vf)));
+    // outputs are convex combinations of v (|v| < ~5): float's error over 45 keys is below 1e-5
+    require_near(got, ds::eval(attention(q, k, v), ds::backend::reference::evaluator{}), 1.0, 1e-5);
+}
+
+TEST_CASE("cast<bf16> inside a formula rounds there; cast<float> widens exactly") {
+    ds::tensor<float, N> x(N{19});
+    ds::fill_normal(x, 10);
+    x(3) = std::numeric_limits<float>::quiet_NaN();
+    x(4) = std::numeric_limits<float>::infinity();
+    // rounded to bf16 before the subtraction: x - round(x) is the rounding error, exactly
+    const ds::tensor<float, N> error = x - ds::cast<float>(ds::cast<bf16>(x));
+    const auto oracle = ds::eval(x - ds::cast<float>(ds::cast<bf16>(x)), ds::backend::reference::evaluator{});
+    for (std::size_t i = 0; i < 19; ++i) {
+        if (i == 3 || i == 4) {
+            REQUIRE(std::isnan(error(i)));  // NaN - NaN, inf - inf
+            continue;
+        }
+        REQUIRE(error(i) == x(i) - float(bf16(x(i))));
+        REQUIRE(oracle(i) == error(i));
+        REQUIRE(error(i) != 0.0f);  // normal data is never a bf16 already: the cast did something
+    }
+    const ds::tensor<bf16, N> stored = ds::cast<bf16>(x * 2.0f);
+    for (std::size_t i = 0; i < 19; ++i) {
+        if (i != 3) REQUIRE(stored(i).bits == bf16(x(i) * 2.0f).bits);
+    }
+    ds::tensor<std::int32_t, N> ids(N{19});
+    for (std::size_t i = 0; i < 19; ++i) ids(i) = std::int32_t(i) * 1000 - 7;
+    const ds::tensor<double, N> wide = ds::cast<double>(ids);
+    for (std::size_t i = 0; i < 19; ++i) REQUIRE(wide(i) == double(ids(i)));
+}
+
+TEST_CASE("a bf16 formula reading its own destination goes through a copy") {
+    using D = ds::dim<9>;
+    auto x = random_bf16(11, D{}, D{});
+    const auto before = bits_of(x);
+    const ds::tensor<float, D, D> xf = ds::cast<float>(x);
+    x = ds::transpose(x) * 2.0f + 1.0f;  // reads x transposed while writing it
+    const ds::tensor<bf16, D, D> want = ds::cast<bf16>(ds::transpose(xf) * 2.0f + 1.0f);
+    REQUIRE(bits_of(x) == bits_of(want));
+    REQUIRE(bits_of(x) != before);
+}
+
+namespace {
+struct bf16_block {
+    BOOST_HANA_DEFINE_STRUCT(bf16_block,
+        (ds::tensor<bf16, ds::axis<"model", 8>, ds::axis<"hidden">>, w1),
+        (std::optional<ds::tensor<bf16, ds::axis<"hidden">>>, b1));
+};
+}  // namespace
+
+TEST_CASE(".npy holds bf16 as float32: saved exactly, loaded rounded to nearest even") {
+    test::temp_dir tmp;
+    auto x = random_bf16(12, Rows{3}, Cols{5});
+    poison(x);
+    ds::save_npy(tmp.path("x.npy"), ds::transpose(x));  // strided
+    const auto wide = ds::load_npy<float, Cols, Rows>(tmp.path("x.npy"));
+    for (std::size_t i = 0; i < 3; ++i) {
+        for (std::size_t j = 0; j < 5; ++j) {
+            REQUIRE((std::bit_cast<std::uint32_t>(wide(j, i)) >> 16) == x(i, j).bits);  // exactly, NaN payload too
+        }
+    }
+    const auto in = ds::load_npy<float, N>(data + "float_in.npy");
+    const auto rounded = ds::load_npy<bf16, N>(data + "float_in.npy");
+    const auto want = ds::load_npy<std::int32_t, N>(data + "float_bits.npy");
+    for (std::size_t i = 0; i < in.size(); ++i) REQUIRE(rounded(i).bits == std::uint16_t(want(i)));
+    ds::tensor<float, N> big(N{70001});  // read in more than one chunk
+    ds::fill_normal(big, 16);
+    ds::save_npy(tmp.path("big.npy"), big);
+    const auto big_bf16 = ds::load_npy<bf16, N>(tmp.path("big.npy"));
+    for (std::size_t i = 0; i < big.size(); ++i) REQUIRE(big_bf16(i).bits == bf16(big(i)).bits);
+    REQUIRE(test::error_of([&] { ds::load_npy<bf16, N>(data + "double_in.npy"); }) ==
+            "dimsum: load_npy: " + data + "double_in.npy: the file holds '<f8' (float64) values; a tensor of bf16 "
+            "loads '<f4' (float32) only");
+}
+
+TEST_CASE("bf16 parameters: BF16 in .safetensors, float32 in .npz and .npy folders, the same bits back") {
+    test::temp_dir tmp;
+    bf16_block b;
+    b.w1 = random_bf16(13, ds::axis<"model", 8>{}, ds::axis<"hidden">{5});
+    b.b1 = random_bf16(14, ds::axis<"hidden">{5});
+    (*b.b1)(2) = std::numeric_limits<bf16>::infinity();
+    for (const char* name : {"w.safetensors", "w.npz", "folder"}) {
+        INFO(name);
+        ds::save(b, tmp.path(name));
+        bf16_block got;
+        ds::load(got, tmp.path(name));
+        REQUIRE(bits_of(got.w1) == bits_of(b.w1));
+        REQUIRE(bits_of(*got.b1) == bits_of(*b.b1));
+    }
+    REQUIRE(ds::parameters(b)[0].element_type == "bfloat16");
+    // a float32 checkpoint loads into bf16 parameters, rounded
+    struct float_block {
+        BOOST_HANA_DEFINE_STRUCT(float_block,
+            (ds::tensor<float, ds::axis<"model", 8>, ds::axis<"hidden">>, w1));
+    } f;
+    f.w1 = ds::tensor<float, ds::axis<"model", 8>, ds::axis<"hidden">>(ds::axis<"model", 8>{}, ds::axis<"hidden">{5});
+    ds::fill_normal(f.w1, 15);
+    ds::save(f, tmp.path("f.safetensors"));
+    bf16_block got;
+    ds::load(got, tmp.path("f.safetensors"));
+    for (std::size_t i = 0; i < f.w1.size(); ++i) REQUIRE(got.w1.data()[i].bits == bf16(f.w1.data()[i]).bits);
+    REQUIRE_FALSE(got.b1);
+}
