@@ -23,9 +23,40 @@ namespace {
 MPI_Comm comm_of(int handle) { return MPI_Comm_f2c(handle); }
 
 MPI_Datatype mpi_type(detail::number_type type) {
-    return type == detail::number_type::float32 ? MPI_FLOAT : MPI_DOUBLE;
+    switch (type) {
+        case detail::number_type::float32: return MPI_FLOAT;
+        case detail::number_type::float64: return MPI_DOUBLE;
+        case detail::number_type::bf16: return MPI_UINT16_T;  // the bits; summed by bf16_sum
+    }
+    return MPI_DATATYPE_NULL;
 }
-std::size_t bytes_of(detail::number_type type) { return type == detail::number_type::float32 ? 4 : 8; }
+std::size_t bytes_of(detail::number_type type) {
+    switch (type) {
+        case detail::number_type::float32: return 4;
+        case detail::number_type::float64: return 8;
+        case detail::number_type::bf16: return 2;
+    }
+    return 0;
+}
+
+// MPI has no bf16: its sum is a user operation, each pair added in float and rounded.
+void add_bf16(void* in, void* in_out, int* length, MPI_Datatype*) {
+    const auto* a = static_cast<const bf16*>(in);
+    auto* b = static_cast<bf16*>(in_out);
+    for (int i = 0; i < *length; ++i) b[i] = bf16(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
+// The sum of a number type: MPI's own, or (bf16) the user operation, created on first use
+// (after MPI_Init; one thread calls MPI) and kept until MPI_Finalize.
+MPI_Op sum_of(detail::number_type type) {
+    if (type != detail::number_type::bf16) return MPI_SUM;
+    static MPI_Op bf16_sum = [] {
+        MPI_Op op;
+        if (MPI_Op_create(&add_bf16, 1, &op) != MPI_SUCCESS) throw std::runtime_error("dimsum: dist: MPI_Op_create failed");
+        return op;
+    }();
+    return bf16_sum;
+}
 
 void check(int code, const char* call) {
     if (code == MPI_SUCCESS) return;
@@ -94,7 +125,7 @@ void all_reduce_sum(int communicator, void* data, std::size_t count, number_type
     auto* bytes = static_cast<char*>(data);
     for (std::size_t done = 0; done < count;) {
         const std::size_t part = std::min(count - done, max_count);
-        check(MPI_Allreduce(MPI_IN_PLACE, bytes + done * bytes_of(type), static_cast<int>(part), mpi_type(type), MPI_SUM,
+        check(MPI_Allreduce(MPI_IN_PLACE, bytes + done * bytes_of(type), static_cast<int>(part), mpi_type(type), sum_of(type),
                             comm_of(communicator)),
               "MPI_Allreduce");
         done += part;
@@ -104,7 +135,7 @@ void all_reduce_sum(int communicator, void* data, std::size_t count, number_type
 int start_all_reduce_sum(int communicator, void* data, std::size_t count, number_type type) {
     if (count > max_count) throw shape_error("dimsum: all_reduce_start: more than INT_MAX elements: use all_reduce");
     MPI_Request request;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type(type), MPI_SUM, comm_of(communicator),
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type(type), sum_of(type), comm_of(communicator),
                          &request),
           "MPI_Iallreduce");
     return MPI_Request_c2f(request);
@@ -124,7 +155,8 @@ void all_gather(int communicator, const void* local, void* all, std::size_t coun
 
 void reduce_scatter_sum(int communicator, const void* all, void* local, std::size_t count, number_type type) {
     if (count > max_count) throw shape_error("dimsum: reduce_scatter: more than INT_MAX elements per rank");
-    check(MPI_Reduce_scatter_block(all, local, static_cast<int>(count), mpi_type(type), MPI_SUM, comm_of(communicator)),
+    check(MPI_Reduce_scatter_block(all, local, static_cast<int>(count), mpi_type(type), sum_of(type),
+                                   comm_of(communicator)),
           "MPI_Reduce_scatter_block");
 }
 

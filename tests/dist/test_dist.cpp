@@ -229,6 +229,61 @@ TEST_CASE("all_gather joins along a named axis in rank order; reduce_scatter sum
     }
 }
 
+TEST_CASE("bf16 collectives travel as bf16 and sum in float, rounded at each step") {
+    const dist::group world = dist::group::world();
+    const auto ranks = std::size_t(world.size());
+    // small integers: exact in bf16 (to 256), so every order of summation gives the same sum
+    auto small = [](int rank, std::size_t rows, std::size_t cols) {
+        ds::tensor<ds::bf16, Rows, Cols> x(Rows{rows}, Cols{cols});
+        for (std::size_t i = 0; i < x.size(); ++i) x.data()[i] = ds::bf16(float(rank + 1 + int(i % 7)));
+        return x;
+    };
+    auto x = small(world.rank(), 5, 13);
+    dist::all_reduce(world, x);
+    ds::tensor<ds::bf16, Cols, Rows> t = ds::transpose(small(world.rank(), 5, 13));
+    auto strided = ds::transpose(t.view());  // (rows, cols), not contiguous
+    dist::all_reduce(world, strided);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        float want = 0;
+        for (int r = 0; r < world.size(); ++r) want += float(r + 1 + int(i % 7));
+        CHECK(float(x.data()[i]) == want);
+        CHECK(float(strided(i / 13, i % 13)) == want);
+    }
+    // a sum that rounds: 1 + 2^-8 + 2^-8 + ... is 1 in bf16 when added in turn from 1, and the
+    // all-reduce is within one rounding per step of the exact sum
+    ds::tensor<ds::bf16, Rows, Cols> y(Rows{1}, Cols{8});
+    for (std::size_t i = 0; i < 8; ++i) y(0, i) = ds::bf16(world.rank() == 0 ? 1.0f : std::ldexp(1.0f, -8));
+    dist::all_reduce(world, y);
+    const double exact = 1.0 + double(ranks - 1) * std::ldexp(1.0, -8);
+    for (std::size_t i = 0; i < 8; ++i) CHECK(std::abs(double(y(0, i)) - exact) <= double(ranks) * std::ldexp(1.0, -8));
+
+    // all_gather moves the bits; reduce_scatter sums and cuts
+    auto local = small(world.rank(), 3, 2);
+    local(0, 0) = std::numeric_limits<ds::bf16>::quiet_NaN();
+    ds::tensor<ds::bf16, Rows, Cols> all(Rows{3}, Cols{2 * ranks});
+    dist::all_gather<Cols>(world, local.view(), all.view());
+    for (std::size_t r = 0; r < ranks; ++r) {
+        auto theirs = small(int(r), 3, 2);
+        CHECK(isnan(all(0, r * 2)));
+        for (std::size_t i = 0; i < 3; ++i) {
+            for (std::size_t j = 0; j < 2; ++j) {
+                if (i + j > 0) CHECK(all(i, r * 2 + j).bits == theirs(i, j).bits);
+            }
+        }
+    }
+    auto in = small(world.rank(), 2 * ranks, 3);
+    ds::tensor<ds::bf16, Rows, Cols> out(Rows{2}, Cols{3});
+    dist::reduce_scatter<Rows>(world, in.view(), out.view());
+    for (std::size_t i = 0; i < 2; ++i) {
+        for (std::size_t j = 0; j < 3; ++j) {
+            const std::size_t flat = (std::size_t(world.rank()) * 2 + i) * 3 + j;
+            float want = 0;
+            for (int r = 0; r < world.size(); ++r) want += float(r + 1 + int(flat % 7));
+            CHECK(float(out(i, j)) == want);
+        }
+    }
+}
+
 TEST_CASE("ranks that pass different shapes all get the same shape_error, and none waits") {
     const dist::group world = dist::group::world();
     if (world.size() == 1) return;

@@ -26,12 +26,15 @@ namespace dimsum::dist {
 
 namespace detail {
 
-enum class number_type { float32, float64 };
+// bf16 travels as bf16 (half float's bytes) and sums as float, rounded at each step of the
+// reduction, as NCCL's bf16 all-reduce does.
+enum class number_type { float32, float64, bf16 };
 template <class T>
 constexpr number_type number_type_of() {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                  "dimsum: dist: the collectives take float and double tensors");
-    return std::is_same_v<T, float> ? number_type::float32 : number_type::float64;
+    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16>,
+                  "dimsum: dist: the collectives take float, double and bf16 tensors");
+    return std::is_same_v<T, float> ? number_type::float32 : std::is_same_v<T, double> ? number_type::float64
+                                                                                        : number_type::bf16;
 }
 
 // src/dist/mpi.cpp: MPI calls on plain memory. `communicator` is an MPI_Fint handle.
