@@ -108,17 +108,50 @@ void bench_gemm(bench& s, const gemm_case& g, const TA& a, const TB& b, TC& c, R
     }
 }
 
+// The same product of bf16 operands (rounded from a and b), written in bf16, next to the float
+// product of the same values: what bf16 costs today, when its operands are widened by a
+// convert pass before the float GEMM and the result is rounded after it.
+void bench_bf16_gemm(bench& s, const gemm_case& g, const ds::tensor<float, M, K>& a, const ds::tensor<float, K, N>& b) {
+    const std::string name = "bf16_" + g.name;
+    if (!s.selected(name)) return;
+    const ds::tensor<ds::bf16, M, K> a16 = ds::cast<ds::bf16>(a);
+    const ds::tensor<ds::bf16, K, N> b16 = ds::cast<ds::bf16>(b);
+    const ds::tensor<float, M, K> a_wide = ds::cast<float>(a16);  // the same values, in float
+    const ds::tensor<float, K, N> b_wide = ds::cast<float>(b16);
+    ds::tensor<ds::bf16, M, N> c16(M{g.m}, N{g.n});
+    ds::tensor<float, M, N> c(M{g.m}, N{g.n}), c_wide(M{g.m}, N{g.n});
+    for (int threads : s.opt.threads) {
+        const std::string label = name + " (" + std::to_string(threads) + " threads)";
+        fastest bf16_time, float_time;
+        for (int round = 0; round < rounds(s.opt); ++round) {
+            ds::set_num_threads(threads);
+            c16.fill(ds::bf16(std::numeric_limits<float>::quiet_NaN()));
+            settle(s.opt);
+            bf16_time.keep(best_seconds(s.opt, [&] { ds::assign(c16, ds::matmul(a16, b16)); }), "");
+            // rounding c to bf16 adds at most 2^-9 |c| <= 2^-9 sum |a b| to float's error
+            ds::assign(c_wide, ds::cast<float>(c16));
+            s.out.check(label + ": dimsum bf16", gemm_error(g, a_wide.data(), b_wide.data(), c_wide.data()),
+                        gemm_tolerance + std::ldexp(1.0, -9));
+            settle(s.opt);
+            float_time.keep(best_seconds(s.opt, [&] { ds::assign(c, ds::matmul(a_wide, b_wide)); }), "");
+        }
+        s.out.add({name, threads, g.flops() / bf16_time.seconds * 1e-9, "dimsum_float", g.flops() / float_time.seconds * 1e-9,
+                   "GFLOP/s", "bf16: widened by a convert pass, float GEMM, rounded"});
+    }
+}
+
 }  // namespace
 
 void bench_gemm_case(bench& s, const gemm_case& g) {
-    if (!s.selected(g.name)) return;
+    if (!s.selected(g.name) && !(g.batch == 1 && s.selected("bf16_" + g.name))) return;
     if (g.batch == 1) {
         ds::tensor<float, M, K> a(M{g.m}, K{g.k});  // (m, k)
         ds::tensor<float, K, N> b(K{g.k}, N{g.n});  // (k, n)
         ds::tensor<float, M, N> c(M{g.m}, N{g.n});  // (m, n)
         ds::fill_uniform(a, 1);
         ds::fill_uniform(b, 2);
-        bench_gemm(s, g, a, b, c, [&] { ds::assign(c, ds::matmul(a, b)); });
+        if (s.selected(g.name)) bench_gemm(s, g, a, b, c, [&] { ds::assign(c, ds::matmul(a, b)); });
+        bench_bf16_gemm(s, g, a, b);
     } else if (g.b_transposed) {
         // Attention scores: q k^T for every batch item.
         ds::tensor<float, B, M, K> q(B{g.batch}, M{g.m}, K{g.k});  // (batch, m, k)

@@ -20,12 +20,37 @@ constexpr bool readable(element_type from, element_type to) {
            (from == element_type::float32 && to == element_type::float64);
 }
 
+// Whether s is row-major and contiguous: one flat loop reads or writes it.
+template <class U>
+bool is_row_major(const strided<U>& s) {
+    std::ptrdiff_t expected = 1;
+    for (std::size_t i = s.rank; i-- > 0;) {
+        if (s.extents[i] != 1 && s.strides[i] != expected) return false;
+        expected *= static_cast<std::ptrdiff_t>(s.extents[i]);
+    }
+    return true;
+}
+
+// dst[i] = convert(from[i]) for every index: one flat loop, which the compiler vectorises,
+// where both are row-major (the common case: a tensor into a temporary), else index by index.
+template <class To, class From, class F>
+void convert_each(const strided<From>& from, const strided<To>& dst, F convert) {
+    if (is_row_major(from) && is_row_major(dst)) {
+        const std::size_t n = dst.size();
+        From* in = from.data;
+        To* out = dst.data;
+        for (std::size_t i = 0; i < n; ++i) out[i] = convert(in[i]);
+        return;
+    }
+    for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = convert(from.at(index)); });
+}
+
 // A convert entry: the values of binding b written as T into dst, of b's extents.
 template <class T>
 void convert_binding(const binding& b, const strided<T>& dst) {
     auto widen = [&]<class U>(const U*) {
         const strided<const U> from = strided_at(static_cast<const U*>(b.data), b.where);
-        for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = static_cast<T>(from.at(index)); });
+        convert_each(from, dst, [](U value) { return static_cast<T>(value); });
     };
     switch (b.type) {
         case element_type::bf16: return widen(static_cast<const bf16*>(nullptr));
@@ -39,7 +64,7 @@ void convert_binding(const binding& b, const strided<T>& dst) {
 // A formula's value computed in T, rounded to the nearest bf16 (ties to even) into dst.
 template <class T>
 void round_into(const strided<const T>& from, const strided<bf16>& dst) {
-    for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = bf16(from.at(index)); });
+    convert_each(from, dst, [](T value) { return bf16(value); });
 }
 
 }  // namespace dimsum::evaluation
