@@ -137,7 +137,8 @@ TEST_CASE("elementwise formulas over bf16 are the float formula rounded once, on
             const ds::tensor<float, Cols> bf = ds::cast<float>(b);
 
             auto formula = [](const auto& x, const auto& y, const auto& b) {
-                return ds::tanh(x * ds::transpose(y) + b) - ds::exp(ds::abs(x)) / 3.0f + ds::nn::gelu(x);
+                // 0.1f is no bf16: a number keeps float's precision in a bf16 formula
+                return ds::tanh(x * ds::transpose(y) + b) - ds::exp(ds::abs(x)) * 0.1f + ds::nn::gelu(x);
             };
             const ds::tensor<bf16, Rows, Cols> got = formula(x, y, b);
             const ds::tensor<float, Rows, Cols> wide = formula(xf, yf, bf);
@@ -300,4 +301,22 @@ TEST_CASE("bf16 parameters: BF16 in .safetensors, float32 in .npz and .npy folde
     ds::load(got, tmp.path("f.safetensors"));
     for (std::size_t i = 0; i < f.w1.size(); ++i) REQUIRE(got.w1.data()[i].bits == bf16(f.w1.data()[i]).bits);
     REQUIRE_FALSE(got.b1);
+}
+
+TEST_CASE("a checkpoint reads a bf16 slice from float32 or BF16 arrays") {
+    test::temp_dir tmp;
+    bf16_block b;
+    b.w1 = random_bf16(17, ds::axis<"model", 8>{}, ds::axis<"hidden">{6});
+    ds::save(b, tmp.path("w.safetensors"));  // BF16
+    ds::save(b, tmp.path("w.npz"));          // float32
+    using Local = ds::axis<"local">;
+    for (const char* name : {"w.safetensors", "w.npz"}) {
+        INFO(name);
+        ds::checkpoint in(tmp.path(name));
+        ds::tensor<bf16, ds::axis<"model", 8>, Local> part;
+        in.read_slice<Local>("w1", 2, 3, part);
+        for (std::size_t i = 0; i < 8; ++i) {
+            for (std::size_t j = 0; j < 3; ++j) REQUIRE(part(i, j).bits == b.w1(i, 2 + j).bits);
+        }
+    }
 }

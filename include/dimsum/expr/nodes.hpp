@@ -78,6 +78,16 @@ struct scalar {
     expr::operands<> operands;
     shape_type shape() const { return {}; }
 };
+// In a formula of bf16, which computes in float, a number keeps float's precision (x * 0.1f
+// multiplies by 0.1f, not by 0.1 rounded to bf16), as PyTorch computes bf16 with a scalar.
+template <>
+struct scalar<bf16> {
+    using shape_type = ::dimsum::shape<>;
+    using value_type = bf16;
+    float value;
+    expr::operands<> operands;
+    shape_type shape() const { return {}; }
+};
 
 // f applied element by element, the operands broadcast to `shape_type`.
 template <class Shape, class F, class... Operands>

@@ -642,6 +642,16 @@ public:
         static_assert(found.error.length == 0, "dimsum: checkpoint::read_slice: Axis must name one axis of the tensor");
         constexpr std::size_t k = found.position;
         const stored_array stored = require(name);
+        if constexpr (std::is_same_v<T, bf16>) {  // a float32 array: its slice read as float, then rounded
+            if (stored.element_type == "float32") {
+                tensor<float, Axes...> wide;
+                read_slice<Axis>(name, first, count, wide);
+                tensor<T, Axes...> rounded(wide.shape());
+                for (std::size_t i = 0; i < wide.size(); ++i) rounded.data()[i] = T(wide.data()[i]);
+                into = std::move(rounded);
+                return;
+            }
+        }
         detail::parameters::check_element_type<T>(*file_, name, stored, op);
         if (stored.shape.size() != S::rank) {  // another number of axes: tensor_for says so
             detail::npy::tensor_for<T, Axes...>(stored.shape, S::axes, op, file_->where(name));

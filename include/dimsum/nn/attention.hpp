@@ -31,7 +31,7 @@ namespace dimsum::nn {
 template <class Q, class K>
 auto attention_scores(Q&& q, K&& k, call_site caller = call_site::current()) {
     ::dimsum::detail::operation_site site(caller);
-    using T = value_type_of<Q>;
+    using T = compute_type_t<value_type_of<Q>>;  // float for bf16: the scale is not rounded to bf16
     const auto d_k = static_cast<T>(q.shape().extent(shape_of<Q>::rank - 1));
     return matmul(std::forward<Q>(q), transpose(std::forward<K>(k))) / std::sqrt(d_k);
 }

@@ -17,7 +17,7 @@ namespace detail {
 // A scalar argument becomes a rank-0 expression of the element type `T`.
 template <class T, class A>
 auto as_operand(A&& a) {
-    if constexpr (arithmetic<A>) return expr::scalar<T>{static_cast<T>(a), {}};
+    if constexpr (arithmetic<A>) return expr::scalar<T>{static_cast<decltype(expr::scalar<T>::value)>(a), {}};
     else return expr::hold(std::forward<A>(a));
 }
 
