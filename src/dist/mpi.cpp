@@ -26,7 +26,7 @@ MPI_Datatype mpi_type(detail::number_type type) {
     switch (type) {
         case detail::number_type::float32: return MPI_FLOAT;
         case detail::number_type::float64: return MPI_DOUBLE;
-        case detail::number_type::bf16: return MPI_UINT16_T;  // the bits; summed by bf16_sum
+        case detail::number_type::bf16: return MPI_UINT16_T;  // the bits; summed by add_bf16
     }
     return MPI_DATATYPE_NULL;
 }

@@ -374,25 +374,15 @@ inline void check_data_size(const header_info& info, std::uint64_t data_bytes, s
     }
 }
 
-// The values of a bf16 view as float, exactly.
-template <class T, class... A>
-void widen_into(const tensor_view<T, A...>& v, tensor<float, A...>& out) {
-    std::array<std::size_t, sizeof...(A)> index{};
-    const auto extents = v.shape().extents();
-    for (std::size_t i = 0; i < out.size(); ++i) {
-        out.data()[i] = static_cast<float>(v.data()[v.offset(index)]);
-        next_index(index.data(), extents.data(), extents.size());
-    }
-}
-
-// A contiguous copy of a strided view, for writing.
-template <class T, class... A>
-tensor<std::remove_const_t<T>, A...> contiguous_copy(const tensor_view<T, A...>& v) {
-    tensor<std::remove_const_t<T>, A...> copy(v.shape());
+// A contiguous copy of a strided view, for writing, its values as To (bf16 widened to float,
+// exactly, for a file: NumPy has no bf16).
+template <class To, class T, class... A>
+tensor<To, A...> contiguous_copy(const tensor_view<T, A...>& v) {
+    tensor<To, A...> copy(v.shape());
     std::array<std::size_t, sizeof...(A)> index{};
     auto extents = v.shape().extents();
     for (std::size_t i = 0; i < copy.size(); ++i) {
-        copy.data()[i] = v.data()[v.offset(index)];
+        copy.data()[i] = static_cast<To>(v.data()[v.offset(index)]);
         next_index(index.data(), extents.data(), extents.size());
     }
     return copy;
@@ -537,12 +527,10 @@ void save_npy(const std::string& path, const tensor_view<T, Axes...>& v) {
     using value_type = std::remove_const_t<T>;
     static_assert(tensor_element<value_type>, "dimsum: save_npy: the element type must be float, double, bf16, int32_t or int64_t");
     if constexpr (std::is_same_v<value_type, bf16>) {
-        tensor<float, Axes...> wide(v.shape());
-        detail::npy::widen_into(v, wide);
-        save_npy(path, wide.view());
+        save_npy(path, detail::npy::contiguous_copy<float>(v).view());
         return;
     } else if (!v.is_contiguous()) {
-        auto copy = detail::npy::contiguous_copy(v);
+        auto copy = detail::npy::contiguous_copy<value_type>(v);
         save_npy(path, copy.view());
         return;
     }

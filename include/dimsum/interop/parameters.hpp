@@ -248,6 +248,10 @@ public:
         const auto& members = archive_.members();
         auto it = std::find_if(members.begin(), members.end(), [&](const auto& m) { return m.name == file_name(name); });
         if (it == members.end()) return std::nullopt;
+        // The member described last is still at hand: described again, it is not read (or
+        // inflated) again. A tensor-parallel load asks for one member several times.
+        if (described_ == &*it) return stored_array_of(header_, op_, where_);
+        described_ = nullptr;
         member_ = &*it;
         where_ = archive_.where(*it);
         inflated_.clear();
@@ -265,7 +269,9 @@ public:
         std::istringstream in(head);
         header_ = npy::read_header(in, it->size, op_, where_);
         head_crc_ = zip::crc32(0, head.data(), header_.data_offset);
-        return stored_array_of(header_, op_, where_);
+        stored_array described = stored_array_of(header_, op_, where_);
+        described_ = member_;
+        return described;
     }
 
     void read(const std::string&, void* into, std::uint64_t bytes) override {
@@ -296,6 +302,7 @@ private:
     std::string_view op_;
     zip::reader archive_;
     const zip::member* member_ = nullptr;
+    const zip::member* described_ = nullptr;  // member_, once find() has read all of it needs
     std::string where_;
     npy::header_info header_;
     std::uint64_t data_start_ = 0;
@@ -397,12 +404,19 @@ inline std::unique_ptr<reader> open(const std::filesystem::path& path, std::stri
 }
 
 template <class T>
-void check_element_type(const reader& file, const std::string& name, const stored_array& stored, std::string_view op,
-                        bool float32_too = false) {
-    if (stored.element_type != element_name<T>() && !(float32_too && stored.element_type == "float32")) {
+void check_element_type(const reader& file, const std::string& name, const stored_array& stored, std::string_view op) {
+    if (stored.element_type != element_name<T>()) {
         throw_file_error(op, file.where(name), "the file holds " + stored.element_type + " values, the tensor " +
                                                    std::string(element_name<T>()));
     }
+}
+
+// Each value of a float tensor rounded to the nearest bf16: a float32 array read into bf16.
+template <axis_type... Axes>
+tensor<bf16, Axes...> rounded_to_bf16(const tensor<float, Axes...>& wide) {
+    tensor<bf16, Axes...> rounded(wide.shape());
+    for (std::size_t i = 0; i < wide.size(); ++i) rounded.data()[i] = bf16(wide.data()[i]);
+    return rounded;
 }
 
 // Loads one tensor: its element type and shape checked against the file, then its data.
@@ -411,16 +425,17 @@ void check_element_type(const reader& file, const std::string& name, const store
 template <class T, axis_type... Axes>
 void load_tensor(reader& file, const std::string& name, const stored_array& stored, tensor<T, Axes...>& t,
                  std::string_view op) {
-    constexpr bool is_bf16 = std::is_same_v<T, bf16>;
-    check_element_type<T>(file, name, stored, op, is_bf16);
-    auto fresh = npy::tensor_for<T, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
-    if (is_bf16 && stored.element_type == "float32") {
-        auto wide = npy::tensor_for<float, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
-        file.read(name, wide.data(), wide.size() * sizeof(float));
-        for (std::size_t i = 0; i < wide.size(); ++i) fresh.data()[i] = T(wide.data()[i]);
-    } else {
-        file.read(name, fresh.data(), fresh.size() * sizeof(T));
+    if constexpr (std::is_same_v<T, bf16>) {
+        if (stored.element_type == "float32") {
+            tensor<float, Axes...> wide;
+            load_tensor(file, name, stored, wide, op);
+            t = rounded_to_bf16(wide);
+            return;
+        }
     }
+    check_element_type<T>(file, name, stored, op);
+    auto fresh = npy::tensor_for<T, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
+    file.read(name, fresh.data(), fresh.size() * sizeof(T));
     t = std::move(fresh);
 }
 
@@ -646,9 +661,7 @@ public:
             if (stored.element_type == "float32") {
                 tensor<float, Axes...> wide;
                 read_slice<Axis>(name, first, count, wide);
-                tensor<T, Axes...> rounded(wide.shape());
-                for (std::size_t i = 0; i < wide.size(); ++i) rounded.data()[i] = T(wide.data()[i]);
-                into = std::move(rounded);
+                into = detail::parameters::rounded_to_bf16(wide);
                 return;
             }
         }

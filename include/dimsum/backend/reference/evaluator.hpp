@@ -23,14 +23,20 @@ class evaluator {
 public:
     static constexpr evaluation::planner_options planning{false, false};
 
+    // What a formula of T is computed in here: double for bf16 (the oracle rounds once, from
+    // double), else T.
+    template <class T>
+    using computes_in = std::conditional_t<std::is_same_v<T, bf16>, double, T>;
+
     // Writes the value of e into dst, a view of e's shape that e does not read. A formula of bf16
     // is computed in double from the bf16 values, then rounded once into dst.
     template <class E, class T, class... A>
     void run(const E& e, const tensor_view<T, A...>& dst) {
         if constexpr (std::is_same_v<T, bf16>) {
-            tensor<double, A...> wide(dst.shape());
+            tensor<computes_in<T>, A...> wide(dst.shape());
             run(e, wide.view());
-            evaluation::round_into<double>(evaluation::to_strided(std::as_const(wide).view()), evaluation::to_strided(dst));
+            evaluation::round_into<computes_in<T>>(evaluation::to_strided(std::as_const(wide).view()),
+                                                   evaluation::to_strided(dst));
         } else {
             run_computing(e, dst);
         }
@@ -39,8 +45,7 @@ public:
     // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).
     template <class E>
     std::string explain(const E& e) const {
-        using T = value_type_of<E>;
-        return evaluation::explain_formula<std::conditional_t<std::is_same_v<T, bf16>, double, T>>(e, planning, "reference");
+        return evaluation::explain_formula<computes_in<value_type_of<E>>>(e, planning, "reference");
     }
 
 private:
