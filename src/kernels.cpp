@@ -8,6 +8,7 @@
 #include "dimsum/backend/cpu/gather.hpp"
 #include "dimsum/backend/cpu/gemm.hpp"
 #include "dimsum/backend/cpu/rowwise.hpp"
+#include "dimsum/core/bf16.hpp"
 
 namespace dimsum::backend::cpu {
 
@@ -55,6 +56,11 @@ namespace dimsum::backend::cpu {
     template void apply_to_block<fn::where, T, 3>(std::size_t, const T* const*, T*);
 
 template const char* instruction_set<void>();
+template std::size_t packed_elements<float>(std::size_t, std::size_t);
+template std::size_t packed_elements<double>(std::size_t, std::size_t);
+template packed_operand<float> pack_operand<float, float>(const matrix<const float>&, float*);
+template packed_operand<float> pack_operand<float, bf16>(const matrix<const bf16>&, float*);
+template packed_operand<double> pack_operand<double, double>(const matrix<const double>&, double*);
 DIMSUM_KERNELS_FOR(float)
 DIMSUM_KERNELS_FOR(double)
 

@@ -168,3 +168,76 @@ TEST_CASE("a few rows times a large row-major B (decoding): shared by the thread
         }
     });
 }
+
+// ds::prepack: B packed once, read by every path of the product (the paths that read B in
+// place are not taken then), across the blocks of depth (kc = 256) and columns (nc: 4096
+// floats, 2048 doubles), with batches folded into rows, a transposed A, a transposed B, an
+// epilogue, and a NaN and an infinity.
+TEMPLATE_TEST_CASE("a right operand packed once (ds::prepack) on every path of the product", "", float, double) {
+    with_one_and_two_threads([] {
+        const double tol = tolerance<TestType>;
+        for (std::size_t m : {std::size_t{1}, std::size_t{3}, std::size_t{65}, std::size_t{257}}) {
+            for (std::size_t k : {std::size_t{1}, std::size_t{17}, std::size_t{300}}) {
+                for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{65}}) {
+                    INFO("m=" << m << " k=" << k << " n=" << n);
+                    ds::tensor<TestType, Batch, M, K> a(Batch{2}, M{m}, K{k});
+                    ds::tensor<TestType, K, N> b(K{k}, N{n});
+                    ds::tensor<TestType, N, K> b_rows(N{n}, K{k});
+                    ds::tensor<TestType, N> bias(N{n});
+                    ds::fill_uniform(a, m + k);
+                    ds::fill_uniform(b, k + n);
+                    ds::fill_uniform(b_rows, k * n);
+                    ds::fill_uniform(bias, n);
+                    b(k - 1, n / 2) = std::numeric_limits<TestType>::quiet_NaN();
+                    a(1, m - 1, k / 2) = std::numeric_limits<TestType>::infinity();
+                    const auto packed = ds::prepack(b);
+                    const auto packed_transposed = ds::prepack(ds::transpose(b_rows));
+                    require_parity(ds::matmul(a, packed), tol, tol);
+                    require_parity(ds::max(ds::matmul(a, packed_transposed) + bias, TestType(0)), tol, tol);
+                    ds::tensor<TestType, K, M> a_columns(K{k}, M{m});  // A transposed in memory
+                    ds::fill_uniform(a_columns, m * k);
+                    require_parity(ds::matmul(ds::transpose(a_columns), packed), tol, tol);
+                }
+            }
+        }
+        ds::tensor<TestType, M, K> a(M{65}, K{300});
+        ds::tensor<TestType, K, N> wide(K{300}, N{4100});  // two blocks of columns
+        ds::fill_uniform(a, 1);
+        ds::fill_uniform(wide, 2);
+        require_parity(ds::matmul(a, ds::prepack(wide)), tol, tol);
+        // a few rows (decoding): the panels streamed once, shared by the threads (B of 2.4 MB),
+        // into a transposed destination too
+        ds::tensor<TestType, K, N> large(K{601}, N{1003});
+        ds::fill_uniform(large, 3);
+        large(600, 500) = std::numeric_limits<TestType>::quiet_NaN();
+        const auto packed_large = ds::prepack(large);
+        for (std::size_t m : {1, 2, 3, 4, 5}) {
+            INFO("m=" << m);
+            ds::tensor<TestType, M, K> rows(M{m}, K{601});
+            ds::fill_uniform(rows, m);
+            require_parity(ds::matmul(rows, packed_large), tol, tol);
+            ds::tensor<TestType, N, M> out_t(N{1003}, M{m});
+            ds::assign(ds::transpose(out_t), ds::matmul(rows, packed_large));
+            test::require_close(ds::transpose(out_t),
+                                test::to_xt(ds::eval(ds::matmul(rows, large), ds::backend::reference::evaluator{})), tol, tol);
+        }
+    });
+}
+
+// bf16 weights packed into float panels, never widened into a temporary: the reference
+// reads the bf16 values in double. Each result is rounded to bf16 (relative 2^-8) after a
+// float sum of k = 300 products of values below 1 (absolute 300 * 2^-24 * 300, far below).
+TEST_CASE("a bf16 right operand packed once (ds::prepack), against the bf16 values in double") {
+    with_one_and_two_threads([] {
+        for (std::size_t m : {std::size_t{1}, std::size_t{65}, std::size_t{257}}) {
+            INFO("m=" << m);
+            ds::tensor<ds::bf16, M, K> a(M{m}, K{300});
+            ds::tensor<ds::bf16, K, N> b(K{300}, N{33});
+            ds::fill_uniform(a, m);
+            ds::fill_uniform(b, 2);
+            b(7, 5) = std::numeric_limits<ds::bf16>::quiet_NaN();
+            require_parity(ds::matmul(a, ds::prepack(b)), 1.0 / 256, 1e-3);
+            require_parity(ds::cast<float>(ds::matmul(a, ds::prepack(b))), tolerance<float>, tolerance<float>);
+        }
+    });
+}

@@ -55,6 +55,41 @@ TEST_CASE("a bf16 formula allocates nothing after its first evaluation: its floa
     REQUIRE(allocations.load() - before == 0);
 }
 
+TEST_CASE("a product with weights packed once allocates nothing after the first, nor packs again") {
+    using Rows = ds::axis<"rows">;
+    using Inner = ds::axis<"inner">;
+    using Cols = ds::axis<"cols">;
+    for (int threads : {1, 2}) {
+        INFO("threads: " << threads);
+        ds::set_num_threads(threads);
+        ds::tensor<float, Rows, Inner> x(Rows{300}, Inner{200});
+        ds::tensor<ds::bf16, Rows, Inner> x16(Rows{300}, Inner{200});
+        ds::tensor<float, Inner, Cols> w(Inner{200}, Cols{150});
+        ds::tensor<ds::bf16, Inner, Cols> w16(Inner{200}, Cols{150});
+        ds::fill_normal(x, 1);
+        ds::fill_normal(x16, 2);
+        ds::fill_normal(w, 3);
+        ds::fill_normal(w16, 4);
+        const auto packed = ds::prepack(w);
+        const auto packed16 = ds::prepack(w16);
+        ds::tensor<float, Rows, Cols> y(Rows{300}, Cols{150});
+        ds::tensor<ds::bf16, Rows, Cols> y16(Rows{300}, Cols{150});
+        ds::assign(y, ds::matmul(x, packed));
+        ds::assign(y16, ds::matmul(x16, packed16));
+        const std::size_t before = allocations.load();
+        for (int repeat = 0; repeat < 3; ++repeat) {
+            ds::assign(y, ds::matmul(x, packed));
+            ds::assign(y16, ds::matmul(x16, packed16));
+        }
+        REQUIRE(allocations.load() - before == 0);
+        // the workspace held x16 widened and y16's float value, not w16 widened too
+        const std::size_t held = ds::backend::cpu::last_temporary_bytes<float>();
+        REQUIRE(held >= (300 * 200 + 300 * 150) * sizeof(float));
+        REQUIRE(held < (300 * 200 + 300 * 150 + 200 * 150) * sizeof(float));
+    }
+    ds::set_num_threads(0);
+}
+
 TEST_CASE("a decoder step with a KV cache allocates nothing after the first of its size") {
     using sizes = llama::tiny;
     using llama::Batch;

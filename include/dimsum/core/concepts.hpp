@@ -20,6 +20,15 @@ using shape_of = typename std::remove_cvref_t<E>::shape_type;
 template <class E>
 using value_type_of = typename std::remove_cvref_t<E>::value_type;
 
+// A matrix packed once for a backend's products (ds::prepack): a leaf read as the view
+// `values()` everywhere, and by a product that takes it as its right operand from `packed()`
+// (a pointer, null where there is no packing).
+template <class E>
+concept packed_leaf = requires(const std::remove_cvref_t<E>& e) {
+    e.values();
+    e.packed();
+};
+
 // What the user-facing functions accept: an expression, or the result of an earlier shape
 // mistake (passed on silently, so that one mistake gives one error).
 template <class E>

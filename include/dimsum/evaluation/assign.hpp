@@ -38,6 +38,7 @@ template <class E>
 bool reads(const E& e, const byte_range& target) {
     if constexpr (is_tensor_view<E>::value) return reach_of(e).overlaps(target);
     else if constexpr (is_tensor<E>::value) return reach_of(e.view()).overlaps(target);
+    else if constexpr (packed_leaf<E>) return reach_of(e.values()).overlaps(target);
     bool hit = false;
     expr::for_each_operand(e, [&hit, &target](const auto& operand) { hit = hit || reads(operand, target); });
     return hit;

@@ -181,6 +181,7 @@ private:
                     formula(e.epilogue, e.step, inner.str());
                     out_ << "  [epilogue fused]";
                 }
+                if (e.packed_right) out_ << "  [right operand packed once]";
                 break;
             case entry_kind::attention: attention(e); break;
             case entry_kind::fused: formula(e.step); break;

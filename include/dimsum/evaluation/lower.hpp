@@ -20,12 +20,16 @@ namespace lowering {
 // A tensor's memory becomes a binding: the same one wherever the formula reads it again. Its
 // step holds the tensor's own type U (an integer tensor is read converted, or by gather).
 template <class U>
-void add_binding(step& s, std::vector<binding>& bindings, const strided<const U>& memory) {
-    const binding b{memory.data, element_type_of<U>(), layout_of(memory)};
+void add_binding(step& s, std::vector<binding>& bindings, const strided<const U>& memory, const void* packed = nullptr) {
+    const binding b{memory.data, element_type_of<U>(), layout_of(memory), packed};
     s.kind = step_kind::tensor;
     s.type = b.type;
     for (s.binding = 0; s.binding < bindings.size(); ++s.binding) {
-        if (bindings[s.binding].data == b.data && bindings[s.binding].type == b.type && bindings[s.binding].where == b.where) return;
+        binding& same = bindings[s.binding];
+        if (same.data == b.data && same.type == b.type && same.where == b.where) {
+            if (!same.packed) same.packed = packed;  // the same values: either reader may use the packing
+            return;
+        }
     }
     bindings.push_back(b);
 }
@@ -38,6 +42,11 @@ template <class T, class U, class... A>
 void describe(step& s, std::vector<binding>& bindings, const tensor_view<U, A...>& v) {
     using V = std::remove_const_t<U>;
     lowering::add_binding<V>(s, bindings, to_strided(tensor_view<const V, A...>(v)));
+}
+template <class T, packed_leaf P>
+void describe(step& s, std::vector<binding>& bindings, const P& leaf) {
+    using V = value_type_of<P>;
+    lowering::add_binding<V>(s, bindings, to_strided(leaf.values()), leaf.packed());
 }
 template <class T, class U>
 void describe(step& s, std::vector<binding>&, const expr::scalar<U>& number) {

@@ -14,6 +14,9 @@
 //                                             indices, read by the formula around them;
 //   a tensor of bf16 or integers read by a formula
 //                                          -> a `convert` into a temporary of the formula's type;
+//   a matrix packed once (ds::prepack), a product's right operand
+//                                          -> read by the `gemm` from its packing, where the
+//                                             backend reads such packing (not even converted);
 //   gather                                 -> a `gather` entry, which reads its ids as integers;
 //   concat                                 -> no entry: each operand is written straight into
 //                                             its slice of the result;
@@ -58,6 +61,7 @@ struct entry {
     place out{};  // what the entry writes: the value of `step`, or of `epilogue` if there is one
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention: what the matcher found
+    bool packed_right = false;       // gemm: the right operand is read from its binding's packing
 };
 
 struct plan {
@@ -86,6 +90,7 @@ struct plan {
 struct planner_options {
     bool fuse_attention = true;  // attention as one entry (else matmul, softmax, matmul)
     bool fuse_epilogues = true;  // elementwise formulas of a product into its gemm
+    bool read_packed = false;    // a product's right operand packed once is read from its packing
 };
 
 // The layout of view step s (permute, select, slice, reshape) of a value laid out as `from`, if the
@@ -173,15 +178,28 @@ private:
         plan_.entries.push_back({kind, step, out, epilogue, attention});
     }
 
+    // Places the operands of product `id`, but a right operand that its gemm reads from its
+    // packing (ds::prepack), which needs no place nor a convert: returns whether it does.
+    bool place_operands_of_product(std::size_t id) {
+        const step& s = steps_[id];
+        const step& right = steps_[s.operands[1]];
+        const bool packed = options_.read_packed && right.kind == step_kind::tensor && bindings_[right.binding].packed;
+        value(s.operands[0]);
+        if (!packed) value(s.operands[1]);
+        return packed;
+    }
+    void add_product(std::size_t id, const place& dst, std::size_t epilogue, bool packed_right) {
+        add(entry_kind::gemm, id, dst, epilogue);
+        plan_.entries.back().packed_right = packed_right;
+    }
+
     // Plans the entries that write the value of step `id` into `dst` (of that step's extents).
     void write(std::size_t id, const place& dst) {
         const step& s = steps_[id];
         switch (s.kind) {
             case step_kind::matmul:
                 if (auto match = attention_at(id)) return attend(id, *match, dst);
-                value(s.operands[0]);
-                value(s.operands[1]);
-                return add(entry_kind::gemm, id, dst);
+                return add_product(id, dst, no_step, place_operands_of_product(id));
             case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
             case step_kind::mean:
                 value(s.operands[0]);
@@ -246,6 +264,7 @@ private:
         const std::size_t first_leaf = plan_.leaves.size();
         find_leaves(id);
         std::size_t product = no_step;
+        bool packed_right = false;
         for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
             const std::size_t leaf = plan_.leaves[i];
             const step& s = steps_[leaf];
@@ -253,14 +272,13 @@ private:
                 s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id && !attention_at(leaf) &&
                 !plan_.placed[leaf] && reads_within(id, leaf) == plan_.readers[leaf]) {
                 product = leaf;
-                value(s.operands[0]);
-                value(s.operands[1]);
+                packed_right = place_operands_of_product(leaf);
             } else if (leaf != product) {  // the product read again is the same accumulator
                 value(leaf);
             }
         }
         plan_.leaves.resize(first_leaf);
-        if (product != no_step) return add(entry_kind::gemm, product, dst, id);
+        if (product != no_step) return add_product(product, dst, id, packed_right);
         add(steps_[id].kind == step_kind::elementwise ? entry_kind::fused : entry_kind::copy, id, dst);
     }
 

@@ -129,6 +129,10 @@ struct binding {
     const void* data = nullptr;
     element_type type = element_type::float32;
     layout where{};
+    // The same values packed once for a backend's products (ds::prepack), opaque here; a
+    // planner told to read such packing (planner_options::read_packed) lets the products
+    // that take them as their right operand read it instead.
+    const void* packed = nullptr;
 };
 
 // The names of the step kinds and op codes, as explain() prints them.

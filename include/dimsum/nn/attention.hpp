@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <type_traits>
 
 #include <boost/hana/define_struct.hpp>
 
+#include "dimsum/backend/cpu/prepack.hpp"
 #include "dimsum/core/message.hpp"
 #include "dimsum/core/shape_error.hpp"
 #include "dimsum/evaluation/assign.hpp"
@@ -153,6 +155,25 @@ struct multi_head_attention {
         (tensor<T, ValueInner, Model>, w_o),                    // (heads x value_head, model)
         (std::optional<tensor<T, Model>>, b_o));
 
+    // Packs the projections (W_Q, W_K, W_V and W_O) once for the CPU's products (ds::prepack),
+    // so that a call neither packs them again nor, for bf16, widens them first. The packing
+    // holds about the weights' size in float, and is a copy of their values: after changing
+    // or loading the weights, call prepack() again, or unpack().
+    void prepack() {
+        const projection_views p = projections();
+        auto packed = std::make_shared<projection_panels>();
+        packed->w_q = pack_panels(p.w_q.values());
+        packed->w_k = pack_panels(p.w_k.values());
+        packed->w_v = pack_panels(p.w_v.values());
+        packed->w_o = pack_panels(tensor_view<const T, ValueInner, Model>(w_o.view()));
+        panels_ = std::move(packed);
+    }
+    void unpack() { panels_.reset(); }
+    // The bytes the packing holds: 0 without one.
+    std::size_t packed_bytes() const {
+        return panels_ ? panels_->w_q->bytes() + panels_->w_k->bytes() + panels_->w_v->bytes() + panels_->w_o->bytes() : 0;
+    }
+
     // The inputs x (batch, query, model) and c (batch, key, source) are tensors, views or
     // formulas (a formula is computed once, inside the layer's own formula).
 
@@ -212,7 +233,8 @@ struct multi_head_attention {
             view<Batch, Key, KvHeads, OneGroup, ValueHead>(matmul(c, p.w_v) + p.b_v));
         // concat(heads) W_O + b_O, for z (batch, kv_heads, group, query, value_head)
         auto output = [&](auto&& z) {
-            store(y, matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(z)), w_o) +
+            store(y, matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(z)),
+                            packed_view<T, ValueInner, Model>(w_o.view(), panels_ ? panels_->w_o.get() : nullptr)) +
                          bias_or_zero(b_o, w_o.shape().extent(1)));
         };
         // softmax(mask(Q K^T / sqrt(d_k))) V, the mask one of four formulas
@@ -237,25 +259,34 @@ struct multi_head_attention {
 private:
     struct default_evaluation {};  // evaluate with dimsum's default backend
 
-    // The projections as views, whether fused or separate: one type, so one formula.
+    // The packing prepack() made, shared by copies of the layer (each reads its own weights
+    // everywhere else), or none.
+    struct projection_panels {
+        std::shared_ptr<const matrix_panels<compute_type_t<T>>> w_q, w_k, w_v, w_o;
+    };
+    std::shared_ptr<const projection_panels> panels_;
+
+    // The projections as views, whether fused or separate, packed or not: one type, so one formula.
     struct projection_views {
-        tensor_view<const T, Model, Inner> w_q;
-        tensor_view<const T, Source, KvInner> w_k;
-        tensor_view<const T, Source, KvValueInner> w_v;
+        packed_view<T, Model, Inner> w_q;
+        packed_view<T, Source, KvInner> w_k;
+        packed_view<T, Source, KvValueInner> w_v;
         tensor_view<const T, Inner> b_q;
         tensor_view<const T, KvInner> b_k;
         tensor_view<const T, KvValueInner> b_v;
     };
     projection_views projections() const {
+        auto panels = [&](const auto& of) { return panels_ ? (panels_.get()->*of).get() : nullptr; };
+        const auto q = panels(&projection_panels::w_q), k = panels(&projection_panels::w_k), v = panels(&projection_panels::w_v);
         if constexpr (std::is_same_v<Source, Model> && std::is_same_v<ValueHead, Head>) {
             if (w_qkv) {
                 constexpr std::size_t key = Inner::static_extent, value = key + KvInner::static_extent;
-                return {fused_columns<Inner>(0),   fused_columns<KvInner>(key),   fused_columns<KvInner>(value),
+                return {{fused_columns<Inner>(0), q}, {fused_columns<KvInner>(key), k}, {fused_columns<KvInner>(value), v},
                         fused_bias<Inner>(0), fused_bias<KvInner>(key), fused_bias<KvInner>(value)};
             }
         }
         if (!w_q || !w_k || !w_v) throw shape_error("dimsum: multi_head_attention: neither w_qkv nor w_q, w_k and w_v are set");
-        return {w_q->view(), w_k->view(), w_v->view(), bias_or_zero(b_q), bias_or_zero(b_k), bias_or_zero(b_v)};
+        return {{w_q->view(), q}, {w_k->view(), k}, {w_v->view(), v}, bias_or_zero(b_q), bias_or_zero(b_k), bias_or_zero(b_v)};
     }
 
     // Columns [first, first + Columns) of w_qkv, (model, columns), and of b_qkv (or zeros).

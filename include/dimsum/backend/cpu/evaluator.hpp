@@ -363,11 +363,29 @@ private:
         }
     }
 
+    // The packing of the right operand of product s, which the plan reads from its binding
+    // (ds::prepack packs a matrix of bf16 into float panels, of float or double as it is).
+    const packed_operand<T>* packed_right(const step& s) const {
+        const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
+        const bool packed_as_t =
+            b.type == evaluation::element_type_of<T>() || (b.type == evaluation::element_type::bf16 && std::is_same_v<T, float>);
+        if (!b.packed || !packed_as_t) throw std::logic_error("dimsum: a plan reads a packing its operand lacks");
+        return static_cast<const packed_operand<T>*>(b.packed);
+    }
+    // The extents and strides of step id's binding, its data left null: a product whose
+    // right operand is packed reads only its shape.
+    strided<const T> extents_only(std::size_t id) const {
+        evaluation::layout where = s_.bindings[steps_[id].binding].where;
+        where.offset = 0;
+        return evaluation::strided_at(static_cast<const T*>(nullptr), where);
+    }
+
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
     void multiply(const entry& e, const strided<T>& destination) {
         const step& s = steps_[e.step];
+        const packed_operand<T>* packed_b = e.packed_right ? packed_right(s) : nullptr;
         strided<const T> a = evaluation::broadcast_to_rank(value(s.operands[0]), s.rank);
-        strided<const T> b = evaluation::broadcast_to_rank(value(s.operands[1]), s.rank);
+        strided<const T> b = evaluation::broadcast_to_rank(packed_b ? extents_only(s.operands[1]) : value(s.operands[1]), s.rank);
         strided<T> dst = destination;
         if (e.epilogue != no_step) {
             build_fused(e.epilogue, e.step, dst);
@@ -378,6 +396,7 @@ private:
         problem.b = last_two_axes(b);
         problem.c = last_two_axes(dst);
         problem.batch = leading_axes(dst, a, b, dst);
+        problem.packed_b = packed_b;
         if (e.epilogue == no_step) return gemm<T>(problem);
         epilogue_context context{&s_.fused, dst};
         gemm<T>(problem, gemm_epilogue{&apply_epilogue, &reserve_epilogue, &context});
@@ -395,7 +414,7 @@ public:
     // Whether attention formulas run fused (attention.hpp) or step by step, as written.
     bool fuse_attention = true;
 
-    evaluation::planner_options planning() const { return {fuse_attention, true}; }
+    evaluation::planner_options planning() const { return {fuse_attention, true, true}; }
 
     // Writes the value of e into dst, a view of e's shape that e does not read.
     // A formula of bf16 is computed in float into a temporary (of this thread's temporaries,

@@ -12,6 +12,9 @@
 // Threads: a batch of many products gives each thread whole products; a few large products
 // are each shared by all threads, by columns of C (each thread packing its own part of B)
 // when C is wider than tall, else by rows (the threads packing B together).
+//
+// A B packed once (ds::prepack: weights used by every call) holds every block's panels in
+// the order product_share reads them, and is never packed again.
 
 #include <omp.h>
 
@@ -21,6 +24,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <type_traits>
 
 #include "dimsum/backend/cpu/kernels.hpp"
@@ -296,9 +300,17 @@ struct share {
     std::size_t row_first = 0, row_last = 0;
     std::size_t col_panel_first = 0, col_panel_last = 0;
     T* packed_b = nullptr;
+    const T* packed_once = nullptr;  // B's panels packed before (ds::prepack), or nullptr
     int member = 0, team = 1;
     bool direct_a = false, direct_b = false;
 };
+
+// Where the panels of B's block (columns from jc, depths from pc) start in B packed once:
+// the blocks follow each other by columns, then depths, each block_cols rounded up to nr.
+template <class T>
+std::size_t packed_block_offset(std::size_t k, std::size_t jc, std::size_t pc, std::size_t block_cols) {
+    return jc * k + round_up(block_cols, gemm_tiling<T>::nr) * pc;
+}
 
 // Computes the calling thread's share `part` of c = a b. Its scratch and the epilogue's
 // were reserved before the team's work began (gemm's prepare): nothing here allocates or
@@ -308,7 +320,6 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
                    const gemm_epilogue& epilogue) {
     const std::size_t item = part.item, row_first = part.row_first, row_last = part.row_last;
     const std::size_t col_panel_first = part.col_panel_first, col_panel_last = part.col_panel_last;
-    T* const packed_b = part.packed_b;
     const int member = part.member, team = part.team;
     const bool direct_a = part.direct_a, direct_b = part.direct_b;
     using tiling = gemm_tiling<T>;
@@ -320,13 +331,15 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
         std::size_t panels = (block_cols + nr - 1) / nr;
         for (std::size_t pc = 0; pc < k; pc += tiling::kc) {
             std::size_t depth = std::min(tiling::kc, k - pc);
-            // pass 1: the team packs this B block, panel by panel
+            // pass 1: the team packs this B block, panel by panel, unless it was packed before
+            const T* const packed_b =
+                part.packed_once ? part.packed_once + packed_block_offset<T>(k, jc, pc, block_cols) : part.packed_b;
             std::size_t first_panel = team > 1 ? std::size_t(member) : std::min(col_panel_first, panels);
             std::size_t last_panel = team > 1 ? panels : std::min(col_panel_last, panels);
-            for (std::size_t panel = first_panel; panel < last_panel; panel += static_cast<std::size_t>(team)) {
+            for (std::size_t panel = first_panel; !part.packed_once && panel < last_panel; panel += static_cast<std::size_t>(team)) {
                 std::size_t col = panel * nr;
                 if (direct_b && col + nr <= block_cols) continue;
-                pack_b_panel<T>(sub(b, pc, jc + col), std::min(nr, block_cols - col), depth, packed_b + col * depth);
+                pack_b_panel<T>(sub(b, pc, jc + col), std::min(nr, block_cols - col), depth, part.packed_b + col * depth);
             }
             if (team > 1) {
 #pragma omp barrier
@@ -427,14 +440,77 @@ void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const 
         }
     }
 }
-template <class T>
-void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t depth,
-                      std::size_t first, std::size_t last) {
+// The same with B packed once: each panel of nr columns streamed once (its blocks of depth
+// one after the other), the M rows of C times those columns held in registers all along, in
+// U sums of every U-th depth each: with one or two rows, one sum per row would wait on its
+// own previous FMA at every step (m = 1, 768 x 2304: 1.3 times slower).
+template <class T, std::size_t M>
+void few_rows_product(const matrix<const T>& a, const packed_operand<T>& b, const matrix<T>& c, std::size_t first,
+                      std::size_t last) {
+    using batch = simd<T>;
+    using tiling = gemm_tiling<T>;
+    constexpr std::size_t width = batch::size, nr = tiling::nr, U = M >= 4 ? 1 : 4 / M;
+    const std::size_t k = b.rows, n = b.cols;
+    alignas(64) T edge[M * nr];
+    for (std::size_t col = first / nr * nr; col < last; col += nr) {  // first is a multiple of nr
+        const std::size_t jc = col / tiling::nc * tiling::nc, block_cols = std::min(tiling::nc, n - jc);
+        batch left[U][M], right[U][M];
+        for (std::size_t u = 0; u < U; ++u) {
+            for (std::size_t r = 0; r < M; ++r) left[u][r] = right[u][r] = batch(T(0));
+        }
+        auto step = [&](std::size_t u, const T* panel, const T* a_at) {
+            const batch b0 = batch::load_aligned(panel), b1 = batch::load_aligned(panel + width);
+            for (std::size_t r = 0; r < M; ++r) {
+                const batch ar(a_at[static_cast<std::ptrdiff_t>(r) * a.row_stride]);
+                left[u][r] = xsimd::fma(ar, b0, left[u][r]);
+                right[u][r] = xsimd::fma(ar, b1, right[u][r]);
+            }
+        };
+        for (std::size_t pc = 0; pc < k; pc += tiling::kc) {
+            const std::size_t depth = std::min(tiling::kc, k - pc);
+            const T* panel = b.panels + packed_block_offset<T>(k, jc, pc, block_cols) + (col - jc) * depth;
+            const T* a_at = a.data + static_cast<std::ptrdiff_t>(pc) * a.col_stride;
+            std::size_t p = 0;
+            for (; p + U <= depth; p += U, panel += U * nr, a_at += static_cast<std::ptrdiff_t>(U) * a.col_stride) {
+                for (std::size_t u = 0; u < U; ++u) step(u, panel + u * nr, a_at + static_cast<std::ptrdiff_t>(u) * a.col_stride);
+            }
+            for (; p < depth; ++p, panel += nr, a_at += a.col_stride) step(0, panel, a_at);
+        }
+        for (std::size_t u = 1; u < U; ++u) {
+            for (std::size_t r = 0; r < M; ++r) {
+                left[0][r] += left[u][r];
+                right[0][r] += right[u][r];
+            }
+        }
+        batch* const sum_left = left[0];
+        batch* const sum_right = right[0];
+        const std::size_t live = std::min(nr, last - col);
+        for (std::size_t r = 0; r < M; ++r) {
+            T* row = c.data + static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(col) * c.col_stride;
+            if (live == nr && c.col_stride == 1) {
+                sum_left[r].store_unaligned(row);
+                sum_right[r].store_unaligned(row + width);
+                continue;
+            }
+            sum_left[r].store_aligned(edge + r * nr);
+            sum_right[r].store_aligned(edge + r * nr + width);
+            for (std::size_t q = 0; q < live; ++q) row[static_cast<std::ptrdiff_t>(q) * c.col_stride] = edge[r * nr + q];
+        }
+    }
+}
+
+// A few rows times B, read in place (row-major) or packed once.
+template <class T, class B>
+void few_rows_product(const matrix<const T>& a, const B& b, const matrix<T>& c, std::size_t first, std::size_t last) {
+    auto rows = [&]<std::size_t M>(std::integral_constant<std::size_t, M>) {
+        if constexpr (std::is_same_v<B, packed_operand<T>>) few_rows_product<T, M>(a, b, c, first, last);
+        else few_rows_product<T, M>(a, b, c, a.cols, first, last);
+    };
     switch (c.rows) {
-        case 1: return few_rows_product<T, 1>(a, b, c, depth, first, last);
-        case 2: return few_rows_product<T, 2>(a, b, c, depth, first, last);
-        case 3: return few_rows_product<T, 3>(a, b, c, depth, first, last);
-        default: return few_rows_product<T, 4>(a, b, c, depth, first, last);
+        case 1: return rows(std::integral_constant<std::size_t, 1>{});
+        case 2: return rows(std::integral_constant<std::size_t, 2>{});
+        case 3: return rows(std::integral_constant<std::size_t, 3>{});
+        default: return rows(std::integral_constant<std::size_t, 4>{});
     }
 }
 
@@ -443,6 +519,19 @@ struct item_operands {
     matrix<const T> a, b;
     matrix<T> c;
 };
+// B packed once must be of this product's extents, for this tiling, and the same for every
+// item: a logic error otherwise, before anything is written.
+template <class T>
+void check_packed(const packed_operand<T>& once, const gemm_problem<T>& problem) {
+    using tiling = gemm_tiling<T>;
+    bool fits = once.rows == problem.b.rows && once.cols == problem.b.cols && once.nr == tiling::nr &&
+                once.kc == tiling::kc && once.nc == tiling::nc;
+    for (std::size_t i = 0; i < problem.batch.rank; ++i) {
+        fits = fits && (problem.batch.strides[1][i] == 0 || problem.batch.extents[i] == 1);
+    }
+    if (!fits) throw std::logic_error("dimsum: gemm: an operand packed once does not fit this product");
+}
+
 template <class T>
 item_operands<T> item_of(const gemm_problem<T>& p, std::size_t item) {
     const auto at = p.batch.offsets(item);  // a, b, c
@@ -457,12 +546,53 @@ item_operands<T> item_of(const gemm_problem<T>& p, std::size_t item) {
 
 // (kernels.hpp)
 template <class T>
+std::size_t packed_elements(std::size_t rows, std::size_t cols) {
+    return detail::round_up(cols, gemm_tiling<T>::nr) * rows;
+}
+
+// (kernels.hpp) Every block of m packed as product_share packs it, in the order it reads them.
+template <class T, class U>
+packed_operand<T> pack_operand(const matrix<const U>& m, T* panels) {
+    using tiling = gemm_tiling<T>;
+    constexpr std::size_t nr = tiling::nr;
+    const std::size_t k = m.rows, n = m.cols;
+    for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
+        const std::size_t block_cols = std::min(tiling::nc, n - jc);
+        for (std::size_t pc = 0; pc < k; pc += tiling::kc) {
+            const std::size_t depth = std::min(tiling::kc, k - pc);
+            T* block = panels + detail::packed_block_offset<T>(k, jc, pc, block_cols);
+            for (std::size_t col = 0; col < block_cols; col += nr) {
+                const std::size_t lines = std::min(nr, block_cols - col);
+                const matrix<const U> part = detail::sub(m, pc, jc + col);
+                T* out = block + col * depth;
+                if constexpr (std::is_same_v<T, U>) {
+                    detail::pack_b_panel<T>(part, lines, depth, out);
+                } else {  // widened as it goes (bf16 weights into float panels): once, so plainly
+                    for (std::size_t p = 0; p < depth; ++p) {
+                        for (std::size_t l = 0; l < nr; ++l) {
+                            out[p * nr + l] = l < lines ? static_cast<T>(part.data[static_cast<std::ptrdiff_t>(p) * part.row_stride +
+                                                                                   static_cast<std::ptrdiff_t>(l) * part.col_stride])
+                                                        : T(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return {panels, k, n, nr, tiling::kc, tiling::nc};
+}
+
+// (kernels.hpp)
+template <class T>
 void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t mr = tiling::mr, nr = tiling::nr;
     std::size_t m = problem.c.rows, n = problem.c.cols, k = problem.a.cols, items = problem.batch.count();
+    const packed_operand<T>* const once = problem.packed_b;
+    if (once) detail::check_packed(*once, problem);
+    const T* const packed_once = once ? once->panels : nullptr;
     if (m == 0 || n == 0 || items == 0) return;
-    std::size_t packed_b_size = tiling::kc * detail::round_up(std::min(n, tiling::nc), nr);
+    std::size_t packed_b_size = once ? 0 : tiling::kc * detail::round_up(std::min(n, tiling::nc), nr);
     int threads = num_threads();
     double flops_per_item = 2.0 * double(m) * double(n) * double(k);
     // Below this, a product is not worth sharing between threads: the barriers would cost more.
@@ -471,7 +601,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     // elements serves only m rows, so packing it is a large share of the work (128 x 768 x 768:
     // 6% faster). With more rows, or with B shared by threads, packing measured faster.
     constexpr std::size_t direct_b_rows = tiling::mc;
-    const bool direct_b = problem.b.col_stride == 1 && m <= direct_b_rows;
+    const bool direct_b = !once && problem.b.col_stride == 1 && m <= direct_b_rows;
     // Likewise a row-major A multiplying few columns (attention's products of 64 or 128):
     // each A panel serves only n / nr micro-kernels, too few to pay for its packing.
     constexpr std::size_t direct_a_columns = 8 * nr;
@@ -488,9 +618,9 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
         scratch<T>(scratch_use::packed_b, packed_b_size);
     };
 
-    // A few rows times a row-major B (decoding): B streamed once, its columns shared by the
-    // threads when it is large enough to pay for a team.
-    if (m <= detail::few_rows && k > 0 && problem.b.col_stride == 1 && problem.c.col_stride == 1) {
+    // A few rows times a row-major B or B packed once (decoding): B streamed once, its columns
+    // shared by the threads when it is large enough to pay for a team.
+    if (m <= detail::few_rows && k > 0 && (once || (problem.b.col_stride == 1 && problem.c.col_stride == 1))) {
         constexpr std::size_t shared_b_bytes = std::size_t(1) << 20;
         const std::size_t blocks = (n + 2 * nr - 1) / (2 * nr);  // of 2 nr columns: whole cache lines per thread
         const int team = k * n * sizeof(T) >= shared_b_bytes ? int(std::min<std::size_t>(std::size_t(threads), blocks)) : 1;
@@ -499,7 +629,8 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             split_range(team, blocks, [&] { epilogue.prepare(); }, [&](std::size_t first, std::size_t last) {
                 const std::size_t col_first = first * 2 * nr, col_last = std::min(n, last * 2 * nr);
                 if (col_first >= col_last) return;
-                detail::few_rows_product<T>(operands.a, operands.b, operands.c, k, col_first, col_last);
+                if (once) detail::few_rows_product<T>(operands.a, *once, operands.c, col_first, col_last);
+                else detail::few_rows_product<T>(operands.a, operands.b, operands.c, col_first, col_last);
                 epilogue(item, 0, col_first, m, col_last - col_first);
             });
         }
@@ -517,7 +648,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             detail::product_share<T>(a, b, c,
                                      {.item = item, .row_first = 0, .row_last = m,
                                       .col_panel_first = 0, .col_panel_last = all_panels, .packed_b = packed_b,
-                                      .direct_a = direct_a, .direct_b = direct_b},
+                                      .packed_once = packed_once, .direct_a = direct_a, .direct_b = direct_b},
                                      epilogue);
         };
         split_range(int(std::min<std::size_t>(std::size_t(threads), items)), items, prepare_a_and_b,
@@ -547,7 +678,8 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
                 T* own_b = scratch<T>(scratch_use::packed_b, packed_b_size);
                 detail::product_share<T>(a, b, c,
                                          {.item = item, .row_first = 0, .row_last = m,
-                                          .col_panel_first = first, .col_panel_last = last, .packed_b = own_b},
+                                          .col_panel_first = first, .col_panel_last = last, .packed_b = own_b,
+                                          .packed_once = packed_once},
                                          epilogue);
             });
             continue;
@@ -568,7 +700,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             detail::product_share<T>(a, b, c,
                                      {.item = item, .row_first = first, .row_last = last,
                                       .col_panel_first = col_first, .col_panel_last = col_last, .packed_b = packed_b,
-                                      .member = member, .team = team},
+                                      .packed_once = packed_once, .member = member, .team = team},
                                      epilogue);
         });
     }

@@ -67,6 +67,22 @@ struct batch_layout {
     }
 };
 
+// The right operand of products packed once (ds::prepack): every panel gemm would pack from
+// it, in the order gemm reads them, for the tiling (nr, kc, nc) it was packed for.
+template <class T>
+struct packed_operand {
+    const T* panels = nullptr;
+    std::size_t rows = 0, cols = 0;
+    std::size_t nr = 0, kc = 0, nc = 0;
+};
+
+// The elements of a packed_operand of rows x cols, and the packing of m into `panels` of that
+// many elements (U: m's element type, widened to T).
+template <class T>
+std::size_t packed_elements(std::size_t rows, std::size_t cols);
+template <class T, class U>
+packed_operand<T> pack_operand(const matrix<const U>& m, T* panels);
+
 // C = A B for each item of the batch; A, B and C hold item 0.
 template <class T>
 struct gemm_problem {
@@ -74,6 +90,9 @@ struct gemm_problem {
     matrix<const T> b;  // (k, n)
     matrix<T> c;        // (m, n), not overlapping A or B
     batch_layout<3> batch;  // operands a, b, c
+    // B packed once, the same for every item: read instead of b, which then gives only its
+    // extents (its data may be null)
+    const packed_operand<T>* packed_b = nullptr;
 };
 
 // Called for each region of C once its values are final: rows [row, row + rows) and columns

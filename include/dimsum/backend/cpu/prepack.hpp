@@ -1,0 +1,125 @@
+#pragma once
+// Weights packed once for the CPU's matrix products. `ds::prepack(w)` packs a matrix into the
+// panels that the product packs from its right operand on every call (gemm.hpp), so that
+// `matmul(x, packed)` in a loop never packs w again, and a bf16 w is never widened into a
+// float temporary first: its panels hold float.
+//
+// In a formula the packed matrix stands for w. A product that takes it as its right operand
+// reads the panels on the CPU backend; every other use, and the reference backend, reads w
+// itself. So w must outlive the packing (as it must outlive a view of it), and the packing is
+// a copy of w's values when it was made: after writing w, pack it again.
+//
+// Memory: the panels hold rows x cols rounded up to the micro-kernel's width (16 floats with
+// AVX2, 32 with AVX-512), in the compute type: the size of w for float and double, twice its
+// size for bf16. `bytes()` tells.
+
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+
+#include "dimsum/backend/cpu/kernels.hpp"
+#include "dimsum/core/bf16.hpp"
+#include "dimsum/core/element_type.hpp"
+#include "dimsum/core/static_error.hpp"
+#include "dimsum/tensor/aligned_buffer.hpp"
+#include "dimsum/tensor/tensor.hpp"
+
+#ifndef DIMSUM_PRECOMPILED_KERNELS
+#include "dimsum/backend/cpu/gemm.hpp"
+#endif
+
+namespace dimsum {
+
+// The panels of one matrix, as the CPU's gemm reads them: what a packing owns.
+template <class C>
+struct matrix_panels {
+    detail::aligned_buffer<C> memory;
+    backend::cpu::packed_operand<C> operand;
+    std::size_t bytes() const { return memory.size() * sizeof(C); }
+};
+
+// The panels of w, in its compute type (float for bf16), shared by whoever reads them.
+template <class T, class K, class N>
+std::shared_ptr<const matrix_panels<compute_type_t<T>>> pack_panels(const tensor_view<const T, K, N>& w) {
+    using C = compute_type_t<T>;
+    const auto extents = w.shape().extents();
+    const backend::cpu::matrix<const T> m{w.data(), extents[0], extents[1], w.strides()[0], w.strides()[1]};
+    auto panels = std::make_shared<matrix_panels<C>>();
+    panels->memory = detail::aligned_buffer<C>(backend::cpu::packed_elements<C>(m.rows, m.cols));
+    panels->operand = backend::cpu::pack_operand<C, T>(m, panels->memory.data());
+    return panels;
+}
+
+// A matrix (K, N) and, if given, its panels: a leaf of formulas (packed_leaf) that reads as the
+// view everywhere but as a product's right operand on the CPU backend. Its panels belong to
+// someone else (a layer's prepack()), who keeps them as long as formulas of it live.
+template <class T, class K, class N>
+class packed_view {
+public:
+    using shape_type = ::dimsum::shape<K, N>;
+    using value_type = T;
+
+    packed_view(const tensor_view<const T, K, N>& values, const matrix_panels<compute_type_t<T>>* panels)
+        : values_(values), panels_(panels) {}
+    const shape_type& shape() const { return values_.shape(); }
+    const tensor_view<const T, K, N>& values() const { return values_; }
+    const backend::cpu::packed_operand<compute_type_t<T>>* packed() const { return panels_ ? &panels_->operand : nullptr; }
+
+private:
+    tensor_view<const T, K, N> values_;
+    const matrix_panels<compute_type_t<T>>* panels_;
+};
+
+// A matrix (K, N) packed once: what ds::prepack returns. A leaf of formulas (packed_leaf),
+// cheap to copy (the copies share the panels).
+template <class T, class K, class N>
+class prepacked {
+public:
+    using shape_type = ::dimsum::shape<K, N>;
+    using value_type = T;
+
+    explicit prepacked(const tensor_view<const T, K, N>& w) : values_(w), panels_(pack_panels(w)) {}
+
+    const shape_type& shape() const { return values_.shape(); }
+    // The matrix it was packed from, which every other use reads.
+    const tensor_view<const T, K, N>& values() const { return values_; }
+    // The panels, as the CPU's gemm reads them.
+    const backend::cpu::packed_operand<compute_type_t<T>>* packed() const { return &panels_->operand; }
+    // The memory the panels hold.
+    std::size_t bytes() const { return panels_->bytes(); }
+
+private:
+    tensor_view<const T, K, N> values_;
+    std::shared_ptr<const matrix_panels<compute_type_t<T>>> panels_;
+};
+
+namespace detail {
+template <class>
+inline constexpr fixed_string prepack_matrix{
+    "dimsum: prepack: packs a matrix of two axes (the right operand of matmul), of float, double or bf16"};
+template <class>
+inline constexpr fixed_string prepack_temporary{
+    "dimsum: prepack: every use of the packing but a product reads the matrix itself, so it takes a named "
+    "tensor or a view, not a temporary"};
+}  // namespace detail
+
+// w packed once for `matmul(x, packed)`: w must outlive it and keep its values.
+template <class T, class... A>
+auto prepack(const tensor_view<T, A...>& w) {
+    using V = std::remove_const_t<T>;
+    if constexpr (sizeof...(A) != 2 || !evaluable_element<V>) {
+        (void)sizeof(static_shape_error<detail::prepack_matrix<V>>);
+    } else {
+        return prepacked<V, A...>(tensor_view<const V, A...>(w));
+    }
+}
+template <class T, class... A>
+auto prepack(const tensor<T, A...>& w) {
+    return prepack(w.view());
+}
+template <class T, class... A>
+void prepack(tensor<T, A...>&& w) {
+    (void)sizeof(static_shape_error<detail::prepack_temporary<T>>);
+}
+
+}  // namespace dimsum
