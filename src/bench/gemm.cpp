@@ -140,10 +140,55 @@ void bench_bf16_gemm(bench& s, const gemm_case& g, const ds::tensor<float, M, K>
     }
 }
 
+// The product with B packed once (ds::prepack), as weights in a loop, next to the same product
+// packing B on each call: in float, and in bf16, where the packing also saves the convert pass
+// that widens B.
+void bench_prepacked_gemm(bench& s, const gemm_case& g, const ds::tensor<float, M, K>& a, const ds::tensor<float, K, N>& b) {
+    const ds::tensor<ds::bf16, M, K> a16 = ds::cast<ds::bf16>(a);
+    const ds::tensor<ds::bf16, K, N> b16 = ds::cast<ds::bf16>(b);
+    const ds::tensor<float, M, K> a_wide = ds::cast<float>(a16);
+    const ds::tensor<float, K, N> b_wide = ds::cast<float>(b16);
+    ds::tensor<float, M, N> c(M{g.m}, N{g.n}), c_wide(M{g.m}, N{g.n});
+    ds::tensor<ds::bf16, M, N> c16(M{g.m}, N{g.n});
+    const auto packed = ds::prepack(b);
+    const auto packed16 = ds::prepack(b16);
+    for (const bool in_bf16 : {false, true}) {
+        const std::string name = std::string(in_bf16 ? "bf16_prepacked_" : "prepacked_") + g.name;
+        if (!s.selected(name)) continue;
+        for (int threads : s.opt.threads) {
+            const std::string label = name + " (" + std::to_string(threads) + " threads)";
+            fastest once, each_call;
+            for (int round = 0; round < rounds(s.opt); ++round) {
+                ds::set_num_threads(threads);
+                if (in_bf16) {
+                    c16.fill(ds::bf16(std::numeric_limits<float>::quiet_NaN()));
+                    settle(s.opt);
+                    once.keep(best_seconds(s.opt, [&] { ds::assign(c16, ds::matmul(a16, packed16)); }), "");
+                    ds::assign(c_wide, ds::cast<float>(c16));
+                    s.out.check(label + ": dimsum", gemm_error(g, a_wide.data(), b_wide.data(), c_wide.data()),
+                                gemm_tolerance + std::ldexp(1.0, -9));
+                    settle(s.opt);
+                    each_call.keep(best_seconds(s.opt, [&] { ds::assign(c16, ds::matmul(a16, b16)); }), "");
+                } else {
+                    c.fill(std::numeric_limits<float>::quiet_NaN());
+                    settle(s.opt);
+                    once.keep(best_seconds(s.opt, [&] { ds::assign(c, ds::matmul(a, packed)); }), "");
+                    s.out.check(label + ": dimsum", gemm_error(g, a.data(), b.data(), c.data()), gemm_tolerance);
+                    settle(s.opt);
+                    each_call.keep(best_seconds(s.opt, [&] { ds::assign(c, ds::matmul(a, b)); }), "");
+                }
+            }
+            s.out.add({name, threads, g.flops() / once.seconds * 1e-9, in_bf16 ? "dimsum_bf16" : "dimsum_float",
+                       g.flops() / each_call.seconds * 1e-9, "GFLOP/s", "B packed once against B packed per call"});
+        }
+    }
+}
+
 }  // namespace
 
 void bench_gemm_case(bench& s, const gemm_case& g) {
-    if (!s.selected(g.name) && !(g.batch == 1 && s.selected("bf16_" + g.name))) return;
+    const bool prepacked = s.selected("prepacked_" + g.name) || s.selected("bf16_prepacked_" + g.name);
+    if (!s.selected(g.name) && !(g.batch == 1 && (s.selected("bf16_" + g.name) || prepacked))) return;
     if (g.batch == 1) {
         ds::tensor<float, M, K> a(M{g.m}, K{g.k});  // (m, k)
         ds::tensor<float, K, N> b(K{g.k}, N{g.n});  // (k, n)
@@ -152,6 +197,7 @@ void bench_gemm_case(bench& s, const gemm_case& g) {
         ds::fill_uniform(b, 2);
         if (s.selected(g.name)) bench_gemm(s, g, a, b, c, [&] { ds::assign(c, ds::matmul(a, b)); });
         bench_bf16_gemm(s, g, a, b);
+        if (prepacked) bench_prepacked_gemm(s, g, a, b);
     } else if (g.b_transposed) {
         // Attention scores: q k^T for every batch item.
         ds::tensor<float, B, M, K> q(B{g.batch}, M{g.m}, K{g.k});  // (batch, m, k)

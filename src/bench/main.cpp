@@ -68,6 +68,10 @@ int run(const options& opt) {
                                gemm(512, 2304, 768), batched(128, 128, 64, true), batched(128, 64, 128, false)}) {
         bench_gemm_case(s, g);
     }
+    // decoding one token, and four sequences at once: a few rows times a weight
+    if (!opt.small) {
+        for (const gemm_case& g : {gemm(1, 2304, 768), gemm(4, 2304, 768)}) bench_gemm_case(s, g);
+    }
     std::size_t elements = streaming_floats(opt);  // per array, as the copy
     for (std::size_t cols : {128, 512, 4096}) bench_softmax(s, elements / cols, cols);
     for (std::size_t cols : {768, 4096}) bench_layer_norm(s, elements / cols, cols);
