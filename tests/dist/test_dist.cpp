@@ -325,11 +325,20 @@ TEST_CASE("tensor-parallel attention equals the single-process layer, fused or s
 TEST_CASE("a tensor-parallel BERT layer equals the single-process one") {
     const dist::group world = dist::group::world();
     const full_encoder full = random_encoder();
-    const auto split = dist::encoder_layer<double, Model, Heads, Head, Hidden>::shard(full, world);
+    auto split = dist::encoder_layer<double, Model, Heads, Head, Hidden>::shard(full, world);
     ds::tensor<double, Batch, Seq, Model> x(Batch{3}, Seq{5});
     ds::fill_normal(x, 12);
-    CHECK(largest_difference(split(x), full(x)) < 1e-12);
+    const auto y = split(x);
+    CHECK(largest_difference(y, full(x)) < 1e-12);
     CHECK(largest_difference(split(x, {.causal = true}), full(x, {.causal = true})) < 1e-12);
+    // with this rank's projections packed once: the same values, bit for bit (15 rows: the
+    // products take the same path packed or not)
+    REQUIRE(split.packed_bytes() == 0);
+    split.prepack();
+    CHECK(split.packed_bytes() >= split.w_ff1.size() * 2 * sizeof(double));
+    CHECK(largest_difference(split(x), y) == 0);
+    split.unpack();
+    CHECK(split.packed_bytes() == 0);
 }
 
 TEST_CASE("each rank reads only its slice of the full checkpoint, and holds what shard() cuts from the full layer") {

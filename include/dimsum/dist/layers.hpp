@@ -11,9 +11,11 @@
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "dimsum/backend/cpu/prepack.hpp"
 #include "dimsum/dist/group.hpp"
 #include "dimsum/interop/parameters.hpp"
 #include "dimsum/nn/attention.hpp"
@@ -161,6 +163,21 @@ struct multi_head_attention {
         return layer;
     }
 
+    // This rank's projections packed once for the CPU's products, as
+    // nn::multi_head_attention::prepack(): again after changing or loading them.
+    void prepack() {
+        auto packed = std::make_shared<projection_panels>();
+        packed->w_q = pack_panels(tensor_view<const T, Model, LocalInner>(w_q.view()));
+        packed->w_k = pack_panels(tensor_view<const T, Model, LocalInner>(w_k.view()));
+        packed->w_v = pack_panels(tensor_view<const T, Model, LocalInner>(w_v.view()));
+        packed->w_o = pack_panels(tensor_view<const T, LocalInner, Model>(w_o.view()));
+        panels_ = std::move(packed);
+    }
+    void unpack() { panels_.reset(); }
+    std::size_t packed_bytes() const {
+        return panels_ ? panels_->w_q->bytes() + panels_->w_k->bytes() + panels_->w_v->bytes() + panels_->w_o->bytes() : 0;
+    }
+
     // y (batch, seq, model) for x (batch, seq, model), on every rank.
     template <nn::rows_of_width<Model> X>
     tensor<T, nn::batch_of<X>, nn::rows_of<X>, Model> operator()(const X& x, const nn::attention_options& options = {},
@@ -193,13 +210,15 @@ struct multi_head_attention {
         auto heads = [&](const auto& w, const auto& b) {  // (batch, local heads, seq, head)
             return permute<Batch, LocalHeads, Seq, Head>(view<Batch, Seq, LocalHeads, Head>(matmul(x, w) + b));
         };
-        auto q = heads(w_q, b_q);
-        auto k = rename<Seq, Key>(heads(w_k, b_k));
-        auto v = rename<Seq, Key>(heads(w_v, b_v));
+        auto q = heads(packed(w_q, &projection_panels::w_q), b_q);
+        auto k = rename<Seq, Key>(heads(packed(w_k, &projection_panels::w_k), b_k));
+        auto v = rename<Seq, Key>(heads(packed(w_v, &projection_panels::w_v), b_v));
         const std::size_t batch = x.shape().extent(0), keys = x.shape().extent(1);
         const tensor_view<const T, Model> bias = detail::bias_on_rank_0(team.rank(), b_o ? &*b_o : nullptr, y.extent(2));
         auto output = [&](auto&& z) {  // z (batch, local heads, seq, head)
-            assign(y, matmul(view<Batch, Seq, LocalInner>(permute<Batch, Seq, LocalHeads, Head>(z)), w_o) + bias);
+            assign(y, matmul(view<Batch, Seq, LocalInner>(permute<Batch, Seq, LocalHeads, Head>(z)),
+                             packed(w_o, &projection_panels::w_o)) +
+                          bias);
         };
         auto run = [&](auto mask) { output(matmul(softmax(mask(nn::attention_scores(q, k))), v)); };
         std::optional<tensor<T, Batch, dim<1>, dim<1>, Key>> padding;
@@ -218,6 +237,20 @@ struct multi_head_attention {
         if (padding) return run([&](auto&& s) { return s + *padding; });
         run([](auto&& s) { return s; });
     }
+
+private:
+    // prepack()'s panels, shared by copies of the layer, or none
+    struct projection_panels {
+        std::shared_ptr<const matrix_panels<compute_type_t<T>>> w_q, w_k, w_v, w_o;
+    };
+    std::shared_ptr<const projection_panels> panels_;
+
+    // w as a formula reads it: with its panels when packed
+    template <class R, class C>
+    packed_view<T, R, C> packed(const tensor<T, R, C>& w,
+                                std::shared_ptr<const matrix_panels<compute_type_t<T>>> projection_panels::*which) const {
+        return {w.view(), panels_ ? ((*panels_).*which).get() : nullptr};
+    }
 };
 
 // A BERT encoder layer (post-norm, as torch.nn.TransformerEncoderLayer) split over the ranks:
@@ -234,6 +267,22 @@ struct encoder_layer {
     tensor<T, Model> b_ff2;               // rank 0 adds it
     tensor<T, Model> ln2_weight, ln2_bias;
     double epsilon = 1e-12;  // BERT's LayerNorm
+
+    // This rank's projections (the attention's, W_1's columns and W_2's rows) packed once for
+    // the CPU's products, as nn::multi_head_attention::prepack(): again after changing them.
+    void prepack() {
+        attention.prepack();
+        w_ff1_panels = pack_panels(tensor_view<const T, Model, LocalHidden>(w_ff1.view()));
+        w_ff2_panels = pack_panels(tensor_view<const T, LocalHidden, Model>(w_ff2.view()));
+    }
+    void unpack() {
+        attention.unpack();
+        w_ff1_panels.reset();
+        w_ff2_panels.reset();
+    }
+    std::size_t packed_bytes() const {
+        return attention.packed_bytes() + (w_ff1_panels ? w_ff1_panels->bytes() + w_ff2_panels->bytes() : 0);
+    }
 
     // This rank's part of a full layer, any struct with the members of examples/bert_layer.cpp's
     // encoder_layer (attention, ln1_weight, ln1_bias, w_ff1, b_ff1, w_ff2, b_ff2, ln2_weight,
@@ -286,10 +335,15 @@ struct encoder_layer {
         Out a = attention(x, options);
         Out h = nn::layer_norm(x + a, ln1_weight, ln1_bias, epsilon);
         const tensor_view<const T, Model> bias = detail::bias_on_rank_0(attention.team.rank(), &b_ff2, b_ff2.extent(0));
-        Out f = matmul(nn::gelu(matmul(h, w_ff1) + b_ff1), w_ff2) + bias;  // this rank's part
+        const packed_view<T, Model, LocalHidden> w_1(w_ff1.view(), w_ff1_panels.get());
+        const packed_view<T, LocalHidden, Model> w_2(w_ff2.view(), w_ff2_panels.get());
+        Out f = matmul(nn::gelu(matmul(h, w_1) + b_ff1), w_2) + bias;  // this rank's part
         all_reduce(attention.team, f);
         return nn::layer_norm(h + f, ln2_weight, ln2_bias, epsilon);
     }
+
+private:
+    std::shared_ptr<const matrix_panels<compute_type_t<T>>> w_ff1_panels, w_ff2_panels;  // prepack()'s, or none
 };
 
 }  // namespace dimsum::dist
