@@ -166,17 +166,12 @@ struct multi_head_attention {
     // This rank's projections packed once for the CPU's products, as
     // nn::multi_head_attention::prepack(): again after changing or loading them.
     void prepack() {
-        auto packed = std::make_shared<projection_panels>();
-        packed->w_q = pack_panels(tensor_view<const T, Model, LocalInner>(w_q.view()));
-        packed->w_k = pack_panels(tensor_view<const T, Model, LocalInner>(w_k.view()));
-        packed->w_v = pack_panels(tensor_view<const T, Model, LocalInner>(w_v.view()));
-        packed->w_o = pack_panels(tensor_view<const T, LocalInner, Model>(w_o.view()));
-        panels_ = std::move(packed);
+        using Projection = tensor_view<const T, Model, LocalInner>;
+        panels_ = pack_projections(Projection(w_q.view()), Projection(w_k.view()), Projection(w_v.view()),
+                                   tensor_view<const T, LocalInner, Model>(w_o.view()));
     }
     void unpack() { panels_.reset(); }
-    std::size_t packed_bytes() const {
-        return panels_ ? panels_->w_q->bytes() + panels_->w_k->bytes() + panels_->w_v->bytes() + panels_->w_o->bytes() : 0;
-    }
+    std::size_t packed_bytes() const { return panels_ ? panels_->bytes() : 0; }
 
     // y (batch, seq, model) for x (batch, seq, model), on every rank.
     template <nn::rows_of_width<Model> X>
@@ -210,14 +205,14 @@ struct multi_head_attention {
         auto heads = [&](const auto& w, const auto& b) {  // (batch, local heads, seq, head)
             return permute<Batch, LocalHeads, Seq, Head>(view<Batch, Seq, LocalHeads, Head>(matmul(x, w) + b));
         };
-        auto q = heads(packed(w_q, &projection_panels::w_q), b_q);
-        auto k = rename<Seq, Key>(heads(packed(w_k, &projection_panels::w_k), b_k));
-        auto v = rename<Seq, Key>(heads(packed(w_v, &projection_panels::w_v), b_v));
+        auto q = heads(packed(w_q, &panels::w_q), b_q);
+        auto k = rename<Seq, Key>(heads(packed(w_k, &panels::w_k), b_k));
+        auto v = rename<Seq, Key>(heads(packed(w_v, &panels::w_v), b_v));
         const std::size_t batch = x.shape().extent(0), keys = x.shape().extent(1);
         const tensor_view<const T, Model> bias = detail::bias_on_rank_0(team.rank(), b_o ? &*b_o : nullptr, y.extent(2));
         auto output = [&](auto&& z) {  // z (batch, local heads, seq, head)
             assign(y, matmul(view<Batch, Seq, LocalInner>(permute<Batch, Seq, LocalHeads, Head>(z)),
-                             packed(w_o, &projection_panels::w_o)) +
+                             packed(w_o, &panels::w_o)) +
                           bias);
         };
         auto run = [&](auto mask) { output(matmul(softmax(mask(nn::attention_scores(q, k))), v)); };
@@ -240,16 +235,14 @@ struct multi_head_attention {
 
 private:
     // prepack()'s panels, shared by copies of the layer, or none
-    struct projection_panels {
-        std::shared_ptr<const matrix_panels<compute_type_t<T>>> w_q, w_k, w_v, w_o;
-    };
-    std::shared_ptr<const projection_panels> panels_;
+    using panels = projection_panels<compute_type_t<T>>;
+    std::shared_ptr<const panels> panels_;
 
     // w as a formula reads it: with its panels when packed
     template <class R, class C>
     packed_view<T, R, C> packed(const tensor<T, R, C>& w,
-                                std::shared_ptr<const matrix_panels<compute_type_t<T>>> projection_panels::*which) const {
-        return {w.view(), panels_ ? ((*panels_).*which).get() : nullptr};
+                                std::shared_ptr<const matrix_panels<compute_type_t<T>>> panels::*which) const {
+        return {w.view(), panels::of(panels_, which)};
     }
 };
 

@@ -161,18 +161,12 @@ struct multi_head_attention {
     // or loading the weights, call prepack() again, or unpack().
     void prepack() {
         const projection_views p = projections();
-        auto packed = std::make_shared<projection_panels>();
-        packed->w_q = pack_panels(p.w_q.values());
-        packed->w_k = pack_panels(p.w_k.values());
-        packed->w_v = pack_panels(p.w_v.values());
-        packed->w_o = pack_panels(tensor_view<const T, ValueInner, Model>(w_o.view()));
-        panels_ = std::move(packed);
+        panels_ = pack_projections(p.w_q.values(), p.w_k.values(), p.w_v.values(),
+                                   tensor_view<const T, ValueInner, Model>(w_o.view()));
     }
     void unpack() { panels_.reset(); }
     // The bytes the packing holds: 0 without one.
-    std::size_t packed_bytes() const {
-        return panels_ ? panels_->w_q->bytes() + panels_->w_k->bytes() + panels_->w_v->bytes() + panels_->w_o->bytes() : 0;
-    }
+    std::size_t packed_bytes() const { return panels_ ? panels_->bytes() : 0; }
 
     // The inputs x (batch, query, model) and c (batch, key, source) are tensors, views or
     // formulas (a formula is computed once, inside the layer's own formula).
@@ -234,7 +228,7 @@ struct multi_head_attention {
         // concat(heads) W_O + b_O, for z (batch, kv_heads, group, query, value_head)
         auto output = [&](auto&& z) {
             store(y, matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(z)),
-                            packed_view<T, ValueInner, Model>(w_o.view(), panels_ ? panels_->w_o.get() : nullptr)) +
+                            packed_view<T, ValueInner, Model>(w_o.view(), panels::of(panels_, &panels::w_o))) +
                          bias_or_zero(b_o, w_o.shape().extent(1)));
         };
         // softmax(mask(Q K^T / sqrt(d_k))) V, the mask one of four formulas
@@ -261,10 +255,8 @@ private:
 
     // The packing prepack() made, shared by copies of the layer (each reads its own weights
     // everywhere else), or none.
-    struct projection_panels {
-        std::shared_ptr<const matrix_panels<compute_type_t<T>>> w_q, w_k, w_v, w_o;
-    };
-    std::shared_ptr<const projection_panels> panels_;
+    using panels = projection_panels<compute_type_t<T>>;
+    std::shared_ptr<const panels> panels_;
 
     // The projections as views, whether fused or separate, packed or not: one type, so one formula.
     struct projection_views {
@@ -276,8 +268,7 @@ private:
         tensor_view<const T, KvValueInner> b_v;
     };
     projection_views projections() const {
-        auto panels = [&](const auto& of) { return panels_ ? (panels_.get()->*of).get() : nullptr; };
-        const auto q = panels(&projection_panels::w_q), k = panels(&projection_panels::w_k), v = panels(&projection_panels::w_v);
+        const auto q = panels::of(panels_, &panels::w_q), k = panels::of(panels_, &panels::w_k), v = panels::of(panels_, &panels::w_v);
         if constexpr (std::is_same_v<Source, Model> && std::is_same_v<ValueHead, Head>) {
             if (w_qkv) {
                 constexpr std::size_t key = Inner::static_extent, value = key + KvInner::static_extent;

@@ -70,28 +70,44 @@ private:
     const matrix_panels<compute_type_t<T>>* panels_;
 };
 
-// A matrix (K, N) packed once: what ds::prepack returns. A leaf of formulas (packed_leaf),
+// A matrix (K, N) packed once: what ds::prepack returns. The packed_view of its own panels,
 // cheap to copy (the copies share the panels).
 template <class T, class K, class N>
-class prepacked {
+class prepacked : public packed_view<T, K, N> {
 public:
-    using shape_type = ::dimsum::shape<K, N>;
-    using value_type = T;
+    explicit prepacked(const tensor_view<const T, K, N>& w) : prepacked(w, pack_panels(w)) {}
 
-    explicit prepacked(const tensor_view<const T, K, N>& w) : values_(w), panels_(pack_panels(w)) {}
-
-    const shape_type& shape() const { return values_.shape(); }
-    // The matrix it was packed from, which every other use reads.
-    const tensor_view<const T, K, N>& values() const { return values_; }
-    // The panels, as the CPU's gemm reads them.
-    const backend::cpu::packed_operand<compute_type_t<T>>* packed() const { return &panels_->operand; }
     // The memory the panels hold.
     std::size_t bytes() const { return panels_->bytes(); }
 
 private:
-    tensor_view<const T, K, N> values_;
-    std::shared_ptr<const matrix_panels<compute_type_t<T>>> panels_;
+    using panels_type = std::shared_ptr<const matrix_panels<compute_type_t<T>>>;
+    prepacked(const tensor_view<const T, K, N>& w, panels_type panels)
+        : packed_view<T, K, N>(w, panels.get()), panels_(std::move(panels)) {}
+    panels_type panels_;  // what the view points to, kept alive
 };
+
+// The panels of a layer's projections W_Q, W_K, W_V and W_O, as its prepack() keeps them
+// (nn::multi_head_attention, dist::multi_head_attention).
+template <class C>
+struct projection_panels {
+    std::shared_ptr<const matrix_panels<C>> w_q, w_k, w_v, w_o;
+
+    std::size_t bytes() const { return w_q->bytes() + w_k->bytes() + w_v->bytes() + w_o->bytes(); }
+    // One of them in `packing`, or none without a packing.
+    static const matrix_panels<C>* of(const std::shared_ptr<const projection_panels>& packing,
+                                      std::shared_ptr<const matrix_panels<C>> projection_panels::*which) {
+        return packing ? ((*packing).*which).get() : nullptr;
+    }
+};
+
+// The four projections packed: views of the weights, in the order W_Q, W_K, W_V, W_O.
+template <class Q, class K, class V, class O>
+auto pack_projections(const Q& w_q, const K& w_k, const V& w_v, const O& w_o) {
+    using C = compute_type_t<typename Q::value_type>;
+    return std::make_shared<const projection_panels<C>>(
+        projection_panels<C>{pack_panels(w_q), pack_panels(w_k), pack_panels(w_v), pack_panels(w_o)});
+}
 
 namespace detail {
 template <class>
