@@ -139,23 +139,28 @@ void pack_lines(const T* src, std::ptrdiff_t line_stride, std::size_t lines, std
 }
 
 // Packs one panel of `width` lines along the first axis of m (depths [0, depth) along the
-// second), depth by depth: out[p * width + l] = m(l, p), zero past `lines`.
-template <class T, std::size_t width>
-void pack_panel(const T* src, std::ptrdiff_t line_stride, std::ptrdiff_t depth_stride, std::size_t lines,
+// second), depth by depth: out[p * width + l] = m(l, p), zero past `lines`. Values of another
+// type U (a bf16 weight packed once into float panels) are widened as they go, value by value.
+template <class T, std::size_t width, class U = T>
+void pack_panel(const U* src, std::ptrdiff_t line_stride, std::ptrdiff_t depth_stride, std::size_t lines,
                 std::size_t depth, T* out) {
-    if (depth_stride == 1) return pack_lines<T, width>(src, line_stride, lines, depth, out);
-    if (line_stride == 1 && lines == width && width % simd<T>::size == 0) {  // laid out as the panel wants
-        using batch = simd<T>;
-        for (std::size_t p = 0; p < depth; ++p) {
-            const T* from = src + static_cast<std::ptrdiff_t>(p) * depth_stride;
+    if constexpr (std::is_same_v<T, U>) {
+        if (depth_stride == 1) return pack_lines<T, width>(src, line_stride, lines, depth, out);
+        if (line_stride == 1 && lines == width && width % simd<T>::size == 0) {  // laid out as the panel wants
+            using batch = simd<T>;
+            for (std::size_t p = 0; p < depth; ++p) {
+                const T* from = src + static_cast<std::ptrdiff_t>(p) * depth_stride;
 #pragma GCC unroll 4
-            for (std::size_t l = 0; l < width; l += batch::size) batch::load_unaligned(from + l).store_aligned(out + p * width + l);
+                for (std::size_t l = 0; l < width; l += batch::size) batch::load_unaligned(from + l).store_aligned(out + p * width + l);
+            }
+            return;
         }
-        return;
     }
     for (std::size_t p = 0; p < depth; ++p) {
-        const T* at = src + static_cast<std::ptrdiff_t>(p) * depth_stride;
-        for (std::size_t l = 0; l < width; ++l) out[p * width + l] = l < lines ? at[static_cast<std::ptrdiff_t>(l) * line_stride] : T(0);
+        const U* at = src + static_cast<std::ptrdiff_t>(p) * depth_stride;
+        for (std::size_t l = 0; l < width; ++l) {
+            out[p * width + l] = l < lines ? static_cast<T>(at[static_cast<std::ptrdiff_t>(l) * line_stride]) : T(0);
+        }
     }
 }
 
@@ -564,18 +569,7 @@ packed_operand<T> pack_operand(const matrix<const U>& m, T* panels) {
             for (std::size_t col = 0; col < block_cols; col += nr) {
                 const std::size_t lines = std::min(nr, block_cols - col);
                 const matrix<const U> part = detail::sub(m, pc, jc + col);
-                T* out = block + col * depth;
-                if constexpr (std::is_same_v<T, U>) {
-                    detail::pack_b_panel<T>(part, lines, depth, out);
-                } else {  // widened as it goes (bf16 weights into float panels): once, so plainly
-                    for (std::size_t p = 0; p < depth; ++p) {
-                        for (std::size_t l = 0; l < nr; ++l) {
-                            out[p * nr + l] = l < lines ? static_cast<T>(part.data[static_cast<std::ptrdiff_t>(p) * part.row_stride +
-                                                                                   static_cast<std::ptrdiff_t>(l) * part.col_stride])
-                                                        : T(0);
-                        }
-                    }
-                }
+                detail::pack_panel<T, nr>(part.data, part.col_stride, part.row_stride, lines, depth, block + col * depth);
             }
         }
     }
