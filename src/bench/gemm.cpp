@@ -108,16 +108,30 @@ void bench_gemm(bench& s, const gemm_case& g, const TA& a, const TB& b, TC& c, R
     }
 }
 
+// The operands of a plain case rounded to bf16, and those same values in float.
+struct bf16_operands {
+    ds::tensor<ds::bf16, M, K> a16;
+    ds::tensor<ds::bf16, K, N> b16;
+    ds::tensor<float, M, K> a_wide;
+    ds::tensor<float, K, N> b_wide;
+};
+bf16_operands rounded_to_bf16(const ds::tensor<float, M, K>& a, const ds::tensor<float, K, N>& b) {
+    bf16_operands r{ds::cast<ds::bf16>(a), ds::cast<ds::bf16>(b), {}, {}};
+    r.a_wide = ds::cast<float>(r.a16);
+    r.b_wide = ds::cast<float>(r.b16);
+    return r;
+}
+
 // The same product of bf16 operands (rounded from a and b), written in bf16, next to the float
 // product of the same values: what bf16 costs today, when its operands are widened by a
 // convert pass before the float GEMM and the result is rounded after it.
-void bench_bf16_gemm(bench& s, const gemm_case& g, const ds::tensor<float, M, K>& a, const ds::tensor<float, K, N>& b) {
+void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands) {
     const std::string name = "bf16_" + g.name;
     if (!s.selected(name)) return;
-    const ds::tensor<ds::bf16, M, K> a16 = ds::cast<ds::bf16>(a);
-    const ds::tensor<ds::bf16, K, N> b16 = ds::cast<ds::bf16>(b);
-    const ds::tensor<float, M, K> a_wide = ds::cast<float>(a16);  // the same values, in float
-    const ds::tensor<float, K, N> b_wide = ds::cast<float>(b16);
+    const auto& a16 = operands.a16;  // not a structured binding: clang 14 cannot capture those
+    const auto& b16 = operands.b16;
+    const auto& a_wide = operands.a_wide;
+    const auto& b_wide = operands.b_wide;
     ds::tensor<ds::bf16, M, N> c16(M{g.m}, N{g.n});
     ds::tensor<float, M, N> c(M{g.m}, N{g.n}), c_wide(M{g.m}, N{g.n});
     for (int threads : s.opt.threads) {
@@ -143,11 +157,12 @@ void bench_bf16_gemm(bench& s, const gemm_case& g, const ds::tensor<float, M, K>
 // The product with B packed once (ds::prepack), as weights in a loop, next to the same product
 // packing B on each call: in float, and in bf16, where the packing also saves the convert pass
 // that widens B.
-void bench_prepacked_gemm(bench& s, const gemm_case& g, const ds::tensor<float, M, K>& a, const ds::tensor<float, K, N>& b) {
-    const ds::tensor<ds::bf16, M, K> a16 = ds::cast<ds::bf16>(a);
-    const ds::tensor<ds::bf16, K, N> b16 = ds::cast<ds::bf16>(b);
-    const ds::tensor<float, M, K> a_wide = ds::cast<float>(a16);
-    const ds::tensor<float, K, N> b_wide = ds::cast<float>(b16);
+void bench_prepacked_gemm(bench& s, const gemm_case& g, const ds::tensor<float, M, K>& a, const ds::tensor<float, K, N>& b,
+                          const bf16_operands& operands) {
+    const auto& a16 = operands.a16;  // not a structured binding: clang 14 cannot capture those
+    const auto& b16 = operands.b16;
+    const auto& a_wide = operands.a_wide;
+    const auto& b_wide = operands.b_wide;
     ds::tensor<float, M, N> c(M{g.m}, N{g.n}), c_wide(M{g.m}, N{g.n});
     ds::tensor<ds::bf16, M, N> c16(M{g.m}, N{g.n});
     const auto packed = ds::prepack(b);
@@ -196,8 +211,11 @@ void bench_gemm_case(bench& s, const gemm_case& g) {
         ds::fill_uniform(a, 1);
         ds::fill_uniform(b, 2);
         if (s.selected(g.name)) bench_gemm(s, g, a, b, c, [&] { ds::assign(c, ds::matmul(a, b)); });
-        bench_bf16_gemm(s, g, a, b);
-        if (prepacked) bench_prepacked_gemm(s, g, a, b);
+        if (s.selected("bf16_" + g.name) || prepacked) {
+            const bf16_operands operands = rounded_to_bf16(a, b);
+            bench_bf16_gemm(s, g, operands);
+            if (prepacked) bench_prepacked_gemm(s, g, a, b, operands);
+        }
     } else if (g.b_transposed) {
         // Attention scores: q k^T for every batch item.
         ds::tensor<float, B, M, K> q(B{g.batch}, M{g.m}, K{g.k});  // (batch, m, k)
