@@ -29,13 +29,16 @@ constexpr std::uint16_t bf16_bits_of(float f) {
 // double -> bf16 bits, rounded once: the double is first rounded to float *to odd* (truncated,
 // its last bit set when anything was cut), which keeps enough to round correctly again to the
 // 8 bits of bf16; rounding to float to nearest first would round some values twice.
-inline std::uint16_t bf16_bits_of(double d) {
-    if (std::isnan(d)) return bf16_bits_of(static_cast<float>(d));
+// constexpr, with no library call, so that device code shares it (backend/cuda/).
+constexpr std::uint16_t bf16_bits_of(double d) {
+    if (d != d) return bf16_bits_of(static_cast<float>(d));  // NaN
     float f = static_cast<float>(d);
-    if (std::isfinite(f) && static_cast<double>(f) != d) {
-        auto u = std::bit_cast<std::uint32_t>(f);
-        if (std::fabs(static_cast<double>(f)) > std::fabs(d)) --u;  // rounded away from zero: step back
-        f = std::bit_cast<float>(u | 1u);
+    const auto u = std::bit_cast<std::uint32_t>(f);
+    const bool finite = (u & 0x7f800000u) != 0x7f800000u;
+    if (finite && static_cast<double>(f) != d) {
+        const double magnitude = d < 0 ? -d : d, rounded = f < 0 ? -static_cast<double>(f) : static_cast<double>(f);
+        const std::uint32_t toward_zero = rounded > magnitude ? u - 1 : u;  // rounded away from zero: step back
+        f = std::bit_cast<float>(toward_zero | 1u);
     }
     return bf16_bits_of(f);
 }
@@ -47,7 +50,7 @@ struct bf16 {
 
     constexpr bf16() = default;
     constexpr explicit bf16(float f) : bits(detail::bf16_bits_of(f)) {}
-    explicit bf16(double d) : bits(detail::bf16_bits_of(d)) {}
+    constexpr explicit bf16(double d) : bits(detail::bf16_bits_of(d)) {}
     constexpr explicit bf16(int i) : bf16(static_cast<float>(i)) {}  // small integers (0, 1) exactly
 
     static constexpr bf16 from_bits(std::uint16_t b) {

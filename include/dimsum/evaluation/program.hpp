@@ -14,6 +14,7 @@
 
 #include "dimsum/core/element_type.hpp"
 #include "dimsum/core/functors.hpp"
+#include "dimsum/evaluation/codes.hpp"
 #include "dimsum/evaluation/layout.hpp"
 #include "dimsum/shape/axis.hpp"
 
@@ -21,11 +22,6 @@ namespace dimsum::evaluation {
 
 enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute, reshape, select, slice, concat, gather,
                        matmul, softmax, layer_norm, sum, max, mean };
-
-// The element types a program can hold. A program computes in float32 or float64; its
-// tensors may also hold bf16 (widened exactly), int32 or int64 (ids, lengths), which it reads
-// converted (a `convert` entry), integers also as indices (a `gather` entry).
-enum class element_type : std::uint8_t { float32, float64, bf16, int32, int64 };
 
 template <class T>
 constexpr element_type element_type_of() {
@@ -37,33 +33,7 @@ constexpr element_type element_type_of() {
     else return element_type::int64;
 }
 
-constexpr std::size_t size_of(element_type type) {
-    switch (type) {
-        case element_type::bf16: return 2;
-        case element_type::float32: case element_type::int32: return 4;
-        case element_type::float64: case element_type::int64: return 8;
-    }
-    return 0;
-}
-
-constexpr std::string_view name_of(element_type type) {
-    switch (type) {
-        case element_type::float32: return "float";
-        case element_type::float64: return "double";
-        case element_type::bf16: return "bf16";
-        case element_type::int32: return "int32";
-        case element_type::int64: return "int64";
-    }
-    return "";
-}
-
 inline constexpr std::size_t max_operands = 3;  // where(condition, a, b)
-
-// The causal mask's rule (expr::causal_mask), for every backend: key k lies in query q's
-// future when k > q + (keys - queries), queries and keys aligned at their ends.
-constexpr bool in_future(std::size_t query, std::size_t key, std::size_t queries, std::size_t keys) {
-    return key + queries > query + keys;
-}
 
 // Whether a step's value is memory that exists already, seen through a layout (a tensor, or a
 // view of another step's value), rather than an array that an executor computes.

@@ -25,6 +25,7 @@
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
 #include "dimsum/evaluation/explain.hpp"
+#include "dimsum/evaluation/fold_batch.hpp"
 #include "dimsum/evaluation/integers.hpp"
 #include "dimsum/evaluation/lower.hpp"
 #include "dimsum/evaluation/plan.hpp"
@@ -323,46 +324,6 @@ private:
         attention<T>(problem);
     }
 
-    // Drops axis `axis` of s, folding it into the next one (the rows), whose extent becomes
-    // `rows`; the strides of the rows stay.
-    template <class S>
-    static void fold_into_rows(S& s, std::size_t axis, std::size_t rows) {
-        for (std::size_t i = axis; i + 1 < s.rank; ++i) {
-            s.extents[i] = s.extents[i + 1];
-            s.strides[i] = s.strides[i + 1];
-        }
-        --s.rank;
-        s.extents[axis] = rows;
-    }
-
-    // (..., batch, m, k) x (k, n), with B the same for every item and the items' rows one
-    // after the other in A, in C and in every input of the epilogue, is one taller product
-    // (batch m, k) x (k, n): B is then packed once for all rows, instead of being read again
-    // for each item (x W for x of (batch, seq, model) is the common case). Folds the
-    // innermost batch axes while that holds.
-    static void fold_batch_into_rows(strided<const T>& a, strided<const T>& b, strided<T>& c,
-                                     std::vector<strided<const T>>* inputs) {
-        while (c.rank > 2) {
-            const std::size_t axis = c.rank - 3, m = c.extents[axis + 1];
-            const auto rows_continue = [&](const auto& s) {
-                return c.extents[axis] == 1 || s.strides[axis] == s.strides[axis + 1] * static_cast<std::ptrdiff_t>(m);
-            };
-            bool folds = (b.strides[axis] == 0 || c.extents[axis] == 1) && a.extents[axis + 1] == m && rows_continue(a) &&
-                         rows_continue(c);
-            for (std::size_t i = 0; folds && inputs && i < inputs->size(); ++i) folds = rows_continue((*inputs)[i]);
-            if (!folds) return;
-            const std::size_t rows = c.extents[axis] * m;
-            fold_into_rows(a, axis, rows);
-            fold_into_rows(c, axis, rows);
-            for (std::size_t i = axis; i + 1 < b.rank; ++i) {  // B: the batch axis simply goes
-                b.extents[i] = b.extents[i + 1];
-                b.strides[i] = b.strides[i + 1];
-            }
-            --b.rank;
-            for (std::size_t i = 0; inputs && i < inputs->size(); ++i) fold_into_rows((*inputs)[i], axis, rows);
-        }
-    }
-
     // The packing of the right operand of product s, which the plan reads from its binding
     // (ds::prepack packs a matrix of bf16 into float panels, of float or double as it is).
     const packed_operand<T>* packed_right(const step& s) const {
@@ -390,7 +351,8 @@ private:
         if (e.epilogue != no_step) {
             build_fused(e.epilogue, e.step, dst);
         }
-        fold_batch_into_rows(a, b, dst, e.epilogue != no_step ? &s_.fused.inputs : nullptr);
+        const bool fused = e.epilogue != no_step;
+        evaluation::fold_batch_into_rows(a, b, dst, fused ? s_.fused.inputs.data() : nullptr, fused ? s_.fused.inputs.size() : 0);
         gemm_problem<T> problem;
         problem.a = last_two_axes(a);
         problem.b = last_two_axes(b);
