@@ -29,6 +29,12 @@ concept packed_leaf = requires(const std::remove_cvref_t<E>& e) {
     e.packed();
 };
 
+// Memory on a GPU (backend/cuda/tensor.hpp): a leaf whose elements only a backend that reads
+// device memory may read. `device_memory()` describes it as a view of device addresses, which
+// the host never dereferences.
+template <class E>
+concept device_leaf = requires(const std::remove_cvref_t<E>& e) { e.device_memory(); };
+
 // What the user-facing functions accept: an expression, or the result of an earlier shape
 // mistake (passed on silently, so that one mistake gives one error).
 template <class E>

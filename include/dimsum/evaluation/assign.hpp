@@ -39,6 +39,7 @@ bool reads(const E& e, const byte_range& target) {
     if constexpr (is_tensor_view<E>::value) return reach_of(e).overlaps(target);
     else if constexpr (is_tensor<E>::value) return reach_of(e.view()).overlaps(target);
     else if constexpr (packed_leaf<E>) return reach_of(e.values()).overlaps(target);
+    else if constexpr (device_leaf<E>) return reach_of(e.device_memory()).overlaps(target);  // addresses never shared with the host
     bool hit = false;
     expr::for_each_operand(e, [&hit, &target](const auto& operand) { hit = hit || reads(operand, target); });
     return hit;
@@ -49,9 +50,20 @@ inline constexpr fixed_string computes_in_floats{
     "dimsum: formulas compute in float or double (bf16 in float): a formula of integers (ids, lengths) is read by comparisons and "
     "gather, not evaluated on its own"};
 
+template <class>
+inline constexpr fixed_string reads_gpu_memory{
+    "dimsum: this formula reads GPU memory (a cuda::tensor or a view of one), which this backend cannot: evaluate it "
+    "with ds::backend::cuda::evaluator, or copy it to the host first (cuda::to_host)"};
+
+// Whether Backend reads device memory (says so with `static constexpr bool reads_device_memory = true`).
+template <class Backend>
+inline constexpr bool backend_reads_device_memory = requires { requires Backend::reads_device_memory; };
+
 template <class Backend, class E>
 auto eval_with(Backend& backend, const E& e) {
-    if constexpr (!evaluable_element<value_type_of<E>>) {
+    if constexpr (expr::reads_device_memory<E>() && !backend_reads_device_memory<Backend>) {
+        (void)sizeof(static_shape_error<reads_gpu_memory<E>>);
+    } else if constexpr (!evaluable_element<value_type_of<E>>) {
         (void)sizeof(static_shape_error<computes_in_floats<E>>);
     } else {
         tensor_of_shape_t<value_type_of<E>, shape_of<E>> result(e.shape());
@@ -68,6 +80,8 @@ void assign_with(Backend& backend, const V& dst, const E& e) {
         fail<shapes_error>();
     } else if constexpr (!std::is_same_v<value_type_of<V>, value_type_of<E>>) {
         fail<detail::element_type_error<value_type_of<V>, value_type_of<E>>("assign")>();
+    } else if constexpr (expr::reads_device_memory<E>() && !backend_reads_device_memory<Backend>) {
+        (void)sizeof(static_shape_error<reads_gpu_memory<E>>);
     } else if constexpr (!evaluable_element<value_type_of<E>>) {
         (void)sizeof(static_shape_error<computes_in_floats<E>>);
     } else {
@@ -77,7 +91,10 @@ void assign_with(Backend& backend, const V& dst, const E& e) {
             detail::throw_cannot_store("assign", {target_shape::axes.data(), extents.data(), target_shape::rank},
                                        {shape_of<V>::axes.data(), dst_extents.data(), shape_of<V>::rank});
         }
-        view_of_shape_t<value_type_of<V>, target_shape> target(dst.data(), e.shape(), dst.strides());
+        const auto target = [&] {
+            if constexpr (device_leaf<V>) return dst.with_shape(e.shape());  // device memory stays typed so
+            else return view_of_shape_t<value_type_of<V>, target_shape>(dst.data(), e.shape(), dst.strides());
+        }();
         if (reads(e, reach_of(dst))) {
             auto copy = eval_with(backend, e);
             backend.run(std::as_const(copy).view(), target);

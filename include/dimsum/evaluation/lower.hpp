@@ -20,13 +20,14 @@ namespace lowering {
 // A tensor's memory becomes a binding: the same one wherever the formula reads it again. Its
 // step holds the tensor's own type U (an integer tensor is read converted, or by gather).
 template <class U>
-void add_binding(step& s, std::vector<binding>& bindings, const strided<const U>& memory, const void* packed = nullptr) {
-    const binding b{memory.data, element_type_of<U>(), layout_of(memory), packed};
+void add_binding(step& s, std::vector<binding>& bindings, const strided<const U>& memory, const void* packed = nullptr,
+                 bool on_device = false) {
+    const binding b{memory.data, element_type_of<U>(), layout_of(memory), packed, on_device};
     s.kind = step_kind::tensor;
     s.type = b.type;
     for (s.binding = 0; s.binding < bindings.size(); ++s.binding) {
         binding& same = bindings[s.binding];
-        if (same.data == b.data && same.type == b.type && same.where == b.where) {
+        if (same.data == b.data && same.type == b.type && same.where == b.where && same.on_device == b.on_device) {
             if (!same.packed) same.packed = packed;  // the same values: either reader may use the packing
             return;
         }
@@ -47,6 +48,12 @@ template <class T, packed_leaf P>
 void describe(step& s, std::vector<binding>& bindings, const P& leaf) {
     using V = value_type_of<P>;
     lowering::add_binding<V>(s, bindings, to_strided(leaf.values()), leaf.packed());
+}
+template <class T, device_leaf D>
+void describe(step& s, std::vector<binding>& bindings, const D& leaf) {
+    using V = value_type_of<D>;
+    const auto memory = to_strided(leaf.device_memory());
+    lowering::add_binding<V>(s, bindings, strided<const V>{memory.data, memory.rank, memory.extents, memory.strides}, nullptr, true);
 }
 template <class T, class U>
 void describe(step& s, std::vector<binding>&, const expr::scalar<U>& number) {

@@ -103,6 +103,9 @@ struct binding {
     // planner told to read such packing (planner_options::read_packed) lets the products
     // that take them as their right operand read it instead.
     const void* packed = nullptr;
+    // The memory is a GPU's (a cuda::tensor): only a backend that reads device memory runs the
+    // program, and the host never dereferences data.
+    bool on_device = false;
 };
 
 // The names of the step kinds and op codes, as explain() prints them.

@@ -62,6 +62,22 @@ constexpr void for_each_operand(const Node& node, F&& f) {
     if constexpr (requires { node.operands; }) for_each_in(node.operands, f);
 }
 
+// Whether a formula reads GPU memory (a device_leaf anywhere in it): known at compile time,
+// so that a backend of the host refuses it with one error.
+template <class E>
+constexpr bool reads_device_memory();
+template <class... X>
+constexpr bool any_reads_device_memory(const operands<X...>*) {
+    return (reads_device_memory<X>() || ... || false);
+}
+template <class E>
+constexpr bool reads_device_memory() {
+    using P = std::remove_cvref_t<E>;
+    if constexpr (device_leaf<P>) return true;
+    else if constexpr (requires { &P::operands; }) return any_reads_device_memory(static_cast<const decltype(P::operands)*>(nullptr));
+    else return false;
+}
+
 // The views (reshape, permute, select, slice) of anything but a named tensor or view are
 // formulas, read only: writing into one is this one error, not an overload failure.
 template <class>

@@ -9,17 +9,34 @@
 
 namespace dimsum::detail {
 
-// Whether an operand is a tensor or a view, whose view and transpose cost no copy.
+// A named tensor on a GPU (backend/cuda/tensor.hpp), and a view of GPU memory.
+template <class E>
+inline constexpr bool is_named_device_tensor =
+    device_leaf<E> && requires(E& e) { e.view_of(); } && std::is_lvalue_reference_v<E>;
+template <class E>
+inline constexpr bool is_device_view = device_leaf<E> && requires(const std::remove_cvref_t<E>& e) { e.strides(); };
+
+// Whether an operand is a tensor or a view (on the host or a GPU), whose view and transpose
+// cost no copy.
 template <class E>
 inline constexpr bool is_strided_leaf =
     (is_tensor<std::remove_cvref_t<E>>::value && std::is_lvalue_reference_v<E>) ||
-    is_tensor_view<std::remove_cvref_t<E>>::value;
+    is_tensor_view<std::remove_cvref_t<E>>::value || is_named_device_tensor<E> || is_device_view<E>;
 
 // The view of a tensor or view, writable when the tensor is.
 template <class E>
 auto leaf_view(E&& e) {
     if constexpr (is_tensor<std::remove_cvref_t<E>>::value) return e.view();
+    else if constexpr (is_named_device_tensor<E>) return e.view_of();
     else return e;
+}
+
+// A view of shape R over `first` with these strides, of the same kind as v: a host view, or a
+// view of GPU memory (which rebuilds itself: rewrap).
+template <class R, class V, class P, class Strides>
+auto view_like(const V& v, P* first, const R& extents, const Strides& strides) {
+    if constexpr (device_leaf<V>) return v.template rewrap<R>(first, extents, strides);
+    else return view_of_shape_t<typename V::element_type, R>(first, extents, strides);
 }
 
 }  // namespace dimsum::detail

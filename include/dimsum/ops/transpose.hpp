@@ -22,7 +22,7 @@ auto apply_permutation(E&& e) {
             auto v = leaf_view(std::forward<E>(e));
             strides_t<result_shape::rank> strides{};
             for (std::size_t i = 0; i < result_shape::rank; ++i) strides[i] = v.strides()[Plan.order[i]];
-            return view_of_shape_t<typename decltype(v)::element_type, result_shape>(v.data(), extents, strides);
+            return view_like<result_shape>(v, v.data(), extents, strides);
         } else {
             return expr::permute<result_shape, Plan.order, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents};
         }

@@ -93,7 +93,7 @@ auto select(E&& e, std::size_t index, call_site caller = call_site::current()) {
                 strides_t<S::rank - 1> strides{};
                 for (std::size_t i = 0; i < S::rank - 1; ++i) strides[i] = v.strides()[kept[i]];
                 auto* first = v.data() + static_cast<std::ptrdiff_t>(index) * v.strides()[axis];
-                return view_of_shape_t<typename decltype(v)::element_type, result_shape>(first, extents, strides);
+                return detail::view_like<result_shape>(v, first, extents, strides);
             } else {
                 return expr::select<result_shape, axis, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents, index};
             }
@@ -135,7 +135,7 @@ auto slice_to(E&& e, std::size_t begin, std::size_t count, std::size_t spacing) 
         strides[Axis] *= static_cast<std::ptrdiff_t>(spacing);
         // an empty slice points at the view's start: begin may be the extent, past the memory
         auto* first = count == 0 ? v.data() : v.data() + static_cast<std::ptrdiff_t>(begin) * v.strides()[Axis];
-        return view_of_shape_t<typename decltype(v)::element_type, R>(first, extents, strides);
+        return view_like<R>(v, first, extents, strides);
     } else {
         return expr::slice<R, Axis, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents, begin, spacing};
     }
@@ -325,7 +325,7 @@ auto unsqueeze(E&& e) {
                                  : Position < S::rank ? v.strides()[Position] * static_cast<std::ptrdiff_t>(all[i + 1])
                                                       : 1;
                 }
-                return view_of_shape_t<typename decltype(v)::element_type, Target>(v.data(), extents, strides);
+                return detail::view_like<Target>(v, v.data(), extents, strides);
             } else {
                 return expr::reshape<Target, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents};
             }

@@ -1,0 +1,245 @@
+#pragma once
+// The bodies of the CUDA passes (kernels.hpp), one element or one line at a time, compiled by
+// nvcc into the kernels of src/cuda/ and by g++ into the host stand-in of the tests
+// (tests/cuda/host_device.cpp), which runs the same bodies in plain loops against the
+// reference backend where no GPU is. Only launch configuration, memory and cuBLAS are not
+// shared. Needs nvcc's --expt-relaxed-constexpr (layout.hpp and core/bf16.hpp are constexpr
+// host code).
+//
+// Semantics are the CPU backend's: op codes as core/functors.hpp defines them (max and min
+// propagate NaN, pow as std::pow, gelu with erf), a softmax line of -infinity only gives 0.
+
+#include <math.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "dimsum/backend/cuda/kernels.hpp"
+#include "dimsum/core/bf16.hpp"
+
+#ifdef __CUDACC__
+#define DIMSUM_HD __host__ __device__
+#else
+#define DIMSUM_HD
+#endif
+
+namespace dimsum::backend::cuda::device {
+
+// Element `offset` of memory of element type `type`, as T (bf16 and integers widened).
+template <class T>
+DIMSUM_HD inline T load(const void* data, element_type type, std::ptrdiff_t offset) {
+    switch (type) {
+        case element_type::float32: return static_cast<T>(static_cast<const float*>(data)[offset]);
+        case element_type::float64: return static_cast<T>(static_cast<const double*>(data)[offset]);
+        case element_type::bf16: {
+            const std::uint32_t bits = std::uint32_t(static_cast<const std::uint16_t*>(data)[offset]) << 16;
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            return static_cast<T>(f);
+        }
+        case element_type::int32: return static_cast<T>(static_cast<const std::int32_t*>(data)[offset]);
+        case element_type::int64: return static_cast<T>(static_cast<const std::int64_t*>(data)[offset]);
+    }
+    return T(0);
+}
+
+// The nearest bf16 to a, as a value of a's type (fn::round_bf16).
+template <class T>
+DIMSUM_HD inline T round_bf16(T a) {
+    const std::uint32_t bits = std::uint32_t(dimsum::detail::bf16_bits_of(a)) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return static_cast<T>(f);
+}
+
+template <class T>
+DIMSUM_HD inline T maximum(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
+template <class T>
+DIMSUM_HD inline T minimum(T a, T b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
+
+// The function `op` of the arguments a (fn::evaluate on one value). The math functions are the
+// C library's on the host and CUDA's on the device: their results may differ in the last bits.
+template <class T>
+DIMSUM_HD inline T apply(op_code op, const T* a) {
+    const T one(1);
+    switch (op) {
+        case op_code::add: return a[0] + a[1];
+        case op_code::subtract: return a[0] - a[1];
+        case op_code::multiply: return a[0] * a[1];
+        case op_code::divide: return a[0] / a[1];
+        case op_code::negate: return -a[0];
+        case op_code::exp: return ::exp(a[0]);
+        case op_code::log: return ::log(a[0]);
+        case op_code::sqrt: return ::sqrt(a[0]);
+        case op_code::tanh: return ::tanh(a[0]);
+        case op_code::abs: return ::fabs(a[0]);
+        case op_code::erf: return ::erf(a[0]);
+        case op_code::sigmoid: return one / (one + ::exp(-a[0]));
+        case op_code::silu: return a[0] / (one + ::exp(-a[0]));
+        case op_code::gelu: {
+            const T inverse_sqrt2 = static_cast<T>(0.70710678118654752440);  // as fn::gelu's 1 / ::sqrt(2)
+            return a[0] * (::erf(a[0] * inverse_sqrt2) + one) * T(0.5);
+        }
+        case op_code::sin: return ::sin(a[0]);
+        case op_code::cos: return ::cos(a[0]);
+        case op_code::rsqrt: return one / ::sqrt(a[0]);
+        case op_code::round_bf16: return round_bf16(a[0]);
+        case op_code::maximum: return maximum(a[0], a[1]);
+        case op_code::minimum: return minimum(a[0], a[1]);
+        case op_code::pow: return ::pow(a[0], a[1]);
+        case op_code::less: return a[0] < a[1] ? one : T(0);
+        case op_code::less_equal: return a[0] <= a[1] ? one : T(0);
+        case op_code::greater: return a[0] > a[1] ? one : T(0);
+        case op_code::greater_equal: return a[0] >= a[1] ? one : T(0);
+        case op_code::equal: return a[0] == a[1] ? one : T(0);
+        case op_code::not_equal: return a[0] != a[1] ? one : T(0);
+        case op_code::logical_and: return a[0] != T(0) && a[1] != T(0) ? one : T(0);
+        case op_code::logical_or: return a[0] != T(0) || a[1] != T(0) ? one : T(0);
+        case op_code::logical_not: return a[0] == T(0) ? one : T(0);
+        case op_code::where: return a[0] != T(0) ? a[1] : a[2];
+        case op_code::map: break;  // refused by the evaluator: a user's function runs on the host only
+    }
+    return T(0) / T(0);
+}
+
+// The offset of the index whose row-major number is `linear`, over `rank` axes of `extents`,
+// for `count` arrays of these strides at once.
+DIMSUM_HD inline void offsets_of(std::size_t linear, std::size_t rank, const extents_t& extents, std::size_t count,
+                                 const strides_t* const* strides, std::ptrdiff_t* offsets) {
+    for (std::size_t a = 0; a < count; ++a) offsets[a] = 0;
+    for (std::size_t i = rank; i-- > 0;) {
+        const std::size_t index = linear % extents[i];
+        linear /= extents[i];
+        for (std::size_t a = 0; a < count; ++a) offsets[a] += static_cast<std::ptrdiff_t>(index) * (*strides[a])[i];
+    }
+}
+
+// One element of a fused pass: element number `linear` (row-major) of the result.
+template <class T>
+DIMSUM_HD inline void fused_element(const fused_pass& p, std::size_t linear) {
+    const strides_t* strides[max_fused_inputs + 1];
+    std::ptrdiff_t offsets[max_fused_inputs + 1];
+    strides[0] = &p.out_strides;
+    for (std::size_t i = 0; i < p.input_count; ++i) strides[i + 1] = &p.inputs[i].strides;
+    offsets_of(linear, p.rank, p.extents, p.input_count + 1, strides, offsets);
+    T values[max_fused_nodes];
+    for (std::size_t n = 0; n < p.node_count; ++n) {
+        const fused_node& node = p.nodes[n];
+        switch (node.what) {
+            case fused_node::kind::input: {
+                const fused_input& in = p.inputs[node.input];
+                values[n] = load<T>(in.data, in.type, offsets[node.input + 1]);
+                break;
+            }
+            case fused_node::kind::constant: values[n] = static_cast<T>(node.value); break;
+            case fused_node::kind::function: {
+                T arguments[3] = {T(0), T(0), T(0)};
+                for (std::size_t o = 0; o < node.operand_count; ++o) arguments[o] = values[node.operands[o]];
+                values[n] = apply(node.op, arguments);
+                break;
+            }
+        }
+    }
+    static_cast<T*>(p.out)[offsets[0]] = values[p.node_count - 1];
+}
+
+// How many lines a rowwise pass has: the product of the extents but the line's own.
+DIMSUM_HD inline std::size_t line_count(const rowwise_pass& p) {
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < p.rank; ++i) n *= i == p.axis ? 1 : p.extents[i];
+    return n;
+}
+
+// One line of a rowwise pass: line number `line` (row-major over the other axes). Accumulates
+// in T, as the CPU backend does.
+template <class T>
+DIMSUM_HD inline void rowwise_line(const rowwise_pass& p, std::size_t line) {
+    // the first element of the line in x and in y
+    std::ptrdiff_t at_x = 0, at_y = 0;
+    const bool reduces = p.op == line_op::sum || p.op == line_op::max || p.op == line_op::mean;
+    for (std::size_t i = p.rank; i-- > 0;) {
+        if (i == p.axis) continue;
+        const std::size_t index = line % p.extents[i];
+        line /= p.extents[i];
+        const std::size_t y_axis = reduces && i > p.axis ? i - 1 : i;  // a reduction's y lacks the axis
+        at_x += static_cast<std::ptrdiff_t>(index) * p.x_strides[i];
+        at_y += static_cast<std::ptrdiff_t>(index) * p.y_strides[y_axis];
+    }
+    const T* x = static_cast<const T*>(p.x) + at_x;
+    T* y = static_cast<T*>(p.y) + at_y;
+    const std::ptrdiff_t xs = p.x_strides[p.axis], ys = reduces ? 0 : p.y_strides[p.axis];
+    const auto n = static_cast<std::ptrdiff_t>(p.extents[p.axis]);
+    switch (p.op) {
+        case line_op::softmax: {
+            // pass 1: the maximum, so that exp never overflows
+            T top = -static_cast<T>(INFINITY);
+            for (std::ptrdiff_t j = 0; j < n; ++j) top = maximum(top, x[j * xs]);
+            if (top == -static_cast<T>(INFINITY)) {  // every value masked: no weight anywhere
+                for (std::ptrdiff_t j = 0; j < n; ++j) y[j * ys] = T(0);
+                return;
+            }
+            // pass 2: the normaliser; pass 3: the weights
+            T total = 0;
+            for (std::ptrdiff_t j = 0; j < n; ++j) total += ::exp(x[j * xs] - top);
+            for (std::ptrdiff_t j = 0; j < n; ++j) y[j * ys] = ::exp(x[j * xs] - top) / total;
+            return;
+        }
+        case line_op::layer_norm: {
+            T mean = 0, variance = 0;
+            for (std::ptrdiff_t j = 0; j < n; ++j) mean += x[j * xs];
+            mean /= static_cast<T>(n);
+            for (std::ptrdiff_t j = 0; j < n; ++j) variance += (x[j * xs] - mean) * (x[j * xs] - mean);
+            variance /= static_cast<T>(n);
+            const T inverse = T(1) / ::sqrt(variance + static_cast<T>(p.epsilon));
+            for (std::ptrdiff_t j = 0; j < n; ++j) y[j * ys] = (x[j * xs] - mean) * inverse;
+            return;
+        }
+        case line_op::sum: case line_op::mean: {
+            T total = 0;
+            for (std::ptrdiff_t j = 0; j < n; ++j) total += x[j * xs];
+            *y = p.op == line_op::mean ? total / static_cast<T>(n) : total;
+            return;
+        }
+        case line_op::max: {
+            T top = -static_cast<T>(INFINITY);
+            for (std::ptrdiff_t j = 0; j < n; ++j) top = maximum(top, x[j * xs]);
+            *y = top;
+            return;
+        }
+    }
+}
+
+// One element of an indices pass.
+template <class T>
+DIMSUM_HD inline void indices_element(const indices_pass& p, std::size_t linear) {
+    if (!p.causal) {
+        static_cast<T*>(p.out)[static_cast<std::ptrdiff_t>(linear) * p.out_strides[0]] = static_cast<T>(linear);
+        return;
+    }
+    const std::size_t queries = p.extents[0], keys = p.extents[1], q = linear / keys, k = linear % keys;
+    const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(q) * p.out_strides[0] + static_cast<std::ptrdiff_t>(k) * p.out_strides[1];
+    static_cast<T*>(p.out)[at] = evaluation::in_future(q, k, queries, keys) ? T(1) : T(0);
+}
+
+// One element of a gather pass: element number `linear` (row-major) of out.
+template <class T>
+DIMSUM_HD inline void gather_element(const gather_pass& p, std::size_t linear) {
+    std::size_t index[max_rank];
+    for (std::size_t i = p.out_rank; i-- > 0;) {
+        index[i] = linear % p.out_extents[i];
+        linear /= p.out_extents[i];
+    }
+    std::ptrdiff_t at_out = 0, at_id = 0, at_table = 0;
+    for (std::size_t i = 0; i < p.out_rank; ++i) at_out += static_cast<std::ptrdiff_t>(index[i]) * p.out_strides[i];
+    for (std::size_t i = 0; i < p.id_rank; ++i) at_id += static_cast<std::ptrdiff_t>(index[p.axis + i]) * p.id_strides[i];
+    const auto id = load<std::int64_t>(p.ids, p.id_type, at_id);
+    for (std::size_t i = 0; i < p.axis; ++i) at_table += static_cast<std::ptrdiff_t>(index[i]) * p.table_strides[i];
+    at_table += static_cast<std::ptrdiff_t>(id) * p.table_strides[p.axis];
+    for (std::size_t i = p.axis + 1; i < p.table_rank; ++i) {
+        at_table += static_cast<std::ptrdiff_t>(index[i - 1 + p.id_rank]) * p.table_strides[i];
+    }
+    static_cast<T*>(p.out)[at_out] = static_cast<const T*>(p.table)[at_table];
+}
+
+}  // namespace dimsum::backend::cuda::device

@@ -1,0 +1,529 @@
+#pragma once
+// The CUDA backend: formulas evaluated on the GPU. The program links dimsum::cuda.
+// Their tensors may live on the device (cuda::tensor, tensor.hpp) or on the host, and so may
+// the destination: `cuda::eval(f)` gives a device tensor, `ds::eval(f, cuda::evaluator{})` a
+// host one. Host tensors are copied to the device for the evaluation ("staging").
+//
+// run(formula, destination) lowers the formula and plans it on the host as every backend
+// does (evaluation/), copies each host tensor the formula reads to device memory, maps each
+// entry of the plan to a pass of the dimsum::cuda library (kernels.hpp), and copies the value
+// back if the destination is the host's:
+//   gemm       -> cuBLAS (gemm_layout.hpp), then its epilogue formula as one fused pass over
+//                 the product, in place;
+//   fused, copy, convert -> one fused pass (one kernel launch) over the result;
+//   rowwise    -> one thread per line;
+//   indices, gather -> a pass each.
+// Attention runs unfused (matmul, softmax, matmul), as the plan says; ds::map, whose function
+// is host code, is refused. Staging copies every operand both ways on each evaluation, so it
+// pays off only for formulas heavy in arithmetic (products, attention); memory-bound formulas
+// are faster on the CPU backend.
+//
+// Device memory comes from the calling thread's arena (kernels.hpp), kept between
+// evaluations: a formula evaluated in a loop allocates nothing on the device after its first
+// evaluation. The destination is written only once the device has finished without error.
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dimsum/backend/cuda/gemm_layout.hpp"
+#include "dimsum/backend/cuda/kernels.hpp"
+#include "dimsum/backend/cuda/view.hpp"
+#include "dimsum/evaluation/convert.hpp"
+#include "dimsum/evaluation/explain.hpp"
+#include "dimsum/evaluation/fold_batch.hpp"
+#include "dimsum/evaluation/integers.hpp"
+#include "dimsum/evaluation/lower.hpp"
+#include "dimsum/evaluation/plan.hpp"
+
+namespace dimsum::backend::cuda {
+
+namespace detail {
+
+using evaluation::entry;
+using evaluation::entry_kind;
+using evaluation::layout;
+using evaluation::no_step;
+using evaluation::step;
+using evaluation::step_kind;
+
+// Device memory seen through a layout: element `index` at address + where.at(index) elements.
+// The address is an integer: device memory is never dereferenced on the host.
+struct device_array {
+    std::uintptr_t address = 0;  // of the element at offset 0
+    element_type type = element_type::float32;
+    layout where{};
+
+    const void* first() const {
+        return reinterpret_cast<const void*>(address + static_cast<std::uintptr_t>(where.offset * std::ptrdiff_t(size_of(type))));
+    }
+    void* first_writable() const { return const_cast<void*>(first()); }
+};
+
+// The lowest and highest offsets a layout reaches (of a non-empty array).
+inline void span_of(const layout& l, std::ptrdiff_t& low, std::ptrdiff_t& high) {
+    low = high = l.offset;
+    for (std::size_t i = 0; i < l.rank; ++i) {
+        const std::ptrdiff_t reach = static_cast<std::ptrdiff_t>(l.extents[i] - 1) * l.strides[i];
+        (reach < 0 ? low : high) += reach;
+    }
+}
+
+// Merges the axes of a pass along which every array continues (stride[i] = stride[i+1] *
+// extent[i+1]) and drops axes of extent 1: most formulas become one contiguous axis, cheap
+// to index on the device.
+inline void merge_axes(std::size_t& rank, extents_t& extents, strides_t* const* strides, std::size_t count) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < rank; ++i) {
+        if (extents[i] == 1) continue;
+        bool continues = kept > 0;
+        for (std::size_t a = 0; continues && a < count; ++a) {
+            continues = (*strides[a])[kept - 1] == (*strides[a])[i] * static_cast<std::ptrdiff_t>(extents[i]);
+        }
+        if (continues) {
+            extents[kept - 1] *= extents[i];
+            for (std::size_t a = 0; a < count; ++a) (*strides[a])[kept - 1] = (*strides[a])[i];
+        } else {
+            extents[kept] = extents[i];
+            for (std::size_t a = 0; a < count; ++a) (*strides[a])[kept] = (*strides[a])[i];
+            ++kept;
+        }
+    }
+    rank = kept;
+}
+
+// Everything one evaluation needs, kept per thread and type so that it is allocated once.
+template <class T>
+struct state {
+    evaluation::program program;
+    std::vector<evaluation::binding> bindings;
+    evaluation::plan plan;
+    std::vector<std::uintptr_t> device_bindings;  // each binding's device copy (offset 0)
+    std::vector<std::uintptr_t> temporaries;
+    std::vector<std::size_t> fused_steps;  // the step of each node of the pass being built
+    std::vector<T> result;  // the destination's value, downloaded row-major
+    std::vector<evaluation::binding> checked;  // the bindings as the host checks them (device ids copied back)
+    std::vector<std::vector<unsigned char>> host_ids;
+
+    static state& of_this_thread() {
+        thread_local state s;
+        return s;
+    }
+};
+
+template <class T>
+class executor {
+public:
+    executor(state<T>& s, context& c, gemm_precision precision) : s_(s), steps_(s.program.steps), c_(c), precision_(precision) {}
+
+    // Computes the plan into device memory at `address` (0: a row-major array of the arena)
+    // and returns the destination's device memory.
+    device_array run(const layout& destination, std::uintptr_t address) {
+        begin(c_);
+        upload_bindings();
+        s_.temporaries.clear();
+        for (std::size_t size : s_.plan.temporaries) s_.temporaries.push_back(address_of(allocate(c_, size * sizeof(T))));
+        if (!address) address = address_of(allocate(c_, destination.size() * sizeof(T)));
+        destination_ = {address, type_, destination};
+        for (const entry& e : s_.plan.entries) run(e);
+        return destination_;
+    }
+
+private:
+    static constexpr element_type type_ = evaluation::element_type_of<T>();
+    static std::uintptr_t address_of(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+    // Each host binding's elements, from the lowest offset its layout reaches to the highest,
+    // copied to device memory of the same layout; a device binding is read where it is.
+    void upload_bindings() {
+        s_.device_bindings.assign(s_.bindings.size(), 0);
+        for (std::size_t i = 0; i < s_.bindings.size(); ++i) {
+            const evaluation::binding& b = s_.bindings[i];
+            if (b.on_device) {
+                s_.device_bindings[i] = address_of(b.data);
+                continue;
+            }
+            if (b.where.size() == 0 || !b.data) continue;
+            std::ptrdiff_t low = 0, high = 0;
+            span_of(b.where, low, high);
+            const auto bytes = static_cast<std::size_t>(high - low + 1) * size_of(b.type);
+            void* copy = allocate(c_, bytes);
+            const auto element = static_cast<std::ptrdiff_t>(size_of(b.type));
+            upload(c_, copy, static_cast<const char*>(b.data) + low * element, bytes);  // host memory: in bounds
+            s_.device_bindings[i] = address_of(copy) - static_cast<std::uintptr_t>(low * element);
+        }
+    }
+
+    void run(const entry& e) {
+        const step& s = steps_[e.step];
+        const device_array dst = at(e.out);
+        if (dst.where.size() == 0) return;
+        switch (e.kind) {
+            case entry_kind::gemm: return multiply(e, dst);
+            case entry_kind::fused: case entry_kind::copy: return fuse(e.step, no_step, dst);
+            case entry_kind::convert: {
+                const evaluation::binding& b = s_.bindings[s.binding];
+                fused_pass& pass = pass_for(dst);
+                add_input({s_.device_bindings[s.binding], b.type, b.where}, pass);
+                return launch(pass);
+            }
+            case entry_kind::rowwise: return rowwise(s, dst);
+            case entry_kind::indices: {
+                indices_pass pass;
+                pass.causal = s.kind == step_kind::causal_mask;
+                pass.type = type_;
+                pass.rank = dst.where.rank;
+                pass.extents = dst.where.extents;
+                pass.out = dst.first_writable();
+                pass.out_strides = dst.where.strides;
+                return run_indices(c_, pass);
+            }
+            case entry_kind::gather: {
+                const device_array table = value(s.operands[0]);
+                const std::size_t ids_binding = steps_[s.operands[1]].binding;
+                const evaluation::binding& ids = s_.bindings[ids_binding];
+                gather_pass pass;
+                pass.type = type_;
+                pass.table = table.first();
+                pass.table_rank = table.where.rank;
+                pass.axis = s.axis;
+                pass.table_extents = table.where.extents;
+                pass.table_strides = table.where.strides;
+                pass.ids = device_array{s_.device_bindings[ids_binding], ids.type, ids.where}.first();
+                pass.id_type = ids.type;
+                pass.id_rank = ids.where.rank;
+                pass.id_strides = ids.where.strides;
+                pass.out = dst.first_writable();
+                pass.out_rank = dst.where.rank;
+                pass.out_extents = dst.where.extents;
+                pass.out_strides = dst.where.strides;
+                return run_gather(c_, pass);
+            }
+            case entry_kind::attention: break;  // this backend plans attention unfused
+        }
+        throw std::logic_error("dimsum: cuda: a plan with an entry this backend does not run");
+    }
+
+    device_array at(const evaluation::place& p) const {
+        switch (p.memory) {
+            case evaluation::memory_kind::destination: return {destination_.address, type_, p.where};
+            case evaluation::memory_kind::temporary: return {s_.temporaries[p.index], type_, p.where};
+            case evaluation::memory_kind::binding: break;
+        }
+        throw std::logic_error("dimsum: a plan writes to a tensor it reads");
+    }
+    device_array value(std::size_t id) const {
+        const evaluation::place& p = s_.plan.values[id];
+        if (p.memory == evaluation::memory_kind::binding) return {s_.device_bindings[p.index], type_, p.where};
+        return at(p);
+    }
+
+    // A new fused pass writing dst, with no node yet.
+    fused_pass& pass_for(const device_array& dst) {
+        fused_pass& pass = pass_;
+        pass.type = type_;
+        pass.rank = dst.where.rank;
+        pass.extents = dst.where.extents;
+        pass.out = dst.first_writable();
+        pass.out_strides = dst.where.strides;
+        pass.node_count = pass.input_count = 0;
+        s_.fused_steps.clear();
+        return pass;
+    }
+    // Appends an input node reading v (broadcast to the pass's rank); returns its index.
+    std::size_t add_input(const device_array& v, fused_pass& pass) {
+        if (pass.input_count == max_fused_inputs || pass.node_count == max_fused_nodes) too_large();
+        const layout broadcast = evaluation::broadcast(v.where, pass.rank);
+        fused_input& in = pass.inputs[pass.input_count];
+        in.data = device_array{v.address, v.type, broadcast}.first();
+        in.type = v.type;
+        in.strides = broadcast.strides;
+        fused_node& node = pass.nodes[pass.node_count];
+        node = {};
+        node.what = fused_node::kind::input;
+        node.input = static_cast<std::uint8_t>(pass.input_count++);
+        return pass.node_count++;
+    }
+    [[noreturn, gnu::cold]] static void too_large() {
+        throw std::length_error("dimsum: cuda: an elementwise formula of more than " + std::to_string(max_fused_nodes) +
+                                " steps or " + std::to_string(max_fused_inputs) +
+                                " inputs is not supported yet; evaluate a part of it into a tensor first");
+    }
+
+    // Appends the nodes of step id; returns the index of its node. A step read more than once is
+    // one node. The step `in_place` reads the destination itself (a product's epilogue).
+    std::size_t add_nodes(std::size_t id, std::size_t in_place, const device_array& dst, fused_pass& pass) {
+        for (std::size_t k = 0; k < s_.fused_steps.size(); ++k) {
+            if (s_.fused_steps[k] == id) return k;
+        }
+        const step& s = steps_[id];
+        std::size_t node = 0;
+        if (s.kind == step_kind::elementwise) {
+            fused_node f;
+            f.what = fused_node::kind::function;
+            f.op = s.op;
+            f.operand_count = static_cast<std::uint8_t>(s.operand_count);
+            for (std::size_t o = 0; o < s.operand_count; ++o) f.operands[o] = static_cast<std::uint8_t>(add_nodes(s.operands[o], in_place, dst, pass));
+            if (pass.node_count == max_fused_nodes) too_large();
+            pass.nodes[pass.node_count] = f;
+            node = pass.node_count++;
+        } else if (s.kind == step_kind::number) {
+            if (pass.node_count == max_fused_nodes) too_large();
+            fused_node& c = pass.nodes[pass.node_count];
+            c = {};
+            c.what = fused_node::kind::constant;
+            c.value = s.number;
+            node = pass.node_count++;
+        } else {
+            node = add_input(id == in_place ? dst : value(id), pass);
+        }
+        s_.fused_steps.resize(pass.node_count, no_step);
+        s_.fused_steps[node] = id;
+        return node;
+    }
+
+    void launch(fused_pass& pass) {
+        strides_t* strides[max_fused_inputs + 1];
+        strides[0] = &pass.out_strides;
+        for (std::size_t i = 0; i < pass.input_count; ++i) strides[i + 1] = &pass.inputs[i].strides;
+        merge_axes(pass.rank, pass.extents, strides, pass.input_count + 1);
+        run_fused(c_, pass);
+    }
+
+    // dst = the formula rooted at `root`, one fused pass; step `in_place` reads dst.
+    void fuse(std::size_t root, std::size_t in_place, const device_array& dst) {
+        fused_pass& pass = pass_for(dst);
+        add_nodes(root, in_place, dst, pass);
+        launch(pass);
+    }
+
+    void rowwise(const step& s, const device_array& dst) {
+        const device_array x = value(s.operands[0]);
+        rowwise_pass pass;
+        switch (s.kind) {
+            case step_kind::softmax: pass.op = line_op::softmax; break;
+            case step_kind::layer_norm: pass.op = line_op::layer_norm; break;
+            case step_kind::sum: pass.op = line_op::sum; break;
+            case step_kind::max: pass.op = line_op::max; break;
+            case step_kind::mean: pass.op = line_op::mean; break;
+            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
+            case step_kind::elementwise: case step_kind::concat: case step_kind::gather: case step_kind::permute:
+            case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
+                throw std::logic_error("dimsum: a rowwise entry of another step");
+        }
+        pass.type = type_;
+        pass.rank = x.where.rank;
+        pass.axis = s.axis;
+        pass.extents = x.where.extents;
+        pass.x = x.first();
+        pass.x_strides = x.where.strides;
+        pass.y = dst.first_writable();
+        pass.y_strides = dst.where.strides;
+        pass.epsilon = s.number;
+        run_rowwise(c_, pass);
+    }
+
+    static matrix_layout last_two_axes(const layout& l) {
+        const std::size_t r = l.rank;
+        return {static_cast<long long>(l.extents[r - 2]), static_cast<long long>(l.extents[r - 1]), l.strides[r - 2], l.strides[r - 1]};
+    }
+
+    // A row-major copy of v in the arena.
+    device_array packed(const device_array& v) {
+        const device_array copy{address_of(allocate(c_, v.where.size() * sizeof(T))), type_,
+                                evaluation::row_major(v.where.rank, v.where.extents)};
+        fused_pass& pass = pass_for(copy);
+        add_input(v, pass);
+        launch(pass);
+        return copy;
+    }
+
+    // dst = the product (cuBLAS), then the entry's epilogue, a fused pass reading dst in place.
+    void multiply(const entry& e, const device_array& destination) {
+        const step& s = steps_[e.step];
+        device_array a = value(s.operands[0]), b = value(s.operands[1]), c = destination;
+        a.where = evaluation::broadcast(a.where, s.rank);
+        b.where = evaluation::broadcast(b.where, s.rank);
+        evaluation::fold_batch_into_rows(a.where, b.where, c.where, static_cast<layout*>(nullptr), 0);
+        blas_product form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(c.where));
+        if (form.pack_a || form.pack_b) {
+            if (form.pack_a) a = packed(a);
+            if (form.pack_b) b = packed(b);
+            form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(c.where));
+        }
+        if (!form.c_fits) {  // a destination no form writes: a row-major product, then a copy
+            const device_array product{address_of(allocate(c_, c.where.size() * sizeof(T))), type_,
+                                       evaluation::row_major(c.where.rank, c.where.extents)};
+            gemm_into(a, b, product);
+            fused_pass& pass = pass_for(c);
+            add_input(product, pass);
+            launch(pass);
+        } else {
+            gemm_into(a, b, c);
+        }
+        if (e.epilogue != no_step) fuse(e.epilogue, e.step, destination);
+    }
+
+    // c = a b over every batch item: cuBLAS's batch along the innermost batch axis, a loop over
+    // the others.
+    void gemm_into(const device_array& a, const device_array& b, const device_array& c) {
+        const std::size_t r = c.where.rank;
+        const std::size_t depth = a.where.extents[r - 1];
+        if (depth == 0) {  // an empty sum: zeros
+            fused_pass& pass = pass_for(c);
+            pass.nodes[0] = {};
+            pass.node_count = 1;
+            return launch(pass);
+        }
+        const blas_product form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(c.where));
+        if (!form.c_fits || form.pack_a || form.pack_b) throw std::logic_error("dimsum: cuda: a product cuBLAS cannot read");
+        gemm_call call;
+        call.type = type_;
+        call.precision = precision_;
+        call.m = form.m;
+        call.n = form.n;
+        call.k = form.k;
+        call.transpose_a = form.a.transposed;
+        call.transpose_b = form.b.transposed;
+        call.lda = form.a.ld;
+        call.ldb = form.b.ld;
+        call.ldc = form.ldc;
+        const std::size_t batch_axes = r - 2;
+        std::size_t outer = 1;
+        for (std::size_t i = 0; i + 1 < batch_axes; ++i) outer *= c.where.extents[i];
+        const device_array& first = form.swapped ? b : a;
+        const device_array& second = form.swapped ? a : b;
+        if (batch_axes > 0) {
+            const std::size_t inner = batch_axes - 1;
+            call.batch = static_cast<long long>(c.where.extents[inner]);
+            call.stride_a = first.where.strides[inner];
+            call.stride_b = second.where.strides[inner];
+            call.stride_c = c.where.strides[inner];
+        }
+        for (std::size_t item = 0; item < outer; ++item) {
+            // the item's offsets along the outer batch axes
+            std::ptrdiff_t at_first = 0, at_second = 0, at_c = 0;
+            std::size_t rest = item;
+            for (std::size_t i = batch_axes > 0 ? batch_axes - 1 : 0; i-- > 0;) {  // the outer batch axes
+                const auto index = static_cast<std::ptrdiff_t>(rest % c.where.extents[i]);
+                rest /= c.where.extents[i];
+                at_first += index * first.where.strides[i];
+                at_second += index * second.where.strides[i];
+                at_c += index * c.where.strides[i];
+            }
+            call.a = shifted(first, at_first);
+            call.b = shifted(second, at_second);
+            call.c = const_cast<void*>(shifted(c, at_c));
+            run_gemm(c_, call);
+        }
+    }
+    static const void* shifted(const device_array& v, std::ptrdiff_t elements) {
+        return static_cast<const char*>(v.first()) + elements * static_cast<std::ptrdiff_t>(sizeof(T));
+    }
+
+    state<T>& s_;
+    const std::vector<step>& steps_;
+    context& c_;
+    gemm_precision precision_;
+    device_array destination_{};
+    fused_pass pass_{};  // the pass being built (about 2 KB: kept here, not on the stack per call)
+};
+
+}  // namespace detail
+
+class evaluator {
+public:
+    // How products of float compute: exactly in float (the default), or on TF32 tensor cores.
+    gemm_precision precision = gemm_precision::exact;
+
+    // Formulas of device tensors are this backend's (evaluation/assign.hpp).
+    static constexpr bool reads_device_memory = true;
+
+    // Attention unfused until the fused kernel exists; epilogues as a pass after the product.
+    static constexpr evaluation::planner_options planning() { return {false, true, false}; }
+
+    // Writes the value of e into dst, a host view of e's shape that e does not read. A formula
+    // of bf16 is computed in float and rounded into dst on the host. dst is written only once
+    // the device has finished without error.
+    template <class E, class T, class... A>
+    void run(const E& e, const tensor_view<T, A...>& dst) {
+        if constexpr (std::is_same_v<std::remove_const_t<T>, bf16>) {
+            tensor<float, A...> wide(dst.shape());
+            run_into(e, evaluation::to_strided(wide.view()), false);
+            evaluation::round_into<float>(evaluation::to_strided(std::as_const(wide).view()), evaluation::to_strided(dst));
+        } else {
+            run_into(e, evaluation::to_strided(dst), false);
+        }
+    }
+
+    // Writes the value of e into device memory (a cuda::view of e's shape that e does not
+    // read), and waits for the device.
+    template <class E, class T, class... A>
+    void run(const E& e, const view<T, A...>& dst) {
+        static_assert(floating_element<std::remove_const_t<T>>, "dimsum: cuda: device results of float or double (bf16: not yet)");
+        run_into(e, evaluation::to_strided(dst.device_memory()), true);
+    }
+
+    // The plan run(e, ...) follows, as text (evaluation/explain.hpp).
+    template <class E>
+    std::string explain(const E& e) const {
+        return evaluation::explain_formula<compute_type_t<value_type_of<E>>>(e, planning(), "cuda");
+    }
+
+private:
+    // The bindings as the host can check them: gather ids on the device copied to the host.
+    template <class T>
+    static const std::vector<evaluation::binding>& checkable(detail::state<T>& s, context& c) {
+        bool any = false;
+        for (const evaluation::binding& b : s.bindings) any = any || b.on_device;
+        if (!any) return s.bindings;
+        s.checked = s.bindings;
+        s.host_ids.resize(s.bindings.size());
+        for (const evaluation::entry& e : s.plan.entries) {
+            if (e.kind != evaluation::entry_kind::gather) continue;
+            const std::size_t id = s.program.steps[s.program.steps[e.step].operands[1]].binding;
+            evaluation::binding& b = s.checked[id];
+            if (!b.on_device || b.where.size() == 0) continue;
+            std::ptrdiff_t low = 0, high = 0;
+            detail::span_of(b.where, low, high);
+            const auto element = static_cast<std::ptrdiff_t>(size_of(b.type));
+            std::vector<unsigned char>& copy = s.host_ids[id];
+            copy.resize(static_cast<std::size_t>((high - low + 1) * element));
+            const auto first = reinterpret_cast<std::uintptr_t>(b.data) + static_cast<std::uintptr_t>(low * element);
+            download(c, copy.data(), reinterpret_cast<const void*>(first), copy.size());
+            // the same layout over the copy: its element at offset `low` is the copy's first
+            b.data = reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(copy.data()) - static_cast<std::uintptr_t>(low * element));
+            b.on_device = false;
+        }
+        return s.checked;
+    }
+
+    template <class E, class T>
+    void run_into(const E& e, const evaluation::strided<T>& destination, bool on_device) {
+        auto& s = detail::state<T>::of_this_thread();
+        evaluation::lower<T>(e, s.program, s.bindings);
+        if (!s.program.functions.empty()) {
+            throw std::invalid_argument("dimsum: cuda: ds::map runs on the host backends only (its function is host code)");
+        }
+        // a host destination is computed row-major on the device, then copied
+        const evaluation::layout where = on_device ? evaluation::layout_of(destination)
+                                                   : evaluation::row_major(destination.rank, destination.extents);
+        evaluation::make_plan(s.program, s.bindings, where, planning(), s.plan);
+        context& c = this_thread_context();
+        evaluation::check_before_running<T>(s.program, checkable(s, c), s.plan);
+        const auto address = on_device ? reinterpret_cast<std::uintptr_t>(destination.data) : 0;
+        const detail::device_array value = detail::executor<T>(s, c, precision).run(where, address);
+        if (on_device) return finish(c);
+        const std::size_t n = where.size();
+        if (evaluation::is_row_major(destination)) return download(c, destination.data, value.first(), n * sizeof(T));
+        s.result.resize(n);
+        download(c, s.result.data(), value.first(), n * sizeof(T));
+        const evaluation::strided<const T> from{s.result.data(), where.rank, where.extents, where.strides};
+        evaluation::convert_each(from, destination, [](T x) { return x; });
+    }
+};
+
+}  // namespace dimsum::backend::cuda

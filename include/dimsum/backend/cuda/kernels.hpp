@@ -1,0 +1,176 @@
+#pragma once
+// The interface of the dimsum::cuda library (src/cuda/, compiled once by nvcc): plain data
+// only, no CUDA header and no formula type, so that g++ (the evaluator, evaluator.hpp) and
+// nvcc read the same declarations. nvcc cannot compile dimsum's formula headers (class-type
+// template parameters such as axis<"seq">), so a formula never reaches it: the evaluator lowers
+// and plans on the host, then hands each entry of the plan here as one of the passes below,
+// with device pointers and layouts.
+//
+// Everything runs on one stream per thread, in order. An error of any CUDA call or kernel
+// becomes a cuda_error naming the call and CUDA's message, at the latest from finish().
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "dimsum/evaluation/codes.hpp"
+#include "dimsum/evaluation/layout.hpp"
+
+namespace dimsum::backend::cuda {
+
+using evaluation::element_type;
+using evaluation::extents_t;
+using evaluation::max_rank;
+using evaluation::strides_t;
+
+// A CUDA call that failed, e.g. "dimsum: cuda: cudaMalloc (1073741824 bytes): out of memory
+// (cudaErrorMemoryAllocation)".
+class cuda_error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+// How many CUDA devices this process sees, and why none when none (e.g. "cudaGetDeviceCount:
+// cudaErrorInsufficientDriver": no driver, as on a machine without a GPU). Never throws.
+struct device_status {
+    int count = 0;
+    std::string reason;
+    std::string name;          // of device 0, when there is one
+    int runtime_version = 0;   // CUDA's, as 13000 for 13.0
+    int driver_version = 0;
+};
+device_status query_devices();
+
+// One thread's stream, cuBLAS handle and device memory (opaque here). The memory is an arena
+// that grows to what the largest evaluation needs and is then kept, so that a formula
+// evaluated in a loop allocates nothing after its first evaluation.
+class context;
+// The calling thread's context on device 0, opened at its first use; a cuda_error if no device.
+context& this_thread_context();
+
+// Device memory of the arena: begin() starts an evaluation (all the arena's memory free
+// again), allocate() hands out `bytes` aligned to 256, valid until the next begin().
+void begin(context& c);
+void* allocate(context& c, std::size_t bytes);
+// How many times the arena has asked CUDA for memory, ever (what a test of "no allocation
+// after the first evaluation" counts), and the bytes it holds.
+std::size_t device_allocations(const context& c);
+std::size_t device_bytes(const context& c);
+
+// Device memory of a tensor (cuda::tensor), apart from the arena: cudaMalloc, cudaFree.
+void* allocate_memory(std::size_t bytes);
+void free_memory(void* memory) noexcept;
+
+// Copies in stream order. upload returns once `host` may be reused; download waits for
+// everything before it and then copies, throwing the first error of the evaluation.
+void upload(context& c, void* device, const void* host, std::size_t bytes);
+void download(context& c, void* host, const void* device, std::size_t bytes);
+// Waits for the stream; throws the first error of the evaluation.
+void finish(context& c);
+
+// ---------------------------------------------------------------------------------------------
+// The passes. Each computes in `type`, float32 or float64, and writes that type.
+
+// One elementwise formula: out[index] = the last node's value at index, for every index of
+// `extents` (row-major order). Nodes come in evaluation order; an input is read at
+// data + sum(index[i] * strides[i]) as its own element type (bf16 and integers widened).
+inline constexpr std::size_t max_fused_nodes = 48;
+inline constexpr std::size_t max_fused_inputs = 16;
+struct fused_node {
+    enum class kind : std::uint8_t { input, constant, function };
+    kind what = kind::constant;
+    op_code op{};
+    std::uint8_t operand_count = 0;
+    std::uint8_t operands[3]{};  // earlier nodes
+    std::uint8_t input = 0;      // input: which of the pass's inputs
+    double value = 0;            // constant
+};
+struct fused_input {
+    const void* data = nullptr;
+    element_type type = element_type::float32;
+    strides_t strides{};  // over the pass's axes; 0 where the input is broadcast
+};
+struct fused_pass {
+    element_type type = element_type::float32;
+    std::size_t rank = 0;
+    extents_t extents{};
+    void* out = nullptr;
+    strides_t out_strides{};
+    std::size_t node_count = 0, input_count = 0;
+    fused_node nodes[max_fused_nodes];
+    fused_input inputs[max_fused_inputs];
+};
+void run_fused(context& c, const fused_pass& pass);
+
+// softmax, layer_norm (biased variance, epsilon) or a reduction along `axis` of x, into y: y
+// has x's axes (softmax, layer_norm) or x's axes without `axis` (sum, max, mean).
+enum class line_op : std::uint8_t { softmax, layer_norm, sum, max, mean };
+struct rowwise_pass {
+    line_op op = line_op::softmax;
+    element_type type = element_type::float32;
+    std::size_t rank = 0, axis = 0;
+    extents_t extents{};  // of x
+    const void* x = nullptr;
+    strides_t x_strides{};
+    void* y = nullptr;
+    strides_t y_strides{};  // of y's axes
+    double epsilon = 0;
+};
+void run_rowwise(context& c, const rowwise_pass& pass);
+
+// arange (out[i] = i, rank 1) or causal_mask (out[q][k] = 1 where key k lies in query q's
+// future, evaluation::in_future, else 0; rank 2).
+struct indices_pass {
+    bool causal = false;
+    element_type type = element_type::float32;
+    std::size_t rank = 1;
+    extents_t extents{};
+    void* out = nullptr;
+    strides_t out_strides{};
+};
+void run_indices(context& c, const indices_pass& pass);
+
+// out(before..., ids..., after...) = table(before..., ids[...], after...), the ids already
+// checked against the table's extent along `axis`.
+struct gather_pass {
+    element_type type = element_type::float32;
+    const void* table = nullptr;
+    std::size_t table_rank = 0, axis = 0;
+    extents_t table_extents{};
+    strides_t table_strides{};
+    const void* ids = nullptr;
+    element_type id_type = element_type::int64;
+    std::size_t id_rank = 0;
+    strides_t id_strides{};
+    void* out = nullptr;
+    std::size_t out_rank = 0;
+    extents_t out_extents{};
+    strides_t out_strides{};
+};
+void run_gather(context& c, const gather_pass& pass);
+
+// cuBLAS's column-major strided batched product, as cublasGemmStridedBatchedEx takes it: for
+// each of `batch` items, C (m x n, leading dimension ldc) = op(A) (m x k) op(B) (k x n), op a
+// transpose where asked; item i's matrices start at i * stride_x. gemm_layout.hpp maps dimsum's
+// row-major, strided products onto it.
+enum class gemm_precision : std::uint8_t {
+    exact,  // float in float (no TF32), double in double
+    tf32,   // float inputs rounded to TF32 on tensor cores: about 1e-3 relative error
+};
+struct gemm_call {
+    element_type type = element_type::float32;
+    gemm_precision precision = gemm_precision::exact;
+    bool transpose_a = false, transpose_b = false;
+    long long m = 0, n = 0, k = 0;
+    const void* a = nullptr;
+    long long lda = 1, stride_a = 0;
+    const void* b = nullptr;
+    long long ldb = 1, stride_b = 0;
+    void* c = nullptr;
+    long long ldc = 1, stride_c = 0;
+    long long batch = 1;
+};
+void run_gemm(context& c, const gemm_call& call);
+
+}  // namespace dimsum::backend::cuda

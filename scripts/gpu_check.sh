@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine, run from binaries built here: that machine has CUDA, its
+# driver and PyTorch, but none of Debian's packages dimsum builds with, so nothing is compiled
+# there.
+#
+#   here:            ./scripts/gpu_check.sh --prepare    # builds the GPU tests into build-gpu/
+#   on the GPU:      ./scripts/gpu_check.sh              # (carry build-gpu/), at most 7 minutes
+#
+# In order, so that a run cut short still says the most important things: the machine (kernel,
+# GPU, driver, the binaries' libraries, NVIDIA_TF32_OVERRIDE, which changes cuBLAS's choice
+# behind a program's back), then the CUDA backend's parity tests against the reference backend
+# with DIMSUM_REQUIRE_GPU=1, so that a machine without a usable GPU fails instead of skipping.
+# Not yet here: the fused attention kernel and the GPU benchmark (not written yet).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=${DIMSUM_GPU_BIN:-build-gpu}
+
+if [ "${1:-}" = "--prepare" ]; then
+    set -e
+    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDIMSUM_CUDA=ON >/dev/null
+    cmake --build build -j2 --target test_cuda_gpu
+    mkdir -p "$bin"
+    cp build/tests/test_cuda_gpu "$bin/"
+    ldd "$bin/test_cuda_gpu"
+    echo "ready: carry $bin/ to the GPU machine and run scripts/gpu_check.sh there"
+    exit 0
+fi
+
+status=0
+echo "== machine"
+uname -r
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv || status=1
+echo "NVIDIA_TF32_OVERRIDE=${NVIDIA_TF32_OVERRIDE-unset}"
+ldd --version | head -n 1
+
+# cuBLAS: the system's, else the one PyTorch's wheels bring
+if ldd "$bin/test_cuda_gpu" | grep -q 'libcublas.*not found'; then
+    wheels=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
+    [ -n "$wheels" ] && export LD_LIBRARY_PATH="$wheels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+echo "== libraries of $bin/test_cuda_gpu"
+ldd "$bin/test_cuda_gpu"
+if ldd "$bin/test_cuda_gpu" | grep -q 'not found'; then
+    echo "FAILED: a library the tests need is missing"
+    exit 1
+fi
+
+echo "== the CUDA backend against the reference backend"
+DIMSUM_REQUIRE_GPU=1 timeout 300 "$bin/test_cuda_gpu" || status=1
+
+echo "== gpu_check: $([ $status = 0 ] && echo passed || echo FAILED)"
+exit $status

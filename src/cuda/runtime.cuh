@@ -1,0 +1,32 @@
+// The context of backend/cuda/kernels.hpp as the library defines it, and its error checks;
+// nvcc only.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include <cstddef>
+
+#include "dimsum/backend/cuda/arena.hpp"
+#include "dimsum/backend/cuda/kernels.hpp"
+
+namespace dimsum::backend::cuda {
+
+// Throws a cuda_error naming the call, if status is an error.
+void check(cudaError_t status, const char* call);
+void check(cublasStatus_t status, const char* call);
+
+class context {
+public:
+    context();
+    ~context();
+    context(const context&) = delete;
+    context& operator=(const context&) = delete;
+
+    cudaStream_t stream{};
+    cublasHandle_t blas{};
+    int multiprocessors = 1;
+    arena memory;
+};
+
+}  // namespace dimsum::backend::cuda

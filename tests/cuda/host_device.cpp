@@ -1,0 +1,127 @@
+// A stand-in for the dimsum::cuda library on the host, for machines without a GPU (CI): the
+// interface of backend/cuda/kernels.hpp implemented with host memory and plain loops over the
+// same bodies the kernels run (backend/cuda/device_functions.hpp), and cuBLAS's product by
+// its definition, refusing the arguments cuBLAS refuses. Linked into tests/cuda/'s host
+// tests in place of dimsum::cuda, it checks everything of the CUDA backend but the kernels'
+// launches, CUDA's own calls and cuBLAS itself: those only a GPU checks (the same tests
+// linked with dimsum::cuda, run by scripts/gpu_check.sh).
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "dimsum/backend/cuda/arena.hpp"
+#include "dimsum/backend/cuda/device_functions.hpp"
+#include "dimsum/backend/cuda/kernels.hpp"
+
+namespace dimsum::backend::cuda {
+
+class context {
+public:
+    arena memory;
+};
+
+device_status query_devices() { return {1, "", "host stand-in (tests/cuda/host_device.cpp)", 0, 0}; }
+
+context& this_thread_context() {
+    thread_local context c;
+    return c;
+}
+
+static void* host_block(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{arena::alignment}); }
+static void free_block(void* memory) { ::operator delete(memory, std::align_val_t{arena::alignment}); }
+
+void begin(context& c) { c.memory.begin(host_block, free_block); }
+void* allocate(context& c, std::size_t bytes) { return c.memory.allocate(bytes, host_block); }
+std::size_t device_allocations(const context& c) { return c.memory.allocations(); }
+std::size_t device_bytes(const context& c) { return c.memory.bytes(); }
+
+void* allocate_memory(std::size_t bytes) { return bytes == 0 ? nullptr : host_block(bytes); }
+void free_memory(void* memory) noexcept {
+    if (memory) free_block(memory);
+}
+
+void upload(context&, void* device, const void* host, std::size_t bytes) {
+    if (bytes != 0) std::memcpy(device, host, bytes);
+}
+void download(context&, void* host, const void* device, std::size_t bytes) {
+    if (bytes != 0) std::memcpy(host, device, bytes);
+}
+void finish(context&) {}
+
+static std::size_t size_of_extents(std::size_t rank, const extents_t& extents) {
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
+    return n;
+}
+
+void run_fused(context&, const fused_pass& pass) {
+    const std::size_t n = size_of_extents(pass.rank, pass.extents);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (pass.type == element_type::float64) device::fused_element<double>(pass, i);
+        else device::fused_element<float>(pass, i);
+    }
+}
+
+void run_rowwise(context&, const rowwise_pass& pass) {
+    const std::size_t n = device::line_count(pass);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (pass.type == element_type::float64) device::rowwise_line<double>(pass, i);
+        else device::rowwise_line<float>(pass, i);
+    }
+}
+
+void run_indices(context&, const indices_pass& pass) {
+    const std::size_t n = size_of_extents(pass.rank, pass.extents);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (pass.type == element_type::float64) device::indices_element<double>(pass, i);
+        else device::indices_element<float>(pass, i);
+    }
+}
+
+void run_gather(context&, const gather_pass& pass) {
+    const std::size_t n = size_of_extents(pass.out_rank, pass.out_extents);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (pass.type == element_type::float64) device::gather_element<double>(pass, i);
+        else device::gather_element<float>(pass, i);
+    }
+}
+
+// cuBLAS's product by its definition (column-major, op per operand), after the checks by which
+// cublasGemmStridedBatchedEx answers CUBLAS_STATUS_INVALID_VALUE.
+template <class T>
+static void gemm_by_definition(const gemm_call& g) {
+    const T* a = static_cast<const T*>(g.a);
+    const T* b = static_cast<const T*>(g.b);
+    T* c = static_cast<T*>(g.c);
+    for (long long item = 0; item < g.batch; ++item) {
+        for (long long j = 0; j < g.n; ++j) {
+            for (long long i = 0; i < g.m; ++i) {
+                T sum = 0;
+                for (long long l = 0; l < g.k; ++l) {
+                    const T x = g.transpose_a ? a[item * g.stride_a + l + i * g.lda] : a[item * g.stride_a + i + l * g.lda];
+                    const T y = g.transpose_b ? b[item * g.stride_b + j + l * g.ldb] : b[item * g.stride_b + l + j * g.ldb];
+                    sum += x * y;
+                }
+                c[item * g.stride_c + i + j * g.ldc] = sum;
+            }
+        }
+    }
+}
+
+void run_gemm(context&, const gemm_call& g) {
+    const auto at_least = [](long long ld, long long rows) { return ld >= (rows > 1 ? rows : 1); };
+    if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0 || !at_least(g.lda, g.transpose_a ? g.k : g.m) ||
+        !at_least(g.ldb, g.transpose_b ? g.n : g.k) || !at_least(g.ldc, g.m)) {
+        throw cuda_error("dimsum: cuda: cublasGemmStridedBatchedEx: CUBLAS_STATUS_INVALID_VALUE (host stand-in: m " +
+                         std::to_string(g.m) + ", n " + std::to_string(g.n) + ", k " + std::to_string(g.k) + ", lda " +
+                         std::to_string(g.lda) + ", ldb " + std::to_string(g.ldb) + ", ldc " + std::to_string(g.ldc) + ")");
+    }
+    if (g.type == element_type::float64) gemm_by_definition<double>(g);
+    else gemm_by_definition<float>(g);
+}
+
+}  // namespace dimsum::backend::cuda

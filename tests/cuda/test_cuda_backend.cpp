@@ -1,0 +1,348 @@
+// The CUDA backend against the reference backend: every kind of plan entry on odd sizes,
+// strided, transposed and broadcast operands, NaN and infinities, bf16 and integer inputs.
+// Built twice (tests/CMakeLists.txt): linked with the host stand-in of the device
+// (host_device.cpp), where it runs in every CI build, and linked with dimsum::cuda, where it
+// runs on a GPU and is skipped without one (gpu_main.cpp).
+#include "../parity/parity.hpp"
+
+#include <dimsum/backend/cuda/tensor.hpp>
+
+#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+using Query = ds::axis<"query">;
+using Key = ds::axis<"key">;
+using D = ds::axis<"d">;
+using Vocab = ds::axis<"vocab">;
+
+namespace {
+
+namespace cuda = ds::backend::cuda;
+
+// Math functions on the device (exp, erf, tanh...) may differ from the host's in the last
+// bits: float gets a few ulps more than the CPU parity tests' 2e-5.
+template <class T>
+constexpr double tol = std::is_same_v<T, float> ? 5e-5 : 1e-12;
+
+template <class E>
+void require_cuda_parity(const E& formula, double rtol, double atol) {
+    auto got = ds::eval(formula, cuda::evaluator{});
+    auto want = ds::eval(formula, ds::backend::reference::evaluator{});
+    test::require_close(got, test::to_xt(want), rtol, atol);
+}
+
+constexpr float inf = std::numeric_limits<float>::infinity();
+constexpr float not_a_number = std::numeric_limits<float>::quiet_NaN();
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("cuda: elementwise passes with broadcasts, strides and every function", "", float, double) {
+    for (std::size_t n : parity::sizes) {
+        for (std::size_t rows : {std::size_t{1}, std::size_t{3}}) {
+            INFO("rows=" << rows << " n=" << n);
+            ds::tensor<TestType, M, N> x(M{rows}, N{n}), y(M{rows}, N{n});
+            ds::tensor<TestType, N> row(N{n});
+            ds::tensor<TestType, N, M> x_t(N{n}, M{rows});
+            ds::fill_uniform(x, n);
+            ds::fill_uniform(y, n + 100, 0.5, 2.0);
+            ds::fill_uniform(row, n + 200);
+            ds::fill_uniform(x_t, n + 400);
+            const double t = tol<TestType>;
+            require_cuda_parity(x * y + row, t, t);
+            require_cuda_parity(ds::exp(x) / y - ds::log(y) * row, t, t);
+            require_cuda_parity(ds::sqrt(y) + ds::tanh(x) - ds::abs(x) + (-x), t, t);
+            require_cuda_parity(ds::erf(x * TestType(3)) + ds::gelu(x) + ds::sigmoid(x) * ds::silu(y), t, t);
+            require_cuda_parity(ds::sin(x) * ds::cos(y) + ds::rsqrt(y) + ds::pow(y, TestType(1.5)), t, t);
+            require_cuda_parity(ds::max(x, ds::transpose(x_t)) * ds::min(x, TestType(0.25)), t, t);
+            require_cuda_parity(ds::transpose(x_t) + TestType(1), t, t);  // a strided copy
+            require_cuda_parity(ds::where(x > y, x, y * TestType(2)), t, t);
+            require_cuda_parity(ds::where((x < TestType(0)) && !(y >= TestType(1)), x, TestType(-1)), t, t);
+            auto h = ds::tanh(x);
+            require_cuda_parity(h * h + h, t, t);  // a sub-formula read three times: one node
+        }
+    }
+}
+
+TEST_CASE("cuda: NaN and infinities in every position, masks, causal_mask, arange") {
+    for (std::size_t n : {1, 5, 19, 33}) {
+        ds::tensor<float, M, N> x(M{3}, N{n}), y(M{3}, N{n});
+        ds::fill_uniform(x, n);
+        ds::fill_uniform(y, n + 1);
+        for (std::size_t j = 0; j < n; j += 3) {
+            x(0, j) = not_a_number;
+            y(1, j) = not_a_number;
+            x(2, j) = j % 2 ? inf : -inf;
+        }
+        require_cuda_parity(ds::max(x, y) + ds::min(y, x), 0, 0);
+        require_cuda_parity(ds::exp(x) - ds::tanh(y) * ds::sigmoid(x), 1e-6, 1e-6);
+        require_cuda_parity(ds::where(ds::causal_mask(M{3}, N{n}), x, y), 0, 0);
+        require_cuda_parity(ds::masked_fill(x, ds::causal_mask(M{3}, N{n}), -inf), 0, 0);
+        require_cuda_parity(ds::where(x != x, 1.0f, 0.0f), 0, 0);  // NaN is unequal to itself
+        require_cuda_parity(ds::arange(N{n}) * 2.0f + x, 0, 0);
+    }
+}
+
+TEMPLATE_TEST_CASE("cuda: products through cuBLAS: odd sizes, transposed, strided, batched, broadcast", "", float, double) {
+    const double t = std::is_same_v<TestType, float> ? 1e-4 : 1e-11;
+    for (std::size_t m : {1, 3, 17, 65}) {
+        for (std::size_t k : {1, 7, 65}) {
+            for (std::size_t n : {1, 3, 17}) {
+                INFO("m=" << m << " k=" << k << " n=" << n);
+                ds::tensor<TestType, M, K> a(M{m}, K{k});
+                ds::tensor<TestType, K, N> b(K{k}, N{n});
+                ds::tensor<TestType, K, M> a_t(K{k}, M{m});
+                ds::tensor<TestType, N, K> b_t(N{n}, K{k});
+                ds::fill_uniform(a, m + k);
+                ds::fill_uniform(b, k + n + 1);
+                ds::fill_uniform(a_t, m + 2);
+                ds::fill_uniform(b_t, n + 3);
+                require_cuda_parity(ds::matmul(a, b), t, t);
+                require_cuda_parity(ds::matmul(ds::transpose(a_t), b), t, t);
+                require_cuda_parity(ds::matmul(a, ds::transpose(b_t)), t, t);
+                require_cuda_parity(ds::matmul(ds::transpose(a_t), ds::transpose(b_t)), t, t);
+                // every other column of a wider A: no unit stride, copied row-major first
+                ds::tensor<TestType, M, K> wide(M{m}, K{2 * k});
+                ds::fill_uniform(wide, m * k + 5);
+                require_cuda_parity(ds::matmul(ds::slice<K>(wide, 0, 2 * k, 2), b), t, t);
+            }
+        }
+    }
+    // batches: B shared (folded into rows), B per item (cuBLAS's batch), two batch axes (a loop)
+    ds::tensor<TestType, Batch, M, K> x(Batch{3}, M{5}, K{7});
+    ds::tensor<TestType, K, N> w(K{7}, N{9});
+    ds::tensor<TestType, Batch, K, N> per_item(Batch{3}, K{7}, N{9});
+    ds::tensor<TestType, Batch, Heads, M, K> q(Batch{2}, Heads{3}, M{5}, K{7});
+    ds::tensor<TestType, Batch, Heads, K, N> kt(Batch{2}, Heads{3}, K{7}, N{4});
+    ds::tensor<TestType, N> bias(N{9});
+    ds::fill_uniform(x, 1);
+    ds::fill_uniform(w, 2);
+    ds::fill_uniform(per_item, 3);
+    ds::fill_uniform(q, 4);
+    ds::fill_uniform(kt, 5);
+    ds::fill_uniform(bias, 6);
+    require_cuda_parity(ds::matmul(x, w), t, t);
+    require_cuda_parity(ds::matmul(x, per_item), t, t);
+    require_cuda_parity(ds::matmul(q, kt), t, t);
+    require_cuda_parity(ds::matmul(ds::transpose<M, K>(ds::transpose<M, K>(q)), kt), t, t);
+    // epilogues: the rest of the formula after the product, in place
+    require_cuda_parity(ds::tanh(ds::matmul(x, w) + bias) * TestType(0.5), t, t);
+    require_cuda_parity(ds::gelu(ds::matmul(x, w) + bias) + ds::matmul(x, w), t, t);
+    // an empty sum: zeros
+    ds::tensor<TestType, M, K> empty_a(M{3}, K{0});
+    ds::tensor<TestType, K, N> empty_b(K{0}, N{4});
+    require_cuda_parity(ds::matmul(empty_a, empty_b) + TestType(1), 0, 0);
+}
+
+TEST_CASE("cuda: a product written into a transposed or strided destination") {
+    ds::tensor<float, M, K> a(M{17}, K{9});
+    ds::tensor<float, K, N> b(K{9}, N{5});
+    ds::fill_uniform(a, 7);
+    ds::fill_uniform(b, 8);
+    const auto want = test::to_xt(ds::eval(ds::matmul(a, b), ds::backend::reference::evaluator{}));
+    // (n, m) memory written as (m, n): column-major C, cuBLAS's own form
+    cuda::evaluator gpu;
+    ds::tensor<float, N, M> c_t(N{5}, M{17});
+    ds::fill_uniform(c_t, 9);
+    ds::evaluation::assign_with(gpu, ds::transpose(c_t.view()), ds::matmul(a, b));
+    test::require_close(ds::transpose(c_t.view()), want, 1e-5, 1e-5);
+    // every other column of a wider tensor: a temporary, then a copy; the columns between untouched
+    ds::tensor<float, M, N> wide(M{17}, N{10});
+    std::fill(wide.data(), wide.data() + wide.size(), -7.0f);
+    ds::evaluation::assign_with(gpu, ds::slice<N>(wide.view(), 0, 10, 2), ds::matmul(a, b));
+    test::require_close(ds::slice<N>(wide.view(), 0, 10, 2), want, 1e-5, 1e-5);
+    for (std::size_t i = 0; i < 17; ++i) {
+        for (std::size_t j = 1; j < 10; j += 2) REQUIRE(wide(i, j) == -7.0f);
+    }
+}
+
+TEMPLATE_TEST_CASE("cuda: softmax, layer_norm and reductions along any axis", "", float, double) {
+    const double t = std::is_same_v<TestType, float> ? 2e-5 : 1e-12;
+    for (std::size_t n : {1, 3, 17, 257}) {
+        for (std::size_t rows : {1, 7}) {
+            INFO("rows=" << rows << " n=" << n);
+            ds::tensor<TestType, M, N> x(M{rows}, N{n});
+            ds::fill_normal(x, n + rows, 0.0, 3.0);
+            require_cuda_parity(ds::softmax(x), t, t);
+            require_cuda_parity(ds::softmax<M>(x), t, t);
+            require_cuda_parity(ds::softmax(ds::transpose(x)), t, t);
+            require_cuda_parity(ds::softmax(x * TestType(1000)), t, t);
+            require_cuda_parity(ds::layer_norm(x), 10 * t, 10 * t);
+            require_cuda_parity(ds::layer_norm<M>(x + TestType(100)), 100 * t, 100 * t);
+            require_cuda_parity(ds::sum<N>(x), 10 * t, 10 * t);
+            require_cuda_parity(ds::sum<M>(x), 10 * t, 10 * t);
+            require_cuda_parity(ds::max<N>(x), 0, 0);
+            require_cuda_parity(ds::mean<M>(ds::transpose(x)), 10 * t, 10 * t);
+            require_cuda_parity(ds::mean<N>(x, ds::keep_axis) + x, 10 * t, 10 * t);
+        }
+    }
+    // a fully masked row gets weights 0; NaN propagates
+    ds::tensor<TestType, M, N> scores(M{3}, N{37});
+    ds::fill_uniform(scores, 11);
+    for (std::size_t j = 0; j < 37; ++j) scores(0, j) = -std::numeric_limits<TestType>::infinity();
+    scores(1, 5) = std::numeric_limits<TestType>::quiet_NaN();
+    scores(2, 36) = -std::numeric_limits<TestType>::infinity();
+    require_cuda_parity(ds::softmax(scores), t, t);
+    require_cuda_parity(ds::max<N>(scores), 0, 0);
+}
+
+TEST_CASE("cuda: attention as the paper writes it, causal and padded, strided operands") {
+    for (std::size_t queries : {1, 7, 65}) {
+        for (std::size_t keys : {1, 17, 65}) {
+            INFO("queries=" << queries << " keys=" << keys);
+            ds::tensor<float, Batch, Heads, Query, D> q(Batch{2}, Heads{3}, Query{queries}, D{16});
+            ds::tensor<float, Batch, Heads, Key, D> k(Batch{2}, Heads{3}, Key{keys}, D{16});
+            ds::tensor<float, Batch, Heads, Key, D> v(Batch{2}, Heads{3}, Key{keys}, D{16});
+            ds::fill_normal(q, queries);
+            ds::fill_normal(k, keys + 1);
+            ds::fill_normal(v, keys + 2);
+            auto scores = ds::matmul(q, ds::transpose<Key, D>(k)) / 4.0f;
+            require_cuda_parity(ds::matmul(ds::softmax<Key>(scores), v), 1e-4, 1e-5);
+            require_cuda_parity(
+                ds::matmul(ds::softmax<Key>(ds::masked_fill(scores, ds::causal_mask(Query{queries}, Key{keys}), -inf)), v),
+                1e-4, 1e-5);
+        }
+    }
+}
+
+TEST_CASE("cuda: bf16 tensors read widened and written rounded; integer ids gathered") {
+    ds::tensor<ds::bf16, M, K> a(M{7}, K{33});
+    ds::tensor<ds::bf16, K, N> b(K{33}, N{5});
+    ds::fill_uniform(a, 1);
+    ds::fill_uniform(b, 2);
+    require_cuda_parity(ds::matmul(a, b), 1e-5, 1e-5);  // widened exactly, computed in float
+    require_cuda_parity(ds::exp(ds::cast<float>(a)) * 2.0f, 1e-5, 1e-5);
+    // a bf16 destination: rounded once from the float value, so the same bits within an ulp
+    const ds::tensor<ds::bf16, M, N> got = ds::eval(ds::matmul(a, b), cuda::evaluator{});
+    const ds::tensor<ds::bf16, M, N> want = ds::eval(ds::matmul(a, b), ds::backend::reference::evaluator{});
+    test::require_close(got, test::to_xt(want), 1.0 / 128, 1e-6);
+
+    ds::tensor<float, Vocab, N> table(Vocab{11}, N{6});
+    ds::fill_uniform(table, 3);
+    ds::tensor<std::int32_t, Batch, M> ids(Batch{2}, M{5});
+    for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int32_t>((i * 7 + 3) % 11);
+    require_cuda_parity(ds::gather<Vocab>(table, ids), 0, 0);
+    require_cuda_parity(ds::gather<Vocab>(table * 3.0f, ids) + 1.0f, 1e-6, 1e-6);
+    ds::tensor<std::int64_t, M> lengths(M{4});
+    for (std::size_t i = 0; i < 4; ++i) lengths(i) = static_cast<std::int64_t>(i * 2);
+    ds::tensor<float, M, N> x(M{4}, N{6});
+    ds::fill_uniform(x, 4);
+    require_cuda_parity(ds::where(ds::sequence_mask(lengths, N{6}), x, -1.0f), 0, 0);
+    // an id out of range: the error before anything runs
+    ids(1, 2) = 11;
+    REQUIRE_THROWS_AS(ds::eval(ds::gather<Vocab>(table, ids), cuda::evaluator{}), ds::index_error);
+}
+
+TEST_CASE("cuda: concat, slices and views are places in the plan, not copies") {
+    ds::tensor<float, M, N> x(M{5}, N{7}), y(M{5}, N{3});
+    ds::fill_uniform(x, 1);
+    ds::fill_uniform(y, 2);
+    require_cuda_parity(ds::concat<N>(x * 2.0f, ds::exp(y), x), 1e-6, 1e-6);
+    require_cuda_parity(ds::slice<N>(x, 1, 6, 2) + ds::slice<N>(x, 0, 3), 0, 0);
+    require_cuda_parity(ds::view<N, M>(ds::transpose(x) + 1.0f), 0, 0);
+}
+
+TEST_CASE("cuda: what this backend refuses, and what it says about its plan") {
+    ds::tensor<float, M, N> x(M{2}, N{3});
+    ds::fill_uniform(x, 1);
+    REQUIRE_THROWS_AS(ds::eval(ds::map([](float v) { return v * 2.0f; }, x), cuda::evaluator{}), std::invalid_argument);
+    const std::string plan = ds::explain(ds::exp(x) + 1.0f, cuda::evaluator{});
+    INFO(plan);
+    REQUIRE(plan.find("cuda") != std::string::npos);
+}
+
+TEST_CASE("cuda: a formula evaluated in a loop allocates no device memory after its first evaluation") {
+    ds::tensor<float, Batch, M, K> x(Batch{4}, M{33}, K{16});
+    ds::tensor<float, K, N> w(K{16}, N{24});
+    ds::tensor<float, N> bias(N{24});
+    ds::fill_uniform(x, 1);
+    ds::fill_uniform(w, 2);
+    ds::fill_uniform(bias, 3);
+    ds::tensor<float, Batch, M, N> y(Batch{4}, M{33}, N{24});
+    cuda::evaluator gpu;
+    auto layer = [&] { ds::evaluation::assign_with(gpu, y.view(), ds::softmax(ds::matmul(x, w) + bias)); };
+    layer();
+    layer();  // the arena, merged into one block if the first needed more
+    cuda::context& c = cuda::this_thread_context();
+    const std::size_t before = cuda::device_allocations(c);
+    for (int i = 0; i < 5; ++i) layer();
+    REQUIRE(cuda::device_allocations(c) == before);
+    test::require_close(y, test::to_xt(ds::eval(ds::softmax(ds::matmul(x, w) + bias), ds::backend::reference::evaluator{})),
+                        2e-5, 2e-5);
+}
+
+TEST_CASE("cuda: device tensors: copies both ways, formulas over them, results left on the device") {
+    ds::tensor<float, Batch, M, K> x(Batch{3}, M{17}, K{9});
+    ds::tensor<float, K, N> w(K{9}, N{5});
+    ds::tensor<float, N> bias(N{5});
+    ds::fill_uniform(x, 1);
+    ds::fill_uniform(w, 2);
+    ds::fill_uniform(bias, 3);
+    // copies: row-major and strided host views, and back
+    const auto x_gpu = cuda::to_device(x);
+    const auto w_t_gpu = cuda::to_device(ds::transpose(w.view()));  // (n, k) row-major on the device
+    REQUIRE(x_gpu.shape().extents() == x.shape().extents());
+    test::require_close(cuda::to_host(x_gpu), test::to_xt(x), 0, 0);
+    test::require_close(cuda::to_host(w_t_gpu), test::to_xt(ds::transpose(w.view())), 0, 0);
+    // a formula of device and host tensors, its value on the device
+    const auto y_gpu = cuda::eval(ds::tanh(ds::matmul(x_gpu, ds::transpose(w_t_gpu)) + bias));
+    const auto want = test::to_xt(ds::eval(ds::tanh(ds::matmul(x, w) + bias), ds::backend::reference::evaluator{}));
+    test::require_close(cuda::to_host(y_gpu), want, 2e-5, 2e-5);
+    // the same into a host tensor
+    test::require_close(ds::eval(ds::tanh(ds::matmul(x_gpu, ds::transpose(w_t_gpu)) + bias), cuda::evaluator{}), want, 2e-5,
+                        2e-5);
+    // into a strided view of a device tensor: every other column of a wider one
+    ds::tensor<float, Batch, M, N> sevens(Batch{3}, M{17}, N{10});
+    std::fill(sevens.data(), sevens.data() + sevens.size(), -7.0f);
+    auto wide = cuda::to_device(sevens);
+    cuda::assign(ds::slice<N>(cuda::view_of(wide), 0, 10, 2), ds::tanh(ds::matmul(x_gpu, ds::transpose(w_t_gpu)) + bias));
+    const ds::tensor<float, Batch, M, N> back = cuda::to_host(wide);
+    test::require_close(ds::slice<N>(back.view(), 0, 10, 2), want, 2e-5, 2e-5);
+    for (std::size_t i = 1; i < back.size(); i += 2) REQUIRE(back.data()[i] == -7.0f);  // the columns between untouched
+}
+
+TEST_CASE("cuda: a device formula that reads its own destination goes through a temporary") {
+    ds::tensor<double, M, K> a(M{7}, K{65});
+    ds::fill_uniform(a, 5);
+    auto a_gpu = cuda::to_device(a);
+    // positions 0..63 from 1..64: in place, threads would race over the overlap
+    cuda::assign(ds::slice<K>(cuda::view_of(a_gpu), 0, 64), ds::slice<K>(a_gpu, 1, 65) * 2.0);
+    ds::tensor<double, M, K> want = a;
+    for (std::size_t i = 0; i < 7; ++i) {
+        for (std::size_t j = 0; j < 64; ++j) want(i, j) = a(i, j + 1) * 2.0;
+    }
+    test::require_close(cuda::to_host(a_gpu), test::to_xt(want), 0, 0);
+}
+
+TEST_CASE("cuda: ids on the device are checked before anything runs") {
+    ds::tensor<float, Vocab, N> table(Vocab{11}, N{6});
+    ds::fill_uniform(table, 3);
+    ds::tensor<std::int64_t, M> ids(M{5});
+    for (std::size_t i = 0; i < 5; ++i) ids(i) = static_cast<std::int64_t>(i * 2);
+    const auto table_gpu = cuda::to_device(table);
+    const auto ids_gpu = cuda::to_device(ids);
+    test::require_close(cuda::to_host(cuda::eval(ds::gather<Vocab>(table_gpu, ids_gpu) * 2.0f)),
+                        test::to_xt(ds::eval(ds::gather<Vocab>(table, ids) * 2.0f, ds::backend::reference::evaluator{})), 0, 0);
+    ids(3) = -1;
+    const auto bad_gpu = cuda::to_device(ids);
+    cuda::tensor<float, M, N> out(M{5}, N{6});
+    REQUIRE_THROWS_AS(cuda::assign(out, ds::gather<Vocab>(table_gpu, bad_gpu)), ds::index_error);
+}
+
+TEST_CASE("cuda: a layer on device tensors in a loop allocates no device memory after its first run") {
+    ds::tensor<float, Batch, M, K> x(Batch{4}, M{33}, K{16});
+    ds::tensor<float, K, N> w(K{16}, N{24});
+    ds::fill_uniform(x, 1);
+    ds::fill_uniform(w, 2);
+    const auto x_gpu = cuda::to_device(x);
+    const auto w_gpu = cuda::to_device(w);
+    cuda::tensor<float, Batch, M, N> y(Batch{4}, M{33}, N{24});
+    auto layer = [&] { cuda::assign(y, ds::softmax(ds::matmul(x_gpu, w_gpu))); };
+    layer();
+    layer();
+    cuda::context& c = cuda::this_thread_context();
+    const std::size_t before = cuda::device_allocations(c);
+    for (int i = 0; i < 5; ++i) layer();
+    REQUIRE(cuda::device_allocations(c) == before);
+}
