@@ -1,7 +1,8 @@
 // dimsum::cuda: the passes of backend/cuda/kernels.hpp. Each kernel is a grid-stride loop over
 // the body it shares with the host stand-in of the tests (backend/cuda/device_functions.hpp);
 // products go to cuBLAS. First versions, chosen for being plainly right: one thread per
-// element (fused, indices, gather) or per line (rowwise), no shared memory, no vector loads.
+// element (fused, indices, gather), per line (rowwise) or per query (attention), no shared
+// memory, no vector loads, no tensor cores.
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 
@@ -78,6 +79,13 @@ void run_indices(context& c, const indices_pass& pass) {
 void run_gather(context& c, const gather_pass& pass) {
     launch(c, each_item<gather_pass, device::gather_element<float>>, each_item<gather_pass, device::gather_element<double>>, pass, pass.type, size_of_extents(pass.out_rank, pass.out_extents),
            "gather kernel launch");
+}
+
+void run_attention(context& c, const attention_pass& pass) {
+    std::size_t rows = pass.queries;
+    for (std::size_t i = 0; i < pass.batch_rank; ++i) rows *= pass.batch_extents[i];
+    launch(c, each_item<attention_pass, device::attention_row<float>>, each_item<attention_pass, device::attention_row<double>>,
+           pass, pass.type, rows, "attention kernel launch");
 }
 
 void run_gemm(context& c, const gemm_call& g) {

@@ -90,6 +90,15 @@ void run_gather(context&, const gather_pass& pass) {
     }
 }
 
+void run_attention(context&, const attention_pass& pass) {
+    std::size_t rows = pass.queries;
+    for (std::size_t i = 0; i < pass.batch_rank; ++i) rows *= pass.batch_extents[i];
+    for (std::size_t i = 0; i < rows; ++i) {
+        if (pass.type == element_type::float64) device::attention_row<double>(pass, i);
+        else device::attention_row<float>(pass, i);
+    }
+}
+
 // cuBLAS's product by its definition (column-major, op per operand), after the checks by which
 // cublasGemmStridedBatchedEx answers CUBLAS_STATUS_INVALID_VALUE.
 template <class T>

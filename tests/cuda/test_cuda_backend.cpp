@@ -206,6 +206,56 @@ TEST_CASE("cuda: attention as the paper writes it, causal and padded, strided op
     }
 }
 
+TEST_CASE("cuda: fused attention: scales, score functions, broadcast heads, wide heads, masked rows") {
+    using DV = ds::axis<"dv">;
+    for (std::size_t dv : {1, 64, 65, 150}) {
+        for (std::size_t queries : {1, 9, 40}) {
+            for (std::size_t keys : {3, 17, 40}) {
+                INFO("dv=" << dv << " queries=" << queries << " keys=" << keys);
+                ds::tensor<float, Batch, Heads, Query, D> q(Batch{2}, Heads{3}, Query{queries}, D{5});
+                ds::tensor<float, Batch, Key, D> k(Batch{2}, Key{keys}, D{5});  // one key head for every query head
+                ds::tensor<float, Batch, Key, DV> v(Batch{2}, Key{keys}, DV{dv});
+                ds::tensor<float, Query, Key> bias(Query{queries}, Key{keys});
+                ds::tensor<std::int64_t, Batch> lengths(Batch{2});
+                lengths(0) = static_cast<std::int64_t>(keys);
+                lengths(1) = static_cast<std::int64_t>(keys / 2);  // the second item's last keys are padding
+                ds::fill_normal(q, queries + dv);
+                ds::fill_normal(k, keys + 1);
+                ds::fill_normal(v, keys + 2);
+                ds::fill_normal(bias, keys + 3);
+                auto k4 = ds::unsqueeze<Heads, 1>(k);  // (batch, 1, keys, d): broadcast over heads
+                auto v4 = ds::unsqueeze<Heads, 1>(v);
+                auto scores = ds::matmul(q, ds::transpose<Key, D>(k4));
+                auto causal = ds::causal_mask(Query{queries}, Key{keys});
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(scores * 0.5f), v4), 1e-4, 1e-5);
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(scores / 3.0f), v4), 1e-4, 1e-5);
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::masked_fill(scores / 3.0f, causal, -inf)), v4), 1e-4, 1e-5);
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::tanh(scores * 0.1f) * 5.0f + bias), v4), 1e-4, 1e-5);
+                auto padded = ds::where(ds::unsqueeze<Query, 2>(ds::unsqueeze<Heads, 1>(ds::sequence_mask(lengths, Key{keys}))),
+                                        scores, -inf);
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(padded), v4), 1e-4, 1e-5);
+            }
+        }
+    }
+    // the plan: one attention entry, no queries x keys matrix
+    ds::tensor<float, Batch, Heads, Query, D> q(Batch{1}, Heads{2}, Query{8}, D{4});
+    ds::tensor<float, Batch, Heads, Key, D> k(Batch{1}, Heads{2}, Key{8}, D{4});
+    const std::string plan = ds::explain(ds::matmul(ds::softmax<Key>(ds::matmul(q, ds::transpose<Key, D>(k)) * 0.5f), k),
+                                         cuda::evaluator{});
+    INFO(plan);
+    REQUIRE(plan.find("no (queries, keys) matrix") != std::string::npos);
+    // NaN and infinities in the scores: NaN propagates, a row of -infinity only gets 0
+    ds::tensor<float, Batch, Heads, Query, D> qn(Batch{1}, Heads{1}, Query{4}, D{3});
+    ds::tensor<float, Batch, Heads, Key, D> kn(Batch{1}, Heads{1}, Key{20}, D{3});
+    ds::fill_normal(qn, 1);
+    ds::fill_normal(kn, 2);
+    qn(0, 0, 1, 2) = not_a_number;
+    ds::tensor<float, Query, Key> mask(Query{4}, Key{20});
+    for (std::size_t j = 0; j < 20; ++j) mask(2, j) = -inf;
+    mask(3, 7) = inf;
+    require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::matmul(qn, ds::transpose<Key, D>(kn)) + mask), kn), 1e-4, 1e-5);
+}
+
 TEST_CASE("cuda: bf16 tensors read widened and written rounded; integer ids gathered") {
     ds::tensor<ds::bf16, M, K> a(M{7}, K{33});
     ds::tensor<ds::bf16, K, N> b(K{33}, N{5});

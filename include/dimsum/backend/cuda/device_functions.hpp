@@ -115,21 +115,18 @@ DIMSUM_HD inline void offsets_of(std::size_t linear, std::size_t rank, const ext
     }
 }
 
-// One element of a fused pass: element number `linear` (row-major) of the result.
+// The value of a fused pass's last node, its inputs read at these offsets; input `in_place`
+// (if < input_count) is not read but takes the value `given` (attention's score).
 template <class T>
-DIMSUM_HD inline void fused_element(const fused_pass& p, std::size_t linear) {
-    const strides_t* strides[max_fused_inputs + 1];
-    std::ptrdiff_t offsets[max_fused_inputs + 1];
-    strides[0] = &p.out_strides;
-    for (std::size_t i = 0; i < p.input_count; ++i) strides[i + 1] = &p.inputs[i].strides;
-    offsets_of(linear, p.rank, p.extents, p.input_count + 1, strides, offsets);
+DIMSUM_HD inline T evaluate_nodes(const fused_pass& p, const std::ptrdiff_t* offsets, std::size_t in_place = max_fused_inputs,
+                                  T given = T(0)) {
     T values[max_fused_nodes];
     for (std::size_t n = 0; n < p.node_count; ++n) {
         const fused_node& node = p.nodes[n];
         switch (node.what) {
             case fused_node::kind::input: {
                 const fused_input& in = p.inputs[node.input];
-                values[n] = load<T>(in.data, in.type, offsets[node.input + 1]);
+                values[n] = node.input == in_place ? given : load<T>(in.data, in.type, offsets[node.input]);
                 break;
             }
             case fused_node::kind::constant: values[n] = static_cast<T>(node.value); break;
@@ -141,7 +138,18 @@ DIMSUM_HD inline void fused_element(const fused_pass& p, std::size_t linear) {
             }
         }
     }
-    static_cast<T*>(p.out)[offsets[0]] = values[p.node_count - 1];
+    return values[p.node_count - 1];
+}
+
+// One element of a fused pass: element number `linear` (row-major) of the result.
+template <class T>
+DIMSUM_HD inline void fused_element(const fused_pass& p, std::size_t linear) {
+    const strides_t* strides[max_fused_inputs + 1];
+    std::ptrdiff_t offsets[max_fused_inputs + 1];
+    strides[0] = &p.out_strides;
+    for (std::size_t i = 0; i < p.input_count; ++i) strides[i + 1] = &p.inputs[i].strides;
+    offsets_of(linear, p.rank, p.extents, p.input_count + 1, strides, offsets);
+    static_cast<T*>(p.out)[offsets[0]] = evaluate_nodes<T>(p, offsets + 1);
 }
 
 // How many lines a rowwise pass has: the product of the extents but the line's own.
@@ -240,6 +248,92 @@ DIMSUM_HD inline void gather_element(const gather_pass& p, std::size_t linear) {
         at_table += static_cast<std::ptrdiff_t>(index[i - 1 + p.id_rank]) * p.table_strides[i];
     }
     static_cast<T*>(p.out)[at_out] = static_cast<const T*>(p.table)[at_table];
+}
+
+// How many of `keys` keys query `query` of `queries` sees under a causal mask (in_future).
+DIMSUM_HD inline std::size_t visible_keys(std::size_t query, std::size_t queries, std::size_t keys) {
+    if (query + keys + 1 <= queries) return 0;
+    const std::size_t visible = query + keys + 1 - queries;
+    return visible < keys ? visible : keys;
+}
+
+// One query of the fused attention: o = softmax(f(scale q K^T)) V for row `row` (numbered
+// batch item by batch item, then query), with the online softmax: per block of keys,
+//     m' = max(m, max_j s_j),  p_j = exp(s_j - m'),  l' = l e^(m - m') + sum_j p_j,
+//     o' = o e^(m - m') + sum_j p_j v_j,
+// and o / l at the end. Keys in the future of a causal query are never read; a query that
+// sees no key (or only -infinity scores) gets 0; NaN propagates. The output columns go in
+// chunks of attention_pass::chunk, each chunk walking the keys again, so that the running
+// output fits in a thread's registers and local memory.
+template <class T>
+DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t row) {
+    const std::size_t query = row % p.queries;
+    std::size_t item = row / p.queries;
+    std::ptrdiff_t q_at = 0, k_at = 0, v_at = 0, o_at = 0;
+    std::ptrdiff_t score_at[max_fused_inputs] = {};
+    const fused_pass& f = p.score;
+    for (std::size_t i = p.batch_rank; i-- > 0;) {
+        const auto index = static_cast<std::ptrdiff_t>(item % p.batch_extents[i]);
+        item /= p.batch_extents[i];
+        q_at += index * p.q.batch[i];
+        k_at += index * p.k.batch[i];
+        v_at += index * p.v.batch[i];
+        o_at += index * p.o.batch[i];
+        for (std::size_t n = 0; n < f.input_count; ++n) score_at[n] += index * f.inputs[n].strides[i];
+    }
+    q_at += static_cast<std::ptrdiff_t>(query) * p.q.rows;
+    o_at += static_cast<std::ptrdiff_t>(query) * p.o.rows;
+    for (std::size_t n = 0; n < f.input_count; ++n) score_at[n] += static_cast<std::ptrdiff_t>(query) * f.inputs[n].strides[p.batch_rank];
+    const T* q = static_cast<const T*>(p.q.data) + q_at;
+    const T* k = static_cast<const T*>(p.k.data) + k_at;
+    const T* v = static_cast<const T*>(p.v.data) + v_at;
+    T* o = static_cast<T*>(const_cast<void*>(p.o.data)) + o_at;  // the one operand written
+    const std::size_t visible = p.causal ? visible_keys(query, p.queries, p.keys) : p.keys;
+    const T scale = static_cast<T>(p.scale), minus_infinity = -static_cast<T>(INFINITY);
+    constexpr std::size_t block = attention_pass::key_block, chunk = attention_pass::chunk;
+    for (std::size_t c0 = 0; c0 < p.dv; c0 += chunk) {
+        const std::size_t width = p.dv - c0 < chunk ? p.dv - c0 : chunk;
+        T out[chunk];
+        for (std::size_t c = 0; c < chunk; ++c) out[c] = T(0);
+        T m = minus_infinity, l = T(0);
+        for (std::size_t k0 = 0; k0 < visible; k0 += block) {
+            const std::size_t count = visible - k0 < block ? visible - k0 : block;
+            // pass 1: the scores of this block of keys, and the score function on each
+            T s[block];
+            T top = m;
+            for (std::size_t j = 0; j < count; ++j) {
+                const auto key = static_cast<std::ptrdiff_t>(k0 + j);
+                T dot = T(0);
+                for (std::size_t t = 0; t < p.d; ++t) {
+                    const auto at = static_cast<std::ptrdiff_t>(t);
+                    dot += q[at * p.q.cols] * k[key * p.k.rows + at * p.k.cols];
+                }
+                T score = dot * scale;
+                if (p.has_score_function) {
+                    std::ptrdiff_t offsets[max_fused_inputs];
+                    for (std::size_t n = 0; n < f.input_count; ++n) offsets[n] = score_at[n] + key * f.inputs[n].strides[p.batch_rank + 1];
+                    score = evaluate_nodes<T>(f, offsets, p.score_input, score);
+                }
+                s[j] = score;
+                top = maximum(top, score);
+            }
+            if (top == minus_infinity) continue;  // nothing visible yet: m and l unchanged
+            // pass 2: the online softmax; pass 3: out += p V for this chunk of columns
+            const T rescale = ::exp(m - top);  // 0 while m is -infinity
+            m = top;
+            l *= rescale;
+            for (std::size_t c = 0; c < width; ++c) out[c] *= rescale;
+            for (std::size_t j = 0; j < count; ++j) {
+                const T weight = ::exp(s[j] - top);
+                l += weight;
+                const T* v_row = v + static_cast<std::ptrdiff_t>(k0 + j) * p.v.rows;
+                for (std::size_t c = 0; c < width; ++c) out[c] += weight * v_row[static_cast<std::ptrdiff_t>(c0 + c) * p.v.cols];
+            }
+        }
+        for (std::size_t c = 0; c < width; ++c) {
+            o[static_cast<std::ptrdiff_t>(c0 + c) * p.o.cols] = l == T(0) ? T(0) : out[c] / l;
+        }
+    }
 }
 
 }  // namespace dimsum::backend::cuda::device

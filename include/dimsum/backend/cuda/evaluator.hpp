@@ -11,10 +11,11 @@
 //   gemm       -> cuBLAS (gemm_layout.hpp), then its epilogue formula as one fused pass over
 //                 the product, in place;
 //   fused, copy, convert -> one fused pass (one kernel launch) over the result;
+//   attention  -> one fused pass, one thread per query (the online softmax; no queries x keys
+//                 matrix), the rest of the score function applied to each score;
 //   rowwise    -> one thread per line;
 //   indices, gather -> a pass each.
-// Attention runs unfused (matmul, softmax, matmul), as the plan says; ds::map, whose function
-// is host code, is refused. Staging copies every operand both ways on each evaluation, so it
+// ds::map, whose function is host code, is refused. Staging copies every operand both ways on each evaluation, so it
 // pays off only for formulas heavy in arithmetic (products, attention); memory-bound formulas
 // are faster on the CPU backend.
 //
@@ -202,9 +203,8 @@ private:
                 pass.out_strides = dst.where.strides;
                 return run_gather(c_, pass);
             }
-            case entry_kind::attention: break;  // this backend plans attention unfused
+            case entry_kind::attention: return attend(e, dst);
         }
-        throw std::logic_error("dimsum: cuda: a plan with an entry this backend does not run");
     }
 
     device_array at(const evaluation::place& p) const {
@@ -326,6 +326,55 @@ private:
         run_rowwise(c_, pass);
     }
 
+    // dst = the attention the entry describes (evaluation/attention_pattern.hpp), fused.
+    void attend(const entry& e, const device_array& dst) {
+        const evaluation::attention_match& match = e.attention;
+        const step& scores = steps_[match.scores];
+        const std::size_t r = dst.where.rank;
+        device_array q = value(scores.operands[0]), kt = value(scores.operands[1]), v = value(match.values);
+        q.where = evaluation::broadcast(q.where, r);    // (..., queries, d)
+        kt.where = evaluation::broadcast(kt.where, r);  // (..., d, keys)
+        v.where = evaluation::broadcast(v.where, r);    // (..., keys, dv)
+        attention_pass& pass = attention_;
+        pass.type = type_;
+        pass.batch_rank = r - 2;
+        for (std::size_t i = 0; i + 2 < r; ++i) pass.batch_extents[i] = dst.where.extents[i];
+        pass.queries = dst.where.extents[r - 2];
+        pass.dv = dst.where.extents[r - 1];
+        pass.keys = kt.where.extents[r - 1];
+        pass.d = q.where.extents[r - 1];
+        const auto operand = [r](const device_array& a, std::ptrdiff_t rows, std::ptrdiff_t cols) {
+            attention_operand o;
+            o.data = a.first();
+            for (std::size_t i = 0; i + 2 < r; ++i) o.batch[i] = a.where.strides[i];
+            o.rows = rows;
+            o.cols = cols;
+            return o;
+        };
+        pass.q = operand(q, q.where.strides[r - 2], q.where.strides[r - 1]);
+        pass.k = operand(kt, kt.where.strides[r - 1], kt.where.strides[r - 2]);  // K^T read across: K's rows are keys
+        pass.v = operand(v, v.where.strides[r - 2], v.where.strides[r - 1]);
+        pass.o = operand(dst, dst.where.strides[r - 2], dst.where.strides[r - 1]);
+        pass.scale = static_cast<double>(evaluation::scale_of<T>(match));
+        pass.causal = match.causal;
+        pass.has_score_function = match.score_function != match.scores;
+        if (pass.has_score_function) {  // the rest of the score function, its score an input of no memory
+            const device_array scores_shape{0, type_, evaluation::row_major(scores.rank, scores.extents)};
+            fused_pass& f = pass_for(scores_shape);
+            add_nodes(match.score_function, match.scores, scores_shape, f);
+            pass.score = f;
+            pass.score_input = score_input_of(match.scores);
+        }
+        run_attention(c_, pass);
+    }
+    // Which input of the pass being built reads step `id`.
+    std::size_t score_input_of(std::size_t id) const {
+        for (std::size_t n = 0; n < pass_.node_count; ++n) {
+            if (s_.fused_steps[n] == id) return pass_.nodes[n].input;
+        }
+        throw std::logic_error("dimsum: cuda: a score function that does not read its scores");
+    }
+
     static matrix_layout last_two_axes(const layout& l) {
         const std::size_t r = l.rank;
         return {static_cast<long long>(l.extents[r - 2]), static_cast<long long>(l.extents[r - 1]), l.strides[r - 2], l.strides[r - 1]};
@@ -430,6 +479,7 @@ private:
     gemm_precision precision_;
     device_array destination_{};
     fused_pass pass_{};  // the pass being built (about 2 KB: kept here, not on the stack per call)
+    attention_pass attention_{};
 };
 
 }  // namespace detail
@@ -442,8 +492,11 @@ public:
     // Formulas of device tensors are this backend's (evaluation/assign.hpp).
     static constexpr bool reads_device_memory = true;
 
-    // Attention unfused until the fused kernel exists; epilogues as a pass after the product.
-    static constexpr evaluation::planner_options planning() { return {false, true, false}; }
+    // Whether attention formulas run fused (one pass, no queries x keys matrix) or step by step.
+    bool fuse_attention = true;
+
+    // Epilogues run as a pass after the product.
+    evaluation::planner_options planning() const { return {fuse_attention, true, false}; }
 
     // Writes the value of e into dst, a host view of e's shape that e does not read. A formula
     // of bf16 is computed in float and rounded into dst on the host. dst is written only once

@@ -150,6 +150,33 @@ struct gather_pass {
 };
 void run_gather(context& c, const gather_pass& pass);
 
+// The fused attention o = softmax(f(scale q K^T)) V along the keys, without the queries x keys
+// matrix (evaluation/attention_pattern.hpp): one thread per query, the online softmax over
+// blocks of keys (device_functions.hpp: attention_row). The batch axes are the leading ones
+// of o, each operand with its own strides along them (0 where it is broadcast). f, the rest of
+// the score function, is a fused pass over the scores' axes (batch..., queries, keys) whose
+// input `score_input` is the score itself; a causal mask skips the keys in each query's future.
+struct attention_operand {
+    const void* data = nullptr;
+    strides_t batch{};               // along the batch axes
+    std::ptrdiff_t rows = 0, cols = 0;  // q: (queries, d); k: (keys, d); v: (keys, dv); o: (queries, dv)
+};
+struct attention_pass {
+    static constexpr std::size_t key_block = 16;  // scores held at once: one rescale per block
+    static constexpr std::size_t chunk = 64;      // output columns per walk over the keys
+    element_type type = element_type::float32;
+    std::size_t batch_rank = 0;
+    extents_t batch_extents{};
+    std::size_t queries = 0, keys = 0, d = 0, dv = 0;
+    attention_operand q, k, v, o;
+    double scale = 1;  // as the element type holds it
+    bool causal = false;
+    bool has_score_function = false;
+    std::size_t score_input = 0;
+    fused_pass score;  // out and out_strides unused
+};
+void run_attention(context& c, const attention_pass& pass);
+
 // cuBLAS's column-major strided batched product, as cublasGemmStridedBatchedEx takes it: for
 // each of `batch` items, C (m x n, leading dimension ldc) = op(A) (m x k) op(B) (k x n), op a
 // transpose where asked; item i's matrices start at i * stride_x. gemm_layout.hpp maps dimsum's
