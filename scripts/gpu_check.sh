@@ -10,7 +10,7 @@
 # GPU, driver, the binaries' libraries, NVIDIA_TF32_OVERRIDE, which changes cuBLAS's choice
 # behind a program's back), then the CUDA backend's parity tests against the reference backend
 # with DIMSUM_REQUIRE_GPU=1, so that a machine without a usable GPU fails instead of skipping.
-# Not yet here: the fused attention kernel and the GPU benchmark (not written yet).
+# Not yet here: a GPU benchmark (not written yet).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${DIMSUM_GPU_BIN:-build-gpu}
