@@ -256,7 +256,8 @@ TEST_CASE("cuda: fused attention: scales, score functions, broadcast heads, wide
     require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::matmul(qn, ds::transpose<Key, D>(kn)) + mask), kn), 1e-4, 1e-5);
 }
 
-TEST_CASE("cuda: bf16 tensors read widened and written rounded; integer ids gathered") {
+TEST_CASE("cuda: bf16 tensors read widened and written rounded, integer ids gathered") {
+    cuda::evaluator gpu_evaluator;
     ds::tensor<ds::bf16, M, K> a(M{7}, K{33});
     ds::tensor<ds::bf16, K, N> b(K{33}, N{5});
     ds::fill_uniform(a, 1);
@@ -267,6 +268,17 @@ TEST_CASE("cuda: bf16 tensors read widened and written rounded; integer ids gath
     const ds::tensor<ds::bf16, M, N> got = ds::eval(ds::matmul(a, b), cuda::evaluator{});
     const ds::tensor<ds::bf16, M, N> want = ds::eval(ds::matmul(a, b), ds::backend::reference::evaluator{});
     test::require_close(got, test::to_xt(want), 1.0 / 128, 1e-6);
+    // bf16 on the device both ways: the same bits as the host destination, rounded by one rule
+    const auto a_gpu = cuda::to_device(a);
+    const auto b_gpu = cuda::to_device(b);
+    const cuda::tensor<ds::bf16, M, N> product_gpu = cuda::eval(ds::matmul(a_gpu, b_gpu));
+    const ds::tensor<ds::bf16, M, N> product = cuda::to_host(product_gpu);
+    for (std::size_t i = 0; i < product.size(); ++i) REQUIRE(product.data()[i].bits == got.data()[i].bits);
+    ds::tensor<ds::bf16, N, M> transposed_host(N{5}, M{7});
+    ds::evaluation::assign_with(gpu_evaluator, ds::transpose(transposed_host.view()), ds::matmul(a_gpu, b_gpu));  // strided bf16
+    for (std::size_t i = 0; i < 7; ++i) {
+        for (std::size_t j = 0; j < 5; ++j) REQUIRE(transposed_host(j, i).bits == got(i, j).bits);
+    }
 
     ds::tensor<float, Vocab, N> table(Vocab{11}, N{6});
     ds::fill_uniform(table, 3);

@@ -149,7 +149,9 @@ DIMSUM_HD inline void fused_element(const fused_pass& p, std::size_t linear) {
     strides[0] = &p.out_strides;
     for (std::size_t i = 0; i < p.input_count; ++i) strides[i + 1] = &p.inputs[i].strides;
     offsets_of(linear, p.rank, p.extents, p.input_count + 1, strides, offsets);
-    static_cast<T*>(p.out)[offsets[0]] = evaluate_nodes<T>(p, offsets + 1);
+    const T value = evaluate_nodes<T>(p, offsets + 1);
+    if (p.out_type == element_type::bf16) static_cast<std::uint16_t*>(p.out)[offsets[0]] = dimsum::detail::bf16_bits_of(value);
+    else static_cast<T*>(p.out)[offsets[0]] = value;
 }
 
 // How many lines a rowwise pass has: the product of the extents but the line's own.

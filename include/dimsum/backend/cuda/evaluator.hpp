@@ -105,7 +105,8 @@ struct state {
     std::vector<std::uintptr_t> device_bindings;  // each binding's device copy (offset 0)
     std::vector<std::uintptr_t> temporaries;
     std::vector<std::size_t> fused_steps;  // the step of each node of the pass being built
-    std::vector<T> result;  // the destination's value, downloaded row-major
+    std::vector<std::byte> result;  // the destination's value, downloaded row-major
+    static constexpr element_type type = evaluation::element_type_of<T>();
     std::vector<evaluation::binding> checked;  // the bindings as the host checks them (device ids copied back)
     std::vector<std::vector<unsigned char>> host_ids;
 
@@ -120,17 +121,29 @@ class executor {
 public:
     executor(state<T>& s, context& c, gemm_precision precision) : s_(s), steps_(s.program.steps), c_(c), precision_(precision) {}
 
-    // Computes the plan into device memory at `address` (0: a row-major array of the arena)
-    // and returns the destination's device memory.
-    device_array run(const layout& destination, std::uintptr_t address) {
+    // Computes the plan and stores its value, as `type` (T, or bf16: rounded), into device
+    // memory of layout `where` at `address` (0: a new array of the arena); returns that memory.
+    // The plan's destination is `where` itself, or, when rounding, a row-major array of T.
+    device_array run(const layout& where, std::uintptr_t address, element_type type) {
         begin(c_);
         upload_bindings();
         s_.temporaries.clear();
         for (std::size_t size : s_.plan.temporaries) s_.temporaries.push_back(address_of(allocate(c_, size * sizeof(T))));
-        if (!address) address = address_of(allocate(c_, destination.size() * sizeof(T)));
-        destination_ = {address, type_, destination};
+        const std::size_t n = where.size();
+        if (!address) address = address_of(allocate(c_, n * size_of(type)));
+        const device_array value{address, type, where};
+        if (type == type_) {
+            destination_ = value;
+            for (const entry& e : s_.plan.entries) run(e);
+            return value;
+        }
+        destination_ = {address_of(allocate(c_, n * sizeof(T))), type_, evaluation::row_major(where.rank, where.extents)};
         for (const entry& e : s_.plan.entries) run(e);
-        return destination_;
+        if (n == 0) return value;
+        fused_pass& round = pass_for(value);  // stores bf16
+        add_input(destination_, round);
+        launch(round);
+        return value;
     }
 
 private:
@@ -228,6 +241,7 @@ private:
         pass.rank = dst.where.rank;
         pass.extents = dst.where.extents;
         pass.out = dst.first_writable();
+        pass.out_type = dst.type;
         pass.out_strides = dst.where.strides;
         pass.node_count = pass.input_count = 0;
         s_.fused_steps.clear();
@@ -498,25 +512,18 @@ public:
     // Epilogues run as a pass after the product.
     evaluation::planner_options planning() const { return {fuse_attention, true, false}; }
 
-    // Writes the value of e into dst, a host view of e's shape that e does not read. A formula
-    // of bf16 is computed in float and rounded into dst on the host. dst is written only once
-    // the device has finished without error.
+    // Writes the value of e into dst, a host view of e's shape that e does not read, once the
+    // device has finished without error. A formula of bf16 is computed in float and rounded
+    // on the device.
     template <class E, class T, class... A>
     void run(const E& e, const tensor_view<T, A...>& dst) {
-        if constexpr (std::is_same_v<std::remove_const_t<T>, bf16>) {
-            tensor<float, A...> wide(dst.shape());
-            run_into(e, evaluation::to_strided(wide.view()), false);
-            evaluation::round_into<float>(evaluation::to_strided(std::as_const(wide).view()), evaluation::to_strided(dst));
-        } else {
-            run_into(e, evaluation::to_strided(dst), false);
-        }
+        run_into(e, evaluation::to_strided(dst), false);
     }
 
     // Writes the value of e into device memory (a cuda::view of e's shape that e does not
     // read), and waits for the device.
     template <class E, class T, class... A>
     void run(const E& e, const view<T, A...>& dst) {
-        static_assert(floating_element<std::remove_const_t<T>>, "dimsum: cuda: device results of float or double (bf16: not yet)");
         run_into(e, evaluation::to_strided(dst.device_memory()), true);
     }
 
@@ -554,28 +561,31 @@ private:
         return s.checked;
     }
 
-    template <class E, class T>
-    void run_into(const E& e, const evaluation::strided<T>& destination, bool on_device) {
+    template <class E, class D>
+    void run_into(const E& e, const evaluation::strided<D>& destination, bool on_device) {
+        using T = compute_type_t<std::remove_const_t<D>>;
+        constexpr element_type stored = evaluation::element_type_of<std::remove_const_t<D>>();
         auto& s = detail::state<T>::of_this_thread();
         evaluation::lower<T>(e, s.program, s.bindings);
         if (!s.program.functions.empty()) {
             throw std::invalid_argument("dimsum: cuda: ds::map runs on the host backends only (its function is host code)");
         }
-        // a host destination is computed row-major on the device, then copied
-        const evaluation::layout where = on_device ? evaluation::layout_of(destination)
-                                                   : evaluation::row_major(destination.rank, destination.extents);
-        evaluation::make_plan(s.program, s.bindings, where, planning(), s.plan);
+        // a host destination is computed row-major on the device, then copied; a formula of
+        // bf16 is planned into a row-major array of float, then rounded into the destination
+        const evaluation::layout row_major = evaluation::row_major(destination.rank, destination.extents);
+        const evaluation::layout where = on_device ? evaluation::layout_of(destination) : row_major;
+        evaluation::make_plan(s.program, s.bindings, stored == s.type ? where : row_major, planning(), s.plan);
         context& c = this_thread_context();
         evaluation::check_before_running<T>(s.program, checkable(s, c), s.plan);
         const auto address = on_device ? reinterpret_cast<std::uintptr_t>(destination.data) : 0;
-        const detail::device_array value = detail::executor<T>(s, c, precision).run(where, address);
+        const detail::device_array value = detail::executor<T>(s, c, precision).run(where, address, stored);
         if (on_device) return finish(c);
-        const std::size_t n = where.size();
-        if (evaluation::is_row_major(destination)) return download(c, destination.data, value.first(), n * sizeof(T));
-        s.result.resize(n);
-        download(c, s.result.data(), value.first(), n * sizeof(T));
-        const evaluation::strided<const T> from{s.result.data(), where.rank, where.extents, where.strides};
-        evaluation::convert_each(from, destination, [](T x) { return x; });
+        const std::size_t bytes = where.size() * sizeof(D);
+        if (evaluation::is_row_major(destination)) return download(c, destination.data, value.first(), bytes);
+        s.result.resize(bytes);
+        download(c, s.result.data(), value.first(), bytes);
+        const evaluation::strided<const D> from{reinterpret_cast<const D*>(s.result.data()), where.rank, where.extents, where.strides};
+        evaluation::convert_each(from, destination, [](D x) { return x; });
     }
 };
 

@@ -70,7 +70,8 @@ void download(context& c, void* host, const void* device, std::size_t bytes);
 void finish(context& c);
 
 // ---------------------------------------------------------------------------------------------
-// The passes. Each computes in `type`, float32 or float64, and writes that type.
+// The passes. Each computes in `type`, float32 or float64, and writes that type (a fused pass
+// may also write bf16).
 
 // One elementwise formula: out[index] = the last node's value at index, for every index of
 // `extents` (row-major order). Nodes come in evaluation order; an input is read at
@@ -96,6 +97,7 @@ struct fused_pass {
     std::size_t rank = 0;
     extents_t extents{};
     void* out = nullptr;
+    element_type out_type = element_type::float32;  // `type`, or bf16: rounded to nearest even as stored
     strides_t out_strides{};
     std::size_t node_count = 0, input_count = 0;
     fused_node nodes[max_fused_nodes];

@@ -111,7 +111,6 @@ template <class T, class... A>
 template <operand E>
 auto eval(const E& e, evaluator gpu = {}) {
     using V = value_type_of<E>;
-    static_assert(floating_element<V>, "dimsum: cuda::eval: a formula of float or double (bf16 device results: not yet)");
     typename device_tensor_of_shape<V, shape_of<E>>::type result(e.shape());
     gpu.run(e, result.view_of());
     return result;
