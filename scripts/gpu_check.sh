@@ -9,8 +9,9 @@
 # In order, so that a run cut short still says the most important things: the machine (kernel,
 # GPU, driver, the binaries' libraries, NVIDIA_TF32_OVERRIDE, which changes cuBLAS's choice
 # behind a program's back), then the CUDA backend's parity tests against the reference backend
-# with DIMSUM_REQUIRE_GPU=1, so that a machine without a usable GPU fails instead of skipping.
-# Not yet here: a GPU benchmark (not written yet).
+# with DIMSUM_REQUIRE_GPU=1, so that a machine without a usable GPU fails instead of skipping,
+# then dimsum_gpu_bench (src/gpu_bench.cpp) and PyTorch on the same cases (gpu_torch.py).
+# Each part has its own time limit; the outputs are also written to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${DIMSUM_GPU_BIN:-build-gpu}
@@ -18,10 +19,11 @@ bin=${DIMSUM_GPU_BIN:-build-gpu}
 if [ "${1:-}" = "--prepare" ]; then
     set -e
     cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDIMSUM_CUDA=ON >/dev/null
-    cmake --build build -j2 --target test_cuda_gpu
+    cmake --build build -j2 --target test_cuda_gpu dimsum_gpu_bench
     mkdir -p "$bin"
-    cp build/tests/test_cuda_gpu "$bin/"
+    cp build/tests/test_cuda_gpu build/src/dimsum_gpu_bench "$bin/"
     ldd "$bin/test_cuda_gpu"
+    du -sh "$bin"
     echo "ready: carry $bin/ to the GPU machine and run scripts/gpu_check.sh there"
     exit 0
 fi
@@ -45,8 +47,15 @@ if ldd "$bin/test_cuda_gpu" | grep -q 'not found'; then
     exit 1
 fi
 
+out=${OUT:-/tmp/gpu_check}
+mkdir -p "$out"
 echo "== the CUDA backend against the reference backend"
-DIMSUM_REQUIRE_GPU=1 timeout 300 "$bin/test_cuda_gpu" || status=1
+DIMSUM_REQUIRE_GPU=1 timeout 180 "$bin/test_cuda_gpu" 2>&1 | tee "$out/tests.txt" | tail -n 40 || status=1
+
+echo "== dimsum_gpu_bench"
+timeout 120 "$bin/dimsum_gpu_bench" 2>&1 | tee "$out/dimsum_gpu_bench.txt" || status=1
+echo "== PyTorch on the same cases"
+timeout 120 python3 scripts/gpu_torch.py 2>&1 | tee "$out/gpu_torch.txt" || echo "(PyTorch's run failed or was cut)"
 
 echo "== gpu_check: $([ $status = 0 ] && echo passed || echo FAILED)"
 exit $status

@@ -1,0 +1,157 @@
+// dimsum_gpu_bench: the CUDA backend on device tensors (no staging), each case against the
+// ceiling that bounds it, measured in the same run: the copy bandwidth for memory-bound
+// cases (a device-to-device copy through dimsum's fused pass, counting bytes read and
+// written), cuBLAS through dimsum for products. Each evaluation waits for the device, so a
+// case's time is wall time per evaluation: the median of 5 batches, each repeated until it
+// lasts 50 ms, after 3 warm-up evaluations. scripts/gpu_check.sh runs it, and
+// scripts/gpu_torch.py runs PyTorch on the same cases.
+//
+//   dimsum_gpu_bench [--smoke]     (--smoke: tiny sizes, a check that every case runs)
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <dimsum/dimsum.hpp>
+#include <dimsum/backend/cuda/tensor.hpp>
+
+namespace {
+
+namespace ds = dimsum;
+namespace cuda = ds::backend::cuda;
+
+using Elements = ds::axis<"elements">;
+using Rows = ds::axis<"rows">;
+using Cols = ds::axis<"cols">;
+using M = ds::axis<"m">;
+using K = ds::axis<"k">;
+using N = ds::axis<"n">;
+using Batch = ds::axis<"batch">;
+using Heads = ds::axis<"heads">;
+using Query = ds::axis<"query">;
+using Key = ds::axis<"key">;
+using D = ds::axis<"d">;
+
+bool smoke = false;
+
+// Seconds per call of f: the median of 5 batches, each of enough calls to last 50 ms.
+template <class F>
+double seconds_per_call(F&& f) {
+    for (int i = 0; i < (smoke ? 1 : 3); ++i) f();
+    const double batch_seconds = smoke ? 0.0 : 0.05;
+    std::vector<double> batches;
+    for (int b = 0; b < (smoke ? 1 : 5); ++b) {
+        std::size_t calls = 0;
+        const auto start = std::chrono::steady_clock::now();
+        double elapsed = 0;
+        do {
+            f();
+            ++calls;
+            elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        } while (elapsed < batch_seconds);
+        batches.push_back(elapsed / static_cast<double>(calls));
+    }
+    std::sort(batches.begin(), batches.end());
+    return batches[batches.size() / 2];
+}
+
+void row(const std::string& name, double value, const char* unit, double ceiling, const char* ceiling_name) {
+    std::printf("%-40s %12.1f %-8s %8.3f of %s\n", name.c_str(), value, unit, ceiling > 0 ? value / ceiling : 0.0, ceiling_name);
+    std::fflush(stdout);
+}
+
+template <class T, class... A>
+cuda::tensor<T, A...> random_on_device(std::uint64_t seed, A... extents) {
+    ds::tensor<T, A...> host(extents...);
+    ds::fill_uniform(host, seed);
+    return cuda::to_device(host);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) smoke = smoke || std::strcmp(argv[i], "--smoke") == 0;
+    const cuda::device_status status = cuda::query_devices();
+    if (status.count == 0) {
+        std::printf("no CUDA device (%s)\n", status.reason.c_str());
+        return 1;
+    }
+    std::printf("dimsum_gpu_bench on %s (runtime %d, driver %d)%s\n", status.name.c_str(), status.runtime_version,
+                status.driver_version, smoke ? ", smoke sizes" : "");
+    cuda::evaluator exact, tf32{.precision = cuda::gemm_precision::tf32};
+
+    // ceilings: a copy of 512 MiB, read and written
+    const std::size_t count = smoke ? 4096 : std::size_t(1) << 27;
+    auto x = random_on_device<float>(1, Elements{count});
+    auto r = random_on_device<float>(2, Elements{count});
+    cuda::tensor<float, Elements> y(Elements{count});
+    const double bytes = 2.0 * static_cast<double>(count) * sizeof(float);
+    const double copy = bytes / seconds_per_call([&] { cuda::assign(y, x, exact); }) / 1e9;
+    row("copy_" + std::to_string(count), copy, "GB/s", copy, "copy");
+
+    // elementwise: max(x * 0.5 + bias, 0) + r over rows of 4096
+    {
+        const std::size_t cols = smoke ? 64 : 4096, rows = count / cols;
+        auto xm = random_on_device<float>(3, Rows{rows}, Cols{cols});
+        auto rm = random_on_device<float>(4, Rows{rows}, Cols{cols});
+        auto bias = random_on_device<float>(5, Cols{cols});
+        cuda::tensor<float, Rows, Cols> out(Rows{rows}, Cols{cols});
+        const double moved = 3.0 * static_cast<double>(rows * cols) * sizeof(float);
+        const double s = seconds_per_call([&] { cuda::assign(out, ds::max(xm * 0.5f + bias, 0.0f) + rm, exact); });
+        row("eltwise_" + std::to_string(rows) + "x" + std::to_string(cols), moved / s / 1e9, "GB/s", copy, "copy");
+        for (std::size_t width : {std::size_t(128), std::size_t(512), std::size_t(4096)}) {
+            const std::size_t w = smoke ? 16 : width, n = count / w;
+            auto scores = random_on_device<float>(6, Rows{n}, Cols{w});
+            cuda::tensor<float, Rows, Cols> weights(Rows{n}, Cols{w});
+            const double t = seconds_per_call([&] { cuda::assign(weights, ds::softmax(scores), exact); });
+            row("softmax_" + std::to_string(n) + "x" + std::to_string(w), 2.0 * static_cast<double>(n * w) * sizeof(float) / t / 1e9,
+                "GB/s", copy, "copy");
+        }
+    }
+
+    // products: fp32 and tf32 through cuBLAS
+    double best_fp32 = 0;  // the ceiling of exact float arithmetic, as cuBLAS reaches it
+    for (std::size_t size : {std::size_t(1024), std::size_t(4096), std::size_t(8192)}) {
+        const std::size_t n = smoke ? 8 : size;
+        auto a = random_on_device<float>(7, M{n}, K{n});
+        auto b = random_on_device<float>(8, K{n}, N{n});
+        cuda::tensor<float, M, N> c(M{n}, N{n});
+        const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+        const double fp32 = flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), exact); }) / 1e12;
+        row("gemm_fp32_" + std::to_string(n) + "^3", fp32, "TFLOP/s", fp32, "itself");
+        best_fp32 = std::max(best_fp32, fp32);
+        const double t = flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), tf32); }) / 1e12;
+        row("gemm_tf32_" + std::to_string(n) + "^3", t, "TFLOP/s", fp32, "fp32");
+    }
+
+    // attention: batch x seq = 16k, heads x d = 2048 (FlashAttention's convention), causal and not
+    for (std::size_t d : {std::size_t(64), std::size_t(128)}) {
+        for (std::size_t seq : {std::size_t(512), std::size_t(2048), std::size_t(8192)}) {
+            const std::size_t s = smoke ? 16 : seq, batch = smoke ? 1 : 16384 / seq, heads = smoke ? 2 : 2048 / d, dd = smoke ? 8 : d;
+            auto q = random_on_device<float>(9, Batch{batch}, Heads{heads}, Query{s}, D{dd});
+            auto k = random_on_device<float>(10, Batch{batch}, Heads{heads}, Key{s}, D{dd});
+            auto v = random_on_device<float>(11, Batch{batch}, Heads{heads}, Key{s}, D{dd});
+            cuda::tensor<float, Batch, Heads, Query, D> o(Batch{batch}, Heads{heads}, Query{s}, D{dd});
+            const float scale = 1.0f / std::sqrt(static_cast<float>(dd));
+            for (bool causal : {false, true}) {
+                auto scores = ds::matmul(q, ds::transpose<Key, D>(k)) * scale;
+                const double pairs = static_cast<double>(batch * heads) * static_cast<double>(s) * static_cast<double>(s) *
+                                     (causal ? 0.5 : 1.0);
+                const double flops = 4.0 * pairs * static_cast<double>(dd);
+                const double t = causal ? seconds_per_call([&] {
+                    cuda::assign(o, ds::matmul(ds::softmax<Key>(ds::masked_fill(scores, ds::causal_mask(Query{s}, Key{s}), -INFINITY)), v), exact);
+                })
+                                        : seconds_per_call([&] { cuda::assign(o, ds::matmul(ds::softmax<Key>(scores), v), exact); });
+                row(std::string("attention_") + (causal ? "causal_" : "") + std::to_string(batch) + "x" + std::to_string(heads) + "x" +
+                        std::to_string(s) + "x" + std::to_string(dd),
+                    flops / t / 1e12, "TFLOP/s", best_fp32, "gemm_fp32");
+            }
+        }
+    }
+    std::printf("dimsum_gpu_bench: done\n");
+    return 0;
+}
