@@ -75,7 +75,7 @@ TEMPLATE_TEST_CASE("softmax and layer_norm along any axis, contiguous or not", "
     });
 }
 
-TEST_CASE("softmax of masked rows: -inf entries; a fully masked row gets weights 0") {
+TEST_CASE("softmax of masked rows: -inf entries, a fully masked row gets weights 0") {
     constexpr float inf = std::numeric_limits<float>::infinity();
     ds::tensor<float, M, N> scores(M{5}, N{37});
     ds::fill_normal(scores, 21);

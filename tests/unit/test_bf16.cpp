@@ -105,7 +105,7 @@ TEST_CASE("double to bf16 rounds once, where rounding through float would round 
     REQUIRE(twice > 100);  // the file holds such traps, so this test can tell the two apart
 }
 
-TEST_CASE("NaN stays NaN, with its sign; infinities and the edges of the range") {
+TEST_CASE("NaN stays NaN, with its sign, infinities and the edges of the range") {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     REQUIRE(isnan(bf16(nan)));
     REQUIRE(isnan(bf16(-nan)));
@@ -203,7 +203,7 @@ TEST_CASE("fused attention over bf16 equals the float kernel rounded once, and t
     require_near(got, ds::eval(attention(q, k, v), ds::backend::reference::evaluator{}), 1.0, 1e-5);
 }
 
-TEST_CASE("cast<bf16> inside a formula rounds there; cast<float> widens exactly") {
+TEST_CASE("cast<bf16> inside a formula rounds there, cast<float> widens exactly") {
     ds::tensor<float, N> x(N{19});
     ds::fill_normal(x, 10);
     x(3) = std::numeric_limits<float>::quiet_NaN();

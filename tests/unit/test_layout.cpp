@@ -143,7 +143,7 @@ TEST_CASE("permute then unpermute by the same order, or permute then permute by 
     }
 }
 
-TEST_CASE("coalesce keeps the offsets in row-major order with the fewest axes; row-major coalesces to <= 1 axis") {
+TEST_CASE("coalesce keeps the offsets in row-major order with the fewest axes, row-major coalesces to <= 1 axis") {
     std::mt19937 rng(2);
     for (int t = 0; t < trials; ++t) {
         const layout l = random_layout(rng);

@@ -115,7 +115,7 @@ TEST_CASE("assigning a slice of a tensor to an overlapping slice of it is a shif
     test::require_close(ds::slice<Seq>(x, 0, 8), xt_slice(before, 0, 1, 9, 1), 0, 0);
 }
 
-TEST_CASE("split and chunk give views; static chunks where the axis allows") {
+TEST_CASE("split and chunk give views, static chunks where the axis allows") {
     ds::tensor<float, Seq, Model> x(Seq{10});
     ds::fill_uniform(x, 8);
     auto [head, middle, tail] = ds::split<Seq>(x, 3, 0, 7);

@@ -111,7 +111,7 @@ TEST_CASE("rename gives an axis another name, at no cost") {
     REQUIRE(keys.extent(0) == 5);
 }
 
-TEST_CASE("unsqueeze inserts an extent-1 axis, squeeze removes one; views of tensors, nodes of formulas") {
+TEST_CASE("unsqueeze inserts an extent-1 axis, squeeze removes one, views of tensors, nodes of formulas") {
     using Group = ds::axis<"group">;
     ds::tensor<double, Batch, Seq, Model> x(Batch{2}, Seq{3});
     ds::fill_uniform(x, 12);
