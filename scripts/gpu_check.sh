@@ -17,11 +17,12 @@ cd "$(dirname "$0")/.."
 bin=${DIMSUM_GPU_BIN:-build-gpu}
 
 if [ "${1:-}" = "--prepare" ]; then
+    # its own build folder, for x86-64-v3 (AVX2): the GPU machine's processor is not this one's
     set -e
-    cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDIMSUM_CUDA=ON >/dev/null
-    cmake --build build -j2 --target test_cuda_gpu dimsum_gpu_bench
+    cmake -S . -B build-gpu-prepare -DCMAKE_BUILD_TYPE=Release -DDIMSUM_CUDA=ON -DDIMSUM_ARCH=x86-64-v3 >/dev/null
+    cmake --build build-gpu-prepare -j2 --target test_cuda_gpu dimsum_gpu_bench
     mkdir -p "$bin"
-    cp build/tests/test_cuda_gpu build/src/dimsum_gpu_bench "$bin/"
+    cp build-gpu-prepare/tests/test_cuda_gpu build-gpu-prepare/src/dimsum_gpu_bench "$bin/"
     ldd "$bin/test_cuda_gpu"
     du -sh "$bin"
     echo "ready: carry $bin/ to the GPU machine and run scripts/gpu_check.sh there"
@@ -35,10 +36,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=c
 echo "NVIDIA_TF32_OVERRIDE=${NVIDIA_TF32_OVERRIDE-unset}"
 ldd --version | head -n 1
 
-# cuBLAS: the system's, else the one PyTorch's wheels bring
+# cuBLAS (libcublas.so.13, libcublasLt.so.13): the system's, else CUDA's own folders, else
+# the one PyTorch's wheels bring (nvidia/*/lib or nvidia/cu13/lib in site-packages)
 if ldd "$bin/test_cuda_gpu" | grep -q 'libcublas.*not found'; then
-    wheels=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
-    [ -n "$wheels" ] && export LD_LIBRARY_PATH="$wheels${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    found=$( (ls -d /usr/local/cuda*/lib64 /usr/local/cuda*/targets/x86_64-linux/lib 2>/dev/null
+              python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null |
+                  while read -r d; do find "$d/nvidia" -name 'libcublas.so.13*' -printf '%h\n' 2>/dev/null; done) |
+             while read -r d; do [ -e "$d/libcublas.so.13" ] && echo "$d"; done | head -n 1)
+    if [ -n "$found" ]; then
+        echo "cuBLAS from $found"
+        export LD_LIBRARY_PATH="$found${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
 fi
 echo "== libraries of $bin/test_cuda_gpu"
 ldd "$bin/test_cuda_gpu"
@@ -50,10 +58,10 @@ fi
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
 echo "== the CUDA backend against the reference backend"
-DIMSUM_REQUIRE_GPU=1 timeout 180 "$bin/test_cuda_gpu" 2>&1 | tee "$out/tests.txt" | tail -n 40 || status=1
+DIMSUM_REQUIRE_GPU=1 DIMSUM_CUDA_SYNC=1 timeout 120 "$bin/test_cuda_gpu" 2>&1 | tee "$out/tests.txt" | tail -n 40 || status=1
 
 echo "== dimsum_gpu_bench"
-timeout 120 "$bin/dimsum_gpu_bench" 2>&1 | tee "$out/dimsum_gpu_bench.txt" || status=1
+timeout 150 "$bin/dimsum_gpu_bench" 2>&1 | tee "$out/dimsum_gpu_bench.txt" || status=1
 echo "== PyTorch on the same cases"
 timeout 120 python3 scripts/gpu_torch.py 2>&1 | tee "$out/gpu_torch.txt" || echo "(PyTorch's run failed or was cut)"
 

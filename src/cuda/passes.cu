@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 
 #include <climits>
+#include <cstdlib>
 #include <string>
 
 #include "dimsum/backend/cuda/device_functions.hpp"
@@ -32,12 +33,16 @@ std::size_t size_of_extents(std::size_t rank, const extents_t& extents) {
 }
 
 // body(pass, i) for every item i < n: one thread per item, striding over the grid.
+// The pass stays in the kernel's parameter space (__grid_constant__): taking its address (the
+// bodies take it by reference) would otherwise copy its 2 to 3 KB into each thread's memory.
 template <class Pass, void (*body)(const Pass&, std::size_t)>
-__global__ void each_item(const Pass pass, std::size_t n) {
+__global__ void each_item(const __grid_constant__ Pass pass, std::size_t n) {
     for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
         body(pass, i);
     }
 }
+
+bool wait_after_each_pass();
 
 // Launches kernel<float> or kernel<double> over n items, then checks the launch.
 template <class Pass>
@@ -48,6 +53,17 @@ void launch(context& c, void (*as_float)(Pass, std::size_t), void (*as_double)(P
     if (type == element_type::float64) as_double<<<blocks, threads_per_block, 0, c.stream>>>(pass, n);
     else as_float<<<blocks, threads_per_block, 0, c.stream>>>(pass, n);
     check(cudaGetLastError(), name);
+    // DIMSUM_CUDA_SYNC=1: wait after each pass, so that a fault names the pass that made it
+    // (scripts/gpu_check.sh sets it; else a fault shows at the next wait, under that call's name)
+    if (wait_after_each_pass()) check(cudaStreamSynchronize(c.stream), name);
+}
+
+bool wait_after_each_pass() {
+    static const bool wait = [] {
+        const char* value = std::getenv("DIMSUM_CUDA_SYNC");
+        return value && std::string(value) == "1";
+    }();
+    return wait;
 }
 
 int as_int(long long value, const char* what) {

@@ -21,7 +21,8 @@
 //
 // Device memory comes from the calling thread's arena (kernels.hpp), kept between
 // evaluations: a formula evaluated in a loop allocates nothing on the device after its first
-// evaluation. The destination is written only once the device has finished without error.
+// evaluation. A host destination is written only once the device has finished without error;
+// a device destination is written in place, and an error part way leaves it part written.
 
 #include <cstddef>
 #include <cstdint>
@@ -394,10 +395,14 @@ private:
         return {static_cast<long long>(l.extents[r - 2]), static_cast<long long>(l.extents[r - 1]), l.strides[r - 2], l.strides[r - 1]};
     }
 
-    // A row-major copy of v in the arena.
+    // A row-major copy of v in the arena; an axis of extent 1 keeps stride 0, so that an
+    // operand broadcast along a batch axis stays broadcast (one item, read by every item of C).
     device_array packed(const device_array& v) {
-        const device_array copy{address_of(allocate(c_, v.where.size() * sizeof(T))), type_,
-                                evaluation::row_major(v.where.rank, v.where.extents)};
+        device_array copy{address_of(allocate(c_, v.where.size() * sizeof(T))), type_,
+                          evaluation::row_major(v.where.rank, v.where.extents)};
+        for (std::size_t i = 0; i < copy.where.rank; ++i) {
+            if (copy.where.extents[i] == 1) copy.where.strides[i] = 0;
+        }
         fused_pass& pass = pass_for(copy);
         add_input(v, pass);
         launch(pass);
@@ -405,27 +410,27 @@ private:
     }
 
     // dst = the product (cuBLAS), then the entry's epilogue, a fused pass reading dst in place.
+    // The product goes into dst, or into a row-major temporary then copied when no form of
+    // cuBLAS's writes dst; an operand that no form reads is copied row-major first.
     void multiply(const entry& e, const device_array& destination) {
         const step& s = steps_[e.step];
         device_array a = value(s.operands[0]), b = value(s.operands[1]), c = destination;
         a.where = evaluation::broadcast(a.where, s.rank);
         b.where = evaluation::broadcast(b.where, s.rank);
         evaluation::fold_batch_into_rows(a.where, b.where, c.where, static_cast<layout*>(nullptr), 0);
-        blas_product form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(c.where));
-        if (form.pack_a || form.pack_b) {
-            if (form.pack_a) a = packed(a);
-            if (form.pack_b) b = packed(b);
-            form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(c.where));
+        device_array target = c;
+        blas_product form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(target.where));
+        if (!form.c_fits) {
+            target = {address_of(allocate(c_, c.where.size() * sizeof(T))), type_, evaluation::row_major(c.where.rank, c.where.extents)};
+            form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(target.where));
         }
-        if (!form.c_fits) {  // a destination no form writes: a row-major product, then a copy
-            const device_array product{address_of(allocate(c_, c.where.size() * sizeof(T))), type_,
-                                       evaluation::row_major(c.where.rank, c.where.extents)};
-            gemm_into(a, b, product);
+        if (form.pack_a) a = packed(a);
+        if (form.pack_b) b = packed(b);
+        gemm_into(a, b, target);
+        if (target.address != c.address) {  // the temporary into dst
             fused_pass& pass = pass_for(c);
-            add_input(product, pass);
+            add_input(target, pass);
             launch(pass);
-        } else {
-            gemm_into(a, b, c);
         }
         if (e.epilogue != no_step) fuse(e.epilogue, e.step, destination);
     }
@@ -459,11 +464,15 @@ private:
         for (std::size_t i = 0; i + 1 < batch_axes; ++i) outer *= c.where.extents[i];
         const device_array& first = form.swapped ? b : a;
         const device_array& second = form.swapped ? a : b;
+        // an operand's stride along a batch axis, 0 where it has one item for all of C's
+        const auto along = [](const device_array& x, std::size_t axis) -> std::ptrdiff_t {
+            return x.where.extents[axis] == 1 ? 0 : x.where.strides[axis];
+        };
         if (batch_axes > 0) {
             const std::size_t inner = batch_axes - 1;
             call.batch = static_cast<long long>(c.where.extents[inner]);
-            call.stride_a = first.where.strides[inner];
-            call.stride_b = second.where.strides[inner];
+            call.stride_a = along(first, inner);
+            call.stride_b = along(second, inner);
             call.stride_c = c.where.strides[inner];
         }
         for (std::size_t item = 0; item < outer; ++item) {
@@ -473,8 +482,8 @@ private:
             for (std::size_t i = batch_axes > 0 ? batch_axes - 1 : 0; i-- > 0;) {  // the outer batch axes
                 const auto index = static_cast<std::ptrdiff_t>(rest % c.where.extents[i]);
                 rest /= c.where.extents[i];
-                at_first += index * first.where.strides[i];
-                at_second += index * second.where.strides[i];
+                at_first += index * along(first, i);
+                at_second += index * along(second, i);
                 at_c += index * c.where.strides[i];
             }
             call.a = shifted(first, at_first);

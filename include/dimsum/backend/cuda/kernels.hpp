@@ -62,8 +62,10 @@ std::size_t device_bytes(const context& c);
 void* allocate_memory(std::size_t bytes);
 void free_memory(void* memory) noexcept;
 
-// Copies in stream order. upload returns once `host` may be reused; download waits for
-// everything before it and then copies, throwing the first error of the evaluation.
+// Copies in stream order. The host memory of an upload must stay as it is until the next
+// finish() or download() (from pinned memory the copy is truly asynchronous; every caller
+// here waits before it returns). download waits for everything before it and then copies,
+// throwing the first error of the evaluation.
 void upload(context& c, void* device, const void* host, std::size_t bytes);
 void download(context& c, void* host, const void* device, std::size_t bytes);
 // Waits for the stream; throws the first error of the evaluation.
