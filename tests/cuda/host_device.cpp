@@ -19,8 +19,15 @@
 
 namespace dimsum::backend::cuda {
 
+static void* host_block(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{arena::alignment}); }
+static void free_block(void* memory) { ::operator delete(memory, std::align_val_t{arena::alignment}); }
+
 class context {
 public:
+    context() = default;
+    context(const context&) = delete;
+    context& operator=(const context&) = delete;
+    ~context() { memory.release(free_block); }
     arena memory;
 };
 
@@ -30,9 +37,6 @@ context& this_thread_context() {
     thread_local context c;
     return c;
 }
-
-static void* host_block(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{arena::alignment}); }
-static void free_block(void* memory) { ::operator delete(memory, std::align_val_t{arena::alignment}); }
 
 void begin(context& c) { c.memory.begin(host_block, free_block); }
 void* allocate(context& c, std::size_t bytes) { return c.memory.allocate(bytes, host_block); }
