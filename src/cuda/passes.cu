@@ -26,12 +26,6 @@ unsigned blocks_for(const context& c, std::size_t n) {
     return static_cast<unsigned>(wanted < cap ? wanted : cap);
 }
 
-std::size_t size_of_extents(std::size_t rank, const extents_t& extents) {
-    std::size_t n = 1;
-    for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
-    return n;
-}
-
 // body(pass, i) for every item i < n: one thread per item, striding over the grid.
 // The pass stays in the kernel's parameter space (__grid_constant__): taking its address (the
 // bodies take it by reference) would otherwise copy its 2 to 3 KB into each thread's memory.
@@ -47,8 +41,10 @@ bool wait_after_each_pass();
 // Launches kernel<float> or kernel<double> over n items, then checks the launch.
 template <class Pass>
 void launch(context& c, void (*as_float)(Pass, std::size_t), void (*as_double)(Pass, std::size_t), const Pass& pass,
-            element_type type, std::size_t n, const char* name) {
+            const char* name) {
+    const std::size_t n = device::item_count(pass);
     if (n == 0) return;
+    const element_type type = pass.type;
     const unsigned blocks = blocks_for(c, n);
     if (type == element_type::float64) as_double<<<blocks, threads_per_block, 0, c.stream>>>(pass, n);
     else as_float<<<blocks, threads_per_block, 0, c.stream>>>(pass, n);
@@ -77,31 +73,28 @@ int as_int(long long value, const char* what) {
 }  // namespace
 
 void run_fused(context& c, const fused_pass& pass) {
-    launch(c, each_item<fused_pass, device::fused_element<float>>, each_item<fused_pass, device::fused_element<double>>, pass, pass.type, size_of_extents(pass.rank, pass.extents),
-           "fused kernel launch");
+    launch(c, each_item<fused_pass, device::fused_element<float>>, each_item<fused_pass, device::fused_element<double>>,
+           pass, "fused kernel launch");
 }
 
 void run_rowwise(context& c, const rowwise_pass& pass) {
-    launch(c, each_item<rowwise_pass, device::rowwise_line<float>>, each_item<rowwise_pass, device::rowwise_line<double>>, pass, pass.type, device::line_count(pass),
-           "rowwise kernel launch");
+    launch(c, each_item<rowwise_pass, device::rowwise_line<float>>, each_item<rowwise_pass, device::rowwise_line<double>>,
+           pass, "rowwise kernel launch");
 }
 
 void run_indices(context& c, const indices_pass& pass) {
     launch(c, each_item<indices_pass, device::indices_element<float>>, each_item<indices_pass, device::indices_element<double>>,
-           pass, pass.type, size_of_extents(pass.rank, pass.extents),
-           "indices kernel launch");
+           pass, "indices kernel launch");
 }
 
 void run_gather(context& c, const gather_pass& pass) {
-    launch(c, each_item<gather_pass, device::gather_element<float>>, each_item<gather_pass, device::gather_element<double>>, pass, pass.type, size_of_extents(pass.out_rank, pass.out_extents),
-           "gather kernel launch");
+    launch(c, each_item<gather_pass, device::gather_element<float>>, each_item<gather_pass, device::gather_element<double>>,
+           pass, "gather kernel launch");
 }
 
 void run_attention(context& c, const attention_pass& pass) {
-    std::size_t rows = pass.queries;
-    for (std::size_t i = 0; i < pass.batch_rank; ++i) rows *= pass.batch_extents[i];
     launch(c, each_item<attention_pass, device::attention_row<float>>, each_item<attention_pass, device::attention_row<double>>,
-           pass, pass.type, rows, "attention kernel launch");
+           pass, "attention kernel launch");
 }
 
 void run_gemm(context& c, const gemm_call& g) {

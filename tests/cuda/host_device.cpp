@@ -56,51 +56,19 @@ void download(context&, void* host, const void* device, std::size_t bytes) {
 }
 void finish(context&) {}
 
-static std::size_t size_of_extents(std::size_t rank, const extents_t& extents) {
-    std::size_t n = 1;
-    for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
-    return n;
+// body(pass, i) for every item of the pass, in order: what a kernel does in parallel.
+template <class Pass>
+void each_item(const Pass& pass, void (*as_float)(const Pass&, std::size_t), void (*as_double)(const Pass&, std::size_t)) {
+    const std::size_t n = device::item_count(pass);
+    for (std::size_t i = 0; i < n; ++i) (pass.type == element_type::float64 ? as_double : as_float)(pass, i);
 }
 
-void run_fused(context&, const fused_pass& pass) {
-    const std::size_t n = size_of_extents(pass.rank, pass.extents);
-    for (std::size_t i = 0; i < n; ++i) {
-        if (pass.type == element_type::float64) device::fused_element<double>(pass, i);
-        else device::fused_element<float>(pass, i);
-    }
-}
-
-void run_rowwise(context&, const rowwise_pass& pass) {
-    const std::size_t n = device::line_count(pass);
-    for (std::size_t i = 0; i < n; ++i) {
-        if (pass.type == element_type::float64) device::rowwise_line<double>(pass, i);
-        else device::rowwise_line<float>(pass, i);
-    }
-}
-
-void run_indices(context&, const indices_pass& pass) {
-    const std::size_t n = size_of_extents(pass.rank, pass.extents);
-    for (std::size_t i = 0; i < n; ++i) {
-        if (pass.type == element_type::float64) device::indices_element<double>(pass, i);
-        else device::indices_element<float>(pass, i);
-    }
-}
-
-void run_gather(context&, const gather_pass& pass) {
-    const std::size_t n = size_of_extents(pass.out_rank, pass.out_extents);
-    for (std::size_t i = 0; i < n; ++i) {
-        if (pass.type == element_type::float64) device::gather_element<double>(pass, i);
-        else device::gather_element<float>(pass, i);
-    }
-}
-
-void run_attention(context&, const attention_pass& pass) {
-    std::size_t rows = pass.queries;
-    for (std::size_t i = 0; i < pass.batch_rank; ++i) rows *= pass.batch_extents[i];
-    for (std::size_t i = 0; i < rows; ++i) {
-        if (pass.type == element_type::float64) device::attention_row<double>(pass, i);
-        else device::attention_row<float>(pass, i);
-    }
+void run_fused(context&, const fused_pass& p) { each_item(p, device::fused_element<float>, device::fused_element<double>); }
+void run_rowwise(context&, const rowwise_pass& p) { each_item(p, device::rowwise_line<float>, device::rowwise_line<double>); }
+void run_indices(context&, const indices_pass& p) { each_item(p, device::indices_element<float>, device::indices_element<double>); }
+void run_gather(context&, const gather_pass& p) { each_item(p, device::gather_element<float>, device::gather_element<double>); }
+void run_attention(context&, const attention_pass& p) {
+    each_item(p, device::attention_row<float>, device::attention_row<double>);
 }
 
 // cuBLAS's product by its definition (column-major, op per operand), after the checks by which

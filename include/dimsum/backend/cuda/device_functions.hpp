@@ -154,12 +154,21 @@ DIMSUM_HD inline void fused_element(const fused_pass& p, std::size_t linear) {
     else static_cast<T*>(p.out)[offsets[0]] = value;
 }
 
-// How many lines a rowwise pass has: the product of the extents but the line's own.
-DIMSUM_HD inline std::size_t line_count(const rowwise_pass& p) {
+// How many items each pass has, one body call each: elements, lines or queries.
+DIMSUM_HD inline std::size_t elements_of(std::size_t rank, const extents_t& extents) {
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
+    return n;
+}
+DIMSUM_HD inline std::size_t item_count(const fused_pass& p) { return elements_of(p.rank, p.extents); }
+DIMSUM_HD inline std::size_t item_count(const indices_pass& p) { return elements_of(p.rank, p.extents); }
+DIMSUM_HD inline std::size_t item_count(const gather_pass& p) { return elements_of(p.out_rank, p.out_extents); }
+DIMSUM_HD inline std::size_t item_count(const rowwise_pass& p) {  // every extent but the line's own
     std::size_t n = 1;
     for (std::size_t i = 0; i < p.rank; ++i) n *= i == p.axis ? 1 : p.extents[i];
     return n;
 }
+DIMSUM_HD inline std::size_t item_count(const attention_pass& p) { return p.queries * elements_of(p.batch_rank, p.batch_extents); }
 
 // One line of a rowwise pass: line number `line` (row-major over the other axes). Accumulates
 // in T, as the CPU backend does.
