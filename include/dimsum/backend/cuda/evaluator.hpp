@@ -65,13 +65,17 @@ struct device_array {
     void* first_writable() const { return const_cast<void*>(first()); }
 };
 
-// The lowest and highest offsets a layout reaches (of a non-empty array).
-inline void span_of(const layout& l, std::ptrdiff_t& low, std::ptrdiff_t& high) {
-    low = high = l.offset;
-    for (std::size_t i = 0; i < l.rank; ++i) {
-        const std::ptrdiff_t reach = static_cast<std::ptrdiff_t>(l.extents[i] - 1) * l.strides[i];
-        (reach < 0 ? low : high) += reach;
-    }
+// The bytes a binding's layout reaches, from its lowest offset (`first`, in bytes from data)
+// to its highest: what is copied between host and device. tensor_view's reach, overflow-checked.
+struct byte_span {
+    std::ptrdiff_t first = 0;
+    std::size_t bytes = 0;
+};
+inline byte_span span_of(const evaluation::binding& b) {
+    const auto range = dimsum::detail::reach(b.where.extents.data(), b.where.strides.data(), b.where.rank);
+    if (!range) throw std::length_error("dimsum: cuda: a tensor whose strides reach past what an offset can hold");
+    const auto element = static_cast<std::ptrdiff_t>(size_of(b.type));
+    return {(b.where.offset + range->first) * element, static_cast<std::size_t>((range->second - range->first) * element)};
 }
 
 // Merges the axes of a pass along which every array continues (stride[i] = stride[i+1] *
@@ -107,9 +111,8 @@ struct state {
     std::vector<std::uintptr_t> temporaries;
     std::vector<std::size_t> fused_steps;  // the step of each node of the pass being built
     std::vector<std::byte> result;  // the destination's value, downloaded row-major
-    static constexpr element_type type = evaluation::element_type_of<T>();
     std::vector<evaluation::binding> checked;  // the bindings as the host checks them (device ids copied back)
-    std::vector<std::vector<unsigned char>> host_ids;
+    std::vector<std::vector<std::byte>> host_ids;
 
     static state& of_this_thread() {
         thread_local state s;
@@ -133,17 +136,15 @@ public:
         const std::size_t n = where.size();
         if (!address) address = address_of(allocate(c_, n * size_of(type)));
         const device_array value{address, type, where};
-        if (type == type_) {
-            destination_ = value;
-            for (const entry& e : s_.plan.entries) run(e);
-            return value;
-        }
-        destination_ = {address_of(allocate(c_, n * sizeof(T))), type_, evaluation::row_major(where.rank, where.extents)};
+        const bool rounds = type != type_;
+        destination_ = rounds ? device_array{address_of(allocate(c_, n * sizeof(T))), type_, evaluation::row_major(where.rank, where.extents)}
+                              : value;
         for (const entry& e : s_.plan.entries) run(e);
-        if (n == 0) return value;
-        fused_pass& round = pass_for(value);  // stores bf16
-        add_input(destination_, round);
-        launch(round);
+        if (rounds && n != 0) {
+            fused_pass& round = pass_for(value);  // stores bf16
+            add_input(destination_, round);
+            launch(round);
+        }
         return value;
     }
 
@@ -162,13 +163,10 @@ private:
                 continue;
             }
             if (b.where.size() == 0 || !b.data) continue;
-            std::ptrdiff_t low = 0, high = 0;
-            span_of(b.where, low, high);
-            const auto bytes = static_cast<std::size_t>(high - low + 1) * size_of(b.type);
-            void* copy = allocate(c_, bytes);
-            const auto element = static_cast<std::ptrdiff_t>(size_of(b.type));
-            upload(c_, copy, static_cast<const char*>(b.data) + low * element, bytes);  // host memory: in bounds
-            s_.device_bindings[i] = address_of(copy) - static_cast<std::uintptr_t>(low * element);
+            const byte_span span = span_of(b);
+            void* copy = allocate(c_, span.bytes);
+            upload(c_, copy, static_cast<const char*>(b.data) + span.first, span.bytes);  // host memory: in bounds
+            s_.device_bindings[i] = address_of(copy) - static_cast<std::uintptr_t>(span.first);
         }
     }
 
@@ -556,15 +554,13 @@ private:
             const std::size_t id = s.program.steps[s.program.steps[e.step].operands[1]].binding;
             evaluation::binding& b = s.checked[id];
             if (!b.on_device || b.where.size() == 0) continue;
-            std::ptrdiff_t low = 0, high = 0;
-            detail::span_of(b.where, low, high);
-            const auto element = static_cast<std::ptrdiff_t>(size_of(b.type));
-            std::vector<unsigned char>& copy = s.host_ids[id];
-            copy.resize(static_cast<std::size_t>((high - low + 1) * element));
-            const auto first = reinterpret_cast<std::uintptr_t>(b.data) + static_cast<std::uintptr_t>(low * element);
+            const detail::byte_span span = detail::span_of(b);
+            std::vector<std::byte>& copy = s.host_ids[id];
+            copy.resize(span.bytes);
+            const auto first = reinterpret_cast<std::uintptr_t>(b.data) + static_cast<std::uintptr_t>(span.first);
             download(c, copy.data(), reinterpret_cast<const void*>(first), copy.size());
-            // the same layout over the copy: its element at offset `low` is the copy's first
-            b.data = reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(copy.data()) - static_cast<std::uintptr_t>(low * element));
+            // the same layout over the copy: the element at the lowest offset is the copy's first
+            b.data = reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(copy.data()) - static_cast<std::uintptr_t>(span.first));
             b.on_device = false;
         }
         return s.checked;
@@ -583,7 +579,7 @@ private:
         // bf16 is planned into a row-major array of float, then rounded into the destination
         const evaluation::layout row_major = evaluation::row_major(destination.rank, destination.extents);
         const evaluation::layout where = on_device ? evaluation::layout_of(destination) : row_major;
-        evaluation::make_plan(s.program, s.bindings, stored == s.type ? where : row_major, planning(), s.plan);
+        evaluation::make_plan(s.program, s.bindings, stored == evaluation::element_type_of<T>() ? where : row_major, planning(), s.plan);
         context& c = this_thread_context();
         evaluation::check_before_running<T>(s.program, checkable(s, c), s.plan);
         const auto address = on_device ? reinterpret_cast<std::uintptr_t>(destination.data) : 0;
