@@ -6,18 +6,27 @@
 // lasts 50 ms, after 3 warm-up evaluations. scripts/gpu_check.sh runs it, and
 // scripts/gpu_torch.py runs PyTorch on the same cases.
 //
-//   dimsum_gpu_bench [--smoke]     (--smoke: tiny sizes, a check that every case runs)
+// --parity DIR writes, instead, cases too large for the reference backend (attention at seq 4096
+// and 16384, large logits, a 2048 x 4096 x 2048 product with its epilogue, softmax rows with
+// -infinity and logits of 1e3): their inputs and the CUDA backend's outputs as .npy files, one
+// line per case in DIR/cases.txt. scripts/gpu_torch.py --parity DIR recomputes them in float64
+// with PyTorch on the device and compares.
+//
+//   dimsum_gpu_bench [--smoke] [--parity DIR]    (--smoke: tiny sizes, a check that every case runs)
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <dimsum/dimsum.hpp>
 #include <dimsum/backend/cuda/tensor.hpp>
+#include <dimsum/interop/npy.hpp>
 
 namespace {
 
@@ -71,10 +80,116 @@ cuda::tensor<T, A...> random_on_device(std::uint64_t seed, A... extents) {
     return cuda::to_device(host);
 }
 
+// The --parity cases. Inputs are made on the host, saved, and copied to the device; outputs are
+// evaluated there, copied back and saved: DIR/<case>.<name>.npy.
+class parity_cases {
+public:
+    explicit parity_cases(std::string dir) : dir_(std::move(dir)), list_(dir_ + "/cases.txt") {
+        if (!list_) throw std::runtime_error("dimsum_gpu_bench: cannot write " + dir_ + "/cases.txt");
+    }
+
+    template <class... A>
+    ds::tensor<float, A...> input(const std::string& name, std::uint64_t seed, double low, double high, A... extents) {
+        ds::tensor<float, A...> host(extents...);
+        ds::fill_uniform(host, seed, low, high);
+        save(name, host);
+        return host;
+    }
+    template <class T, class... A>
+    void save(const std::string& name, const ds::tensor<T, A...>& t) {
+        ds::save_npy(dir_ + "/" + name + ".npy", t);
+    }
+    // One line of cases.txt: the case's name, its kind and its options, for gpu_torch.py.
+    void done(const std::string& line) {
+        list_ << line << "\n";
+        list_.flush();
+        std::printf("parity case %s written\n", line.c_str());
+        std::fflush(stdout);
+    }
+
+private:
+    std::string dir_;
+    std::ofstream list_;
+};
+
+void write_parity_cases(const std::string& dir) {
+    parity_cases cases(dir);
+    cuda::evaluator exact;
+
+    // attention: (batch, heads, seq, d); "scale" multiplies the scores
+    struct attention_case {
+        std::size_t heads, seq, d;
+        bool causal;
+        double bound;  // inputs uniform in [-bound, bound]; 3 with scale 1 gives logits near 100
+        bool unit_scale;
+    };
+    const attention_case attention_cases[] = {
+        {8, 4096, 64, false, 1, false}, {8, 4096, 64, true, 1, false}, {4, 16384, 128, true, 1, false},
+        {8, 2048, 64, false, 3, true},
+    };
+    for (const attention_case& a : attention_cases) {
+        const std::size_t heads = smoke ? 2 : a.heads, seq = smoke ? a.seq / 128 + 5 : a.seq, d = smoke ? a.d / 8 + 1 : a.d;
+        const float scale = a.unit_scale ? 1.0f : 1.0f / std::sqrt(static_cast<float>(d));
+        const std::string name = std::string("attention_") + (a.causal ? "causal_" : "") +
+                                 (a.unit_scale ? "large_logits_" : "") + std::to_string(heads) + "x" +
+                                 std::to_string(seq) + "x" + std::to_string(d);
+        const auto q = cases.input(name + ".q", 21, -a.bound, a.bound, Batch{1}, Heads{heads}, Query{seq}, D{d});
+        const auto k = cases.input(name + ".k", 22, -a.bound, a.bound, Batch{1}, Heads{heads}, Key{seq}, D{d});
+        const auto v = cases.input(name + ".v", 23, -1, 1, Batch{1}, Heads{heads}, Key{seq}, D{d});
+        const auto q_gpu = cuda::to_device(q);
+        const auto k_gpu = cuda::to_device(k);
+        const auto v_gpu = cuda::to_device(v);
+        auto scores = ds::matmul(q_gpu, ds::transpose<Key, D>(k_gpu)) * scale;  // (batch, heads, query, key)
+        auto o = a.causal ? cuda::eval(ds::matmul(ds::softmax<Key>(ds::masked_fill(scores, ds::causal_mask(Query{seq}, Key{seq}),
+                                                                                    -INFINITY)),
+                                                  v_gpu),
+                                       exact)
+                          : cuda::eval(ds::matmul(ds::softmax<Key>(scores), v_gpu), exact);
+        cases.save(name + ".o", cuda::to_host(o));
+        char options[64];
+        std::snprintf(options, sizeof options, " attention causal=%d scale=%.9g", a.causal ? 1 : 0, double(scale));
+        cases.done(name + options);
+    }
+
+    // gelu(a b + bias): a product with its epilogue, (m, k) x (k, n) + (n)
+    {
+        const std::size_t m = smoke ? 19 : 2048, k = smoke ? 33 : 4096, n = smoke ? 17 : 2048;
+        const std::string name = "gemm_bias_gelu_" + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
+        const auto a = cases.input(name + ".a", 24, -1, 1, M{m}, K{k});
+        const auto b = cases.input(name + ".b", 25, -1, 1, K{k}, N{n});
+        const auto bias = cases.input(name + ".bias", 26, -1, 1, N{n});
+        const auto a_gpu = cuda::to_device(a);
+        const auto b_gpu = cuda::to_device(b);
+        const auto bias_gpu = cuda::to_device(bias);
+        cases.save(name + ".o", cuda::to_host(cuda::eval(ds::gelu(ds::matmul(a_gpu, b_gpu) + bias_gpu), exact)));
+        cases.done(name + " gemm_bias_gelu");
+    }
+
+    // softmax over rows of logits up to 1e3, every seventh -infinity, and one row of -infinity only
+    {
+        const std::size_t rows = smoke ? 5 : 4096, cols = smoke ? 23 : 4096;
+        const std::string name = "softmax_" + std::to_string(rows) + "x" + std::to_string(cols);
+        ds::tensor<float, Rows, Cols> x(Rows{rows}, Cols{cols});
+        ds::fill_uniform(x, 27, -1e3, 1e3);
+        for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t j = (i % 7); j < cols; j += 7) x(i, j) = -INFINITY;
+        for (std::size_t j = 0; j < cols; ++j) x(rows / 2, j) = -INFINITY;
+        cases.save(name + ".x", x);
+        const auto x_gpu = cuda::to_device(x);
+        cases.save(name + ".o", cuda::to_host(cuda::eval(ds::softmax<Cols>(x_gpu), exact)));
+        cases.done(name + " softmax");
+    }
+    std::printf("dimsum_gpu_bench: parity cases written to %s\n", dir.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    for (int i = 1; i < argc; ++i) smoke = smoke || std::strcmp(argv[i], "--smoke") == 0;
+    std::string parity_dir;
+    for (int i = 1; i < argc; ++i) {
+        smoke = smoke || std::strcmp(argv[i], "--smoke") == 0;
+        if (std::strcmp(argv[i], "--parity") == 0 && i + 1 < argc) parity_dir = argv[++i];
+    }
     const cuda::device_status status = cuda::query_devices();
     if (status.count == 0) {
         std::printf("no CUDA device (%s)\n", status.reason.c_str());
@@ -82,6 +197,15 @@ int main(int argc, char** argv) {
     }
     std::printf("dimsum_gpu_bench on %s (runtime %d, driver %d)%s\n", status.name.c_str(), status.runtime_version,
                 status.driver_version, smoke ? ", smoke sizes" : "");
+    if (!parity_dir.empty()) {
+        try {
+            write_parity_cases(parity_dir);
+            return 0;
+        } catch (const std::exception& e) {
+            std::printf("dimsum_gpu_bench: %s\n", e.what());
+            return 1;
+        }
+    }
     cuda::evaluator exact, tf32{.precision = cuda::gemm_precision::tf32};
 
     // ceilings: a copy of 512 MiB, read and written
