@@ -189,6 +189,13 @@ def main():
                         qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
                         g = lambda: sdpa(qb, kb, vb, causal)
                         row(name + "_bf16", flops / seconds_per_call(g, dev, smoke) / 1e12, "TFLOP/s")
+        for keys in (4096, 16384):
+            batch, heads, s, dd = (1, 2, 40, 8) if smoke else (8, 32, keys, 128)
+            q = torch.rand(batch, heads, 1, dd, device=dev)
+            k, v = (torch.rand(batch, heads, s, dd, device=dev) for _ in range(2))
+            name = f"attention_decode_{batch}x{heads}x1x{s}x{dd}"
+            t = seconds_per_call(lambda: sdpa(q, k, v, False), dev, smoke)
+            row(name, 2 * batch * heads * s * dd * 4 / t / 1e9, "GB/s")
     print("gpu_torch: done", flush=True)
     if a.dimsum:
         table(a.dimsum, a.csv)

@@ -118,29 +118,30 @@ void write_parity_cases(const std::string& dir) {
 
     // attention: (batch, heads, seq, d); "scale" multiplies the scores
     struct attention_case {
-        std::size_t heads, seq, d;
+        std::size_t heads, queries, seq, d;  // queries 1: decoding, the keys split
         bool causal;
         double bound;  // inputs uniform in [-bound, bound]; 3 with scale 1 gives logits near 100
         bool unit_scale;
     };
     const attention_case attention_cases[] = {
-        {8, 4096, 64, false, 1, false}, {8, 4096, 64, true, 1, false}, {4, 16384, 128, true, 1, false},
-        {8, 2048, 64, false, 3, true},
+        {8, 4096, 4096, 64, false, 1, false}, {8, 4096, 4096, 64, true, 1, false}, {4, 16384, 16384, 128, true, 1, false},
+        {8, 2048, 2048, 64, false, 3, true},  {32, 1, 16384, 128, true, 1, false},
     };
     for (const attention_case& a : attention_cases) {
         const std::size_t heads = smoke ? 2 : a.heads, seq = smoke ? a.seq / 128 + 5 : a.seq, d = smoke ? a.d / 8 + 1 : a.d;
+        const std::size_t queries = a.queries == 1 ? 1 : seq;
         const float scale = a.unit_scale ? 1.0f : 1.0f / std::sqrt(static_cast<float>(d));
-        const std::string name = std::string("attention_") + (a.causal ? "causal_" : "") +
+        const std::string name = std::string("attention_") + (queries == 1 ? "decode_" : "") + (a.causal ? "causal_" : "") +
                                  (a.unit_scale ? "large_logits_" : "") + std::to_string(heads) + "x" +
-                                 std::to_string(seq) + "x" + std::to_string(d);
-        const auto q = cases.input(name + ".q", 21, -a.bound, a.bound, Batch{1}, Heads{heads}, Query{seq}, D{d});
+                                 std::to_string(queries) + "x" + std::to_string(seq) + "x" + std::to_string(d);
+        const auto q = cases.input(name + ".q", 21, -a.bound, a.bound, Batch{1}, Heads{heads}, Query{queries}, D{d});
         const auto k = cases.input(name + ".k", 22, -a.bound, a.bound, Batch{1}, Heads{heads}, Key{seq}, D{d});
         const auto v = cases.input(name + ".v", 23, -1, 1, Batch{1}, Heads{heads}, Key{seq}, D{d});
         const auto q_gpu = cuda::to_device(q);
         const auto k_gpu = cuda::to_device(k);
         const auto v_gpu = cuda::to_device(v);
         auto scores = ds::matmul(q_gpu, ds::transpose<Key, D>(k_gpu)) * scale;  // (batch, heads, query, key)
-        auto o = a.causal ? cuda::eval(ds::matmul(ds::softmax<Key>(ds::masked_fill(scores, ds::causal_mask(Query{seq}, Key{seq}),
+        auto o = a.causal ? cuda::eval(ds::matmul(ds::softmax<Key>(ds::masked_fill(scores, ds::causal_mask(Query{queries}, Key{seq}),
                                                                                     -INFINITY)),
                                                   v_gpu),
                                        exact)
@@ -275,6 +276,22 @@ int main(int argc, char** argv) {
                     flops / t / 1e12, "TFLOP/s", best_fp32, "gemm_fp32");
             }
         }
+    }
+    // decoding: one query per (batch, head) against a long KV cache, the keys split; bounded
+    // by reading K and V, so against the copy bandwidth
+    for (std::size_t keys : {std::size_t(4096), std::size_t(16384)}) {
+        const std::size_t batch = smoke ? 1 : 8, heads = smoke ? 2 : 32, s = smoke ? 40 : keys, dd = smoke ? 8 : 128;
+        auto q = random_on_device<float>(12, Batch{batch}, Heads{heads}, Query{1}, D{dd});
+        auto k = random_on_device<float>(13, Batch{batch}, Heads{heads}, Key{s}, D{dd});
+        auto v = random_on_device<float>(14, Batch{batch}, Heads{heads}, Key{s}, D{dd});
+        cuda::tensor<float, Batch, Heads, Query, D> o(Batch{batch}, Heads{heads}, Query{1}, D{dd});
+        const float scale = 1.0f / std::sqrt(static_cast<float>(dd));
+        const double t = seconds_per_call(
+            [&] { cuda::assign(o, ds::matmul(ds::softmax<Key>(ds::matmul(q, ds::transpose<Key, D>(k)) * scale), v), exact); });
+        const double read = 2.0 * static_cast<double>(batch * heads * s * dd) * sizeof(float);
+        row("attention_decode_" + std::to_string(batch) + "x" + std::to_string(heads) + "x1x" + std::to_string(s) + "x" +
+                std::to_string(dd),
+            read / t / 1e9, "GB/s", copy, "copy");
     }
     std::printf("dimsum_gpu_bench: done\n");
     return 0;

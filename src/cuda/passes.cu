@@ -38,11 +38,11 @@ __global__ void each_item(const __grid_constant__ Pass pass, std::size_t n) {
 
 bool wait_after_each_pass();
 
-// Launches kernel<float> or kernel<double> over n items, then checks the launch.
+// Launches kernel<float> or kernel<double> over n items (the pass's items unless said), then
+// checks the launch.
 template <class Pass>
 void launch(context& c, void (*as_float)(Pass, std::size_t), void (*as_double)(Pass, std::size_t), const Pass& pass,
-            const char* name) {
-    const std::size_t n = device::item_count(pass);
+            const char* name, std::size_t n) {
     if (n == 0) return;
     const element_type type = pass.type;
     const unsigned blocks = blocks_for(c, n);
@@ -52,6 +52,11 @@ void launch(context& c, void (*as_float)(Pass, std::size_t), void (*as_double)(P
     // DIMSUM_CUDA_SYNC=1: wait after each pass, so that a fault names the pass that made it
     // (scripts/gpu_check.sh sets it; else a fault shows at the next wait, under that call's name)
     if (wait_after_each_pass()) check(cudaStreamSynchronize(c.stream), name);
+}
+template <class Pass>
+void launch(context& c, void (*as_float)(Pass, std::size_t), void (*as_double)(Pass, std::size_t), const Pass& pass,
+            const char* name) {
+    launch(c, as_float, as_double, pass, name, device::item_count(pass));
 }
 
 bool wait_after_each_pass() {
@@ -95,6 +100,11 @@ void run_gather(context& c, const gather_pass& pass) {
 void run_attention(context& c, const attention_pass& pass) {
     launch(c, each_item<attention_pass, device::attention_row<float>>, each_item<attention_pass, device::attention_row<double>>,
            pass, "attention kernel launch");
+    if (pass.key_splits > 1) {  // the key ranges' partials, combined: one thread per query
+        launch(c, each_item<attention_pass, device::attention_combine<float>>,
+               each_item<attention_pass, device::attention_combine<double>>, pass, "attention combine kernel launch",
+               device::attention_rows(pass));
+    }
 }
 
 void run_gemm(context& c, const gemm_call& g) {

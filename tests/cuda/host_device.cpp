@@ -56,11 +56,16 @@ void download(context&, void* host, const void* device, std::size_t bytes) {
 }
 void finish(context&) {}
 
-// body(pass, i) for every item of the pass, in order: what a kernel does in parallel.
+// body(pass, i) for every item of the pass (or the first n), in order: what a kernel does in
+// parallel.
+template <class Pass>
+void each_item(const Pass& pass, void (*as_float)(const Pass&, std::size_t), void (*as_double)(const Pass&, std::size_t),
+               std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) (pass.type == element_type::float64 ? as_double : as_float)(pass, i);
+}
 template <class Pass>
 void each_item(const Pass& pass, void (*as_float)(const Pass&, std::size_t), void (*as_double)(const Pass&, std::size_t)) {
-    const std::size_t n = device::item_count(pass);
-    for (std::size_t i = 0; i < n; ++i) (pass.type == element_type::float64 ? as_double : as_float)(pass, i);
+    each_item(pass, as_float, as_double, device::item_count(pass));
 }
 
 void run_fused(context&, const fused_pass& p) { each_item(p, device::fused_element<float>, device::fused_element<double>); }
@@ -69,6 +74,7 @@ void run_indices(context&, const indices_pass& p) { each_item(p, device::indices
 void run_gather(context&, const gather_pass& p) { each_item(p, device::gather_element<float>, device::gather_element<double>); }
 void run_attention(context&, const attention_pass& p) {
     each_item(p, device::attention_row<float>, device::attention_row<double>);
+    if (p.key_splits > 1) each_item(p, device::attention_combine<float>, device::attention_combine<double>, device::attention_rows(p));
 }
 
 // cuBLAS's product by its definition (column-major, op per operand), after the checks by which

@@ -27,8 +27,8 @@ template <class T>
 constexpr double tol = std::is_same_v<T, float> ? 5e-5 : 1e-12;
 
 template <class E>
-void require_cuda_parity(const E& formula, double rtol, double atol) {
-    auto got = ds::eval(formula, cuda::evaluator{});
+void require_cuda_parity(const E& formula, double rtol, double atol, const cuda::evaluator& gpu = {}) {
+    auto got = ds::eval(formula, gpu);
     auto want = ds::eval(formula, ds::backend::reference::evaluator{});
     test::require_close(got, test::to_xt(want), rtol, atol);
 }
@@ -198,10 +198,13 @@ TEMPLATE_TEST_CASE("cuda: softmax, layer_norm and reductions along any axis", ""
     require_cuda_parity(ds::max<N>(scores), 0, 0);
 }
 
+// Fused attention with its keys whole (key_splits 1), split in 3 ranges (or fewer where there
+// are fewer key blocks), and as attention_key_splits chooses.
+constexpr std::size_t key_split_choices[] = {1, 3, 0};
+
 TEST_CASE("cuda: attention as the paper writes it, causal and padded, strided operands") {
     for (std::size_t queries : {1, 7, 65}) {
         for (std::size_t keys : {1, 17, 65}) {
-            INFO("queries=" << queries << " keys=" << keys);
             ds::tensor<float, Batch, Heads, Query, D> q(Batch{2}, Heads{3}, Query{queries}, D{16});
             ds::tensor<float, Batch, Heads, Key, D> k(Batch{2}, Heads{3}, Key{keys}, D{16});
             ds::tensor<float, Batch, Heads, Key, D> v(Batch{2}, Heads{3}, Key{keys}, D{16});
@@ -209,10 +212,13 @@ TEST_CASE("cuda: attention as the paper writes it, causal and padded, strided op
             ds::fill_normal(k, keys + 1);
             ds::fill_normal(v, keys + 2);
             auto scores = ds::matmul(q, ds::transpose<Key, D>(k)) / 4.0f;
-            require_cuda_parity(ds::matmul(ds::softmax<Key>(scores), v), 1e-4, 1e-5);
-            require_cuda_parity(
-                ds::matmul(ds::softmax<Key>(ds::masked_fill(scores, ds::causal_mask(Query{queries}, Key{keys}), -inf)), v),
-                1e-4, 1e-5);
+            auto causal = ds::masked_fill(scores, ds::causal_mask(Query{queries}, Key{keys}), -inf);
+            for (std::size_t splits : key_split_choices) {
+                INFO("queries=" << queries << " keys=" << keys << " key_splits=" << splits);
+                const cuda::evaluator gpu{.key_splits = splits};
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(scores), v), 1e-4, 1e-5, gpu);
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(causal), v), 1e-4, 1e-5, gpu);
+            }
         }
     }
 }
@@ -238,13 +244,17 @@ TEST_CASE("cuda: fused attention: scales, score functions, broadcast heads, wide
                 auto v4 = ds::unsqueeze<Heads, 1>(v);
                 auto scores = ds::matmul(q, ds::transpose<Key, D>(k4));
                 auto causal = ds::causal_mask(Query{queries}, Key{keys});
-                require_cuda_parity(ds::matmul(ds::softmax<Key>(scores * 0.5f), v4), 1e-4, 1e-5);
-                require_cuda_parity(ds::matmul(ds::softmax<Key>(scores / 3.0f), v4), 1e-4, 1e-5);
-                require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::masked_fill(scores / 3.0f, causal, -inf)), v4), 1e-4, 1e-5);
-                require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::tanh(scores * 0.1f) * 5.0f + bias), v4), 1e-4, 1e-5);
                 auto padded = ds::where(ds::unsqueeze<Query, 2>(ds::unsqueeze<Heads, 1>(ds::sequence_mask(lengths, Key{keys}))),
                                         scores, -inf);
-                require_cuda_parity(ds::matmul(ds::softmax<Key>(padded), v4), 1e-4, 1e-5);
+                for (std::size_t splits : key_split_choices) {
+                    INFO("key_splits=" << splits);
+                    const cuda::evaluator gpu{.key_splits = splits};
+                    require_cuda_parity(ds::matmul(ds::softmax<Key>(scores * 0.5f), v4), 1e-4, 1e-5, gpu);
+                    require_cuda_parity(ds::matmul(ds::softmax<Key>(scores / 3.0f), v4), 1e-4, 1e-5, gpu);
+                    require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::masked_fill(scores / 3.0f, causal, -inf)), v4), 1e-4, 1e-5, gpu);
+                    require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::tanh(scores * 0.1f) * 5.0f + bias), v4), 1e-4, 1e-5, gpu);
+                    require_cuda_parity(ds::matmul(ds::softmax<Key>(padded), v4), 1e-4, 1e-5, gpu);
+                }
             }
         }
     }
@@ -255,16 +265,55 @@ TEST_CASE("cuda: fused attention: scales, score functions, broadcast heads, wide
                                          cuda::evaluator{});
     INFO(plan);
     REQUIRE(plan.find("no (queries, keys) matrix") != std::string::npos);
-    // NaN and infinities in the scores: NaN propagates, a row of -infinity only gets 0
-    ds::tensor<float, Batch, Heads, Query, D> qn(Batch{1}, Heads{1}, Query{4}, D{3});
-    ds::tensor<float, Batch, Heads, Key, D> kn(Batch{1}, Heads{1}, Key{20}, D{3});
+    // NaN and infinities in the scores: NaN propagates, a row of -infinity only gets 0; with the
+    // keys split, NaN or +infinity in the middle range and -infinity in a whole range
+    ds::tensor<float, Batch, Heads, Query, D> qn(Batch{1}, Heads{1}, Query{6}, D{3});
+    ds::tensor<float, Batch, Heads, Key, D> kn(Batch{1}, Heads{1}, Key{40}, D{3});
     ds::fill_normal(qn, 1);
     ds::fill_normal(kn, 2);
     qn(0, 0, 1, 2) = not_a_number;
-    ds::tensor<float, Query, Key> mask(Query{4}, Key{20});
-    for (std::size_t j = 0; j < 20; ++j) mask(2, j) = -inf;
-    mask(3, 7) = inf;
-    require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::matmul(qn, ds::transpose<Key, D>(kn)) + mask), kn), 1e-4, 1e-5);
+    ds::tensor<float, Query, Key> mask(Query{6}, Key{40});
+    for (std::size_t j = 0; j < 40; ++j) mask(2, j) = -inf;
+    mask(3, 20) = inf;
+    mask(4, 21) = not_a_number;
+    for (std::size_t j = 16; j < 32; ++j) mask(5, j) = -inf;
+    for (std::size_t splits : key_split_choices) {
+        INFO("key_splits=" << splits);
+        require_cuda_parity(ds::matmul(ds::softmax<Key>(ds::matmul(qn, ds::transpose<Key, D>(kn)) + mask), kn), 1e-4, 1e-5,
+                            cuda::evaluator{.key_splits = splits});
+    }
+}
+
+TEST_CASE("cuda: decoding: one or two queries against many keys, the keys split") {
+    // the rule: as many ranges as give the device its threads, each of two key blocks or more
+    STATIC_REQUIRE(cuda::attention_key_splits(8, 700) == 21);
+    STATIC_REQUIRE(cuda::attention_key_splits(8, 40) == 1);
+    STATIC_REQUIRE(cuda::attention_key_splits(std::size_t(1) << 15, 1 << 20) == 1);
+    STATIC_REQUIRE(cuda::attention_key_splits(std::size_t(1) << 14, 1 << 20) == 2);
+    for (std::size_t queries : {1, 2}) {
+        for (std::size_t keys : {33, 700, 1031}) {
+            ds::tensor<float, Batch, Heads, Query, D> q(Batch{2}, Heads{4}, Query{queries}, D{24});
+            ds::tensor<float, Batch, Heads, Key, D> k(Batch{2}, Heads{4}, Key{keys}, D{24});
+            ds::tensor<float, Batch, Heads, Key, D> v(Batch{2}, Heads{4}, Key{keys}, D{24});
+            ds::tensor<std::int64_t, Batch> lengths(Batch{2});
+            lengths(0) = static_cast<std::int64_t>(keys);
+            lengths(1) = static_cast<std::int64_t>(keys / 3);
+            ds::fill_normal(q, queries + keys);
+            ds::fill_normal(k, keys + 1);
+            ds::fill_normal(v, keys + 2);
+            auto scores = ds::matmul(q, ds::transpose<Key, D>(k)) * 0.2f;  // (batch, heads, query, key)
+            auto causal = ds::masked_fill(scores, ds::causal_mask(Query{queries}, Key{keys}), -inf);
+            auto padded = ds::where(ds::unsqueeze<Query, 2>(ds::unsqueeze<Heads, 1>(ds::sequence_mask(lengths, Key{keys}))),
+                                    scores, -inf);
+            for (std::size_t splits : {std::size_t(0), std::size_t(5), std::size_t(1000)}) {
+                INFO("queries=" << queries << " keys=" << keys << " key_splits=" << splits);
+                const cuda::evaluator gpu{.key_splits = splits};
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(scores), v), 1e-4, 1e-5, gpu);
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(causal), v), 1e-4, 1e-5, gpu);
+                require_cuda_parity(ds::matmul(ds::softmax<Key>(padded), v), 1e-4, 1e-5, gpu);
+            }
+        }
+    }
 }
 
 TEST_CASE("cuda: bf16 tensors read widened and written rounded, integer ids gathered") {

@@ -168,7 +168,6 @@ DIMSUM_HD inline std::size_t item_count(const rowwise_pass& p) {  // every exten
     for (std::size_t i = 0; i < p.rank; ++i) n *= i == p.axis ? 1 : p.extents[i];
     return n;
 }
-DIMSUM_HD inline std::size_t item_count(const attention_pass& p) { return p.queries * elements_of(p.batch_rank, p.batch_extents); }
 
 // One line of a rowwise pass: line number `line` (row-major over the other axes). Accumulates
 // in T, as the CPU backend does.
@@ -268,38 +267,68 @@ DIMSUM_HD inline std::size_t visible_keys(std::size_t query, std::size_t queries
     return visible < keys ? visible : keys;
 }
 
-// One query of the fused attention: o = softmax(f(scale q K^T)) V for row `row` (numbered
-// batch item by batch item, then query), with the online softmax: per block of keys,
+// Where one query's operands start: q's and o's row, k's and v's first key, and each score
+// function input at (query, key 0). Rows are numbered batch item by batch item, then query.
+struct attention_start {
+    std::ptrdiff_t q = 0, k = 0, v = 0, o = 0;
+    std::ptrdiff_t score[max_fused_inputs] = {};
+};
+DIMSUM_HD inline attention_start attention_start_of(const attention_pass& p, std::size_t row) {
+    attention_start at;
+    const std::size_t query = row % p.queries;
+    std::size_t item = row / p.queries;
+    const fused_pass& f = p.score;
+    for (std::size_t i = p.batch_rank; i-- > 0;) {
+        const auto index = static_cast<std::ptrdiff_t>(item % p.batch_extents[i]);
+        item /= p.batch_extents[i];
+        at.q += index * p.q.batch[i];
+        at.k += index * p.k.batch[i];
+        at.v += index * p.v.batch[i];
+        at.o += index * p.o.batch[i];
+        for (std::size_t n = 0; n < f.input_count; ++n) at.score[n] += index * f.inputs[n].strides[i];
+    }
+    at.q += static_cast<std::ptrdiff_t>(query) * p.q.rows;
+    at.o += static_cast<std::ptrdiff_t>(query) * p.o.rows;
+    for (std::size_t n = 0; n < f.input_count; ++n) at.score[n] += static_cast<std::ptrdiff_t>(query) * f.inputs[n].strides[p.batch_rank];
+    return at;
+}
+
+// The rows of an attention pass (queries of every batch item), and its items: a row per
+// thread, or a (row, key range) per thread when the keys are split.
+DIMSUM_HD inline std::size_t attention_rows(const attention_pass& p) { return p.queries * elements_of(p.batch_rank, p.batch_extents); }
+DIMSUM_HD inline std::size_t item_count(const attention_pass& p) { return attention_rows(p) * p.key_splits; }
+// Keys per range of a split: a whole number of key blocks.
+DIMSUM_HD inline std::size_t keys_per_split(const attention_pass& p) {
+    constexpr std::size_t block = attention_pass::key_block;
+    const std::size_t keys = (p.keys + p.key_splits - 1) / p.key_splits;
+    return (keys + block - 1) / block * block;
+}
+
+// One query of the fused attention: o = softmax(f(scale q K^T)) V for item `item` (a row, or
+// with split keys a row's key range), with the online softmax: per block of keys,
 //     m' = max(m, max_j s_j),  p_j = exp(s_j - m'),  l' = l e^(m - m') + sum_j p_j,
 //     o' = o e^(m - m') + sum_j p_j v_j,
 // and o / l at the end. Keys in the future of a causal query are never read; a query that
 // sees no key (or only -infinity scores) gets 0; NaN propagates. The output columns go in
 // chunks of attention_pass::chunk, each chunk walking the keys again, so that the running
-// output fits in a thread's registers and local memory.
+// output fits in a thread's registers and local memory. With split keys, (m, l, o) of the
+// range go to the partials unnormalised, for attention_combine.
 template <class T>
-DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t row) {
+DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t item) {
+    const std::size_t row = item / p.key_splits, split = item % p.key_splits;
     const std::size_t query = row % p.queries;
-    std::size_t item = row / p.queries;
-    std::ptrdiff_t q_at = 0, k_at = 0, v_at = 0, o_at = 0;
-    std::ptrdiff_t score_at[max_fused_inputs] = {};
+    const attention_start at = attention_start_of(p, row);
     const fused_pass& f = p.score;
-    for (std::size_t i = p.batch_rank; i-- > 0;) {
-        const auto index = static_cast<std::ptrdiff_t>(item % p.batch_extents[i]);
-        item /= p.batch_extents[i];
-        q_at += index * p.q.batch[i];
-        k_at += index * p.k.batch[i];
-        v_at += index * p.v.batch[i];
-        o_at += index * p.o.batch[i];
-        for (std::size_t n = 0; n < f.input_count; ++n) score_at[n] += index * f.inputs[n].strides[i];
-    }
-    q_at += static_cast<std::ptrdiff_t>(query) * p.q.rows;
-    o_at += static_cast<std::ptrdiff_t>(query) * p.o.rows;
-    for (std::size_t n = 0; n < f.input_count; ++n) score_at[n] += static_cast<std::ptrdiff_t>(query) * f.inputs[n].strides[p.batch_rank];
-    const T* q = static_cast<const T*>(p.q.data) + q_at;
-    const T* k = static_cast<const T*>(p.k.data) + k_at;
-    const T* v = static_cast<const T*>(p.v.data) + v_at;
-    T* o = static_cast<T*>(const_cast<void*>(p.o.data)) + o_at;  // the one operand written
+    const T* q = static_cast<const T*>(p.q.data) + at.q;
+    const T* k = static_cast<const T*>(p.k.data) + at.k;
+    const T* v = static_cast<const T*>(p.v.data) + at.v;
+    T* o = static_cast<T*>(const_cast<void*>(p.o.data)) + at.o;  // the one operand written
+    T* partial = p.key_splits > 1 ? static_cast<T*>(p.partials) + static_cast<std::ptrdiff_t>(item * (2 + p.dv)) : nullptr;
+    // this item's keys: [first, last) of those the query sees
     const std::size_t visible = p.causal ? visible_keys(query, p.queries, p.keys) : p.keys;
+    const std::size_t per_split = p.key_splits == 1 ? visible : keys_per_split(p);
+    const std::size_t first = split * per_split < visible ? split * per_split : visible;
+    const std::size_t last = visible - first < per_split ? visible : first + per_split;
     const T scale = static_cast<T>(p.scale), minus_infinity = -static_cast<T>(INFINITY);
     constexpr std::size_t block = attention_pass::key_block, chunk = attention_pass::chunk;
     for (std::size_t c0 = 0; c0 < p.dv; c0 += chunk) {
@@ -307,8 +336,8 @@ DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t row) {
         T out[chunk];
         for (std::size_t c = 0; c < chunk; ++c) out[c] = T(0);
         T m = minus_infinity, l = T(0);
-        for (std::size_t k0 = 0; k0 < visible; k0 += block) {
-            const std::size_t count = visible - k0 < block ? visible - k0 : block;
+        for (std::size_t k0 = first; k0 < last; k0 += block) {
+            const std::size_t count = last - k0 < block ? last - k0 : block;
             // pass 1: the scores of this block of keys, and the score function on each
             T s[block];
             T top = m;
@@ -316,13 +345,13 @@ DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t row) {
                 const auto key = static_cast<std::ptrdiff_t>(k0 + j);
                 T dot = T(0);
                 for (std::size_t t = 0; t < p.d; ++t) {
-                    const auto at = static_cast<std::ptrdiff_t>(t);
-                    dot += q[at * p.q.cols] * k[key * p.k.rows + at * p.k.cols];
+                    const auto at_d = static_cast<std::ptrdiff_t>(t);
+                    dot += q[at_d * p.q.cols] * k[key * p.k.rows + at_d * p.k.cols];
                 }
                 T score = dot * scale;
                 if (p.has_score_function) {
                     std::ptrdiff_t offsets[max_fused_inputs];
-                    for (std::size_t n = 0; n < f.input_count; ++n) offsets[n] = score_at[n] + key * f.inputs[n].strides[p.batch_rank + 1];
+                    for (std::size_t n = 0; n < f.input_count; ++n) offsets[n] = at.score[n] + key * f.inputs[n].strides[p.batch_rank + 1];
                     score = evaluate_nodes<T>(f, offsets, p.score_input, score);
                 }
                 s[j] = score;
@@ -341,9 +370,40 @@ DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t row) {
                 for (std::size_t c = 0; c < width; ++c) out[c] += weight * v_row[static_cast<std::ptrdiff_t>(c0 + c) * p.v.cols];
             }
         }
+        if (p.key_splits > 1) {
+            partial[0] = m;  // the same in every chunk
+            partial[1] = l;
+            for (std::size_t c = 0; c < width; ++c) partial[2 + c0 + c] = out[c];
+            continue;
+        }
         for (std::size_t c = 0; c < width; ++c) {
             o[static_cast<std::ptrdiff_t>(c0 + c) * p.o.cols] = l == T(0) ? T(0) : out[c] / l;
         }
+    }
+}
+
+// One row of split-key attention from its ranges' partials (m_s, l_s, o_s):
+//     m = max_s m_s,  l = sum_s l_s e^(m_s - m),  o = sum_s o_s e^(m_s - m) / l,
+// where a range that saw no key (m_s = -infinity) adds nothing; a row that saw none gets 0.
+template <class T>
+DIMSUM_HD inline void attention_combine(const attention_pass& p, std::size_t row) {
+    const std::size_t width = 2 + p.dv;
+    const T* partial = static_cast<const T*>(p.partials) + static_cast<std::ptrdiff_t>(row * p.key_splits * width);
+    T* o = static_cast<T*>(const_cast<void*>(p.o.data)) + attention_start_of(p, row).o;
+    const T minus_infinity = -static_cast<T>(INFINITY);
+    T m = minus_infinity;
+    for (std::size_t s = 0; s < p.key_splits; ++s) m = maximum(m, partial[s * width]);
+    T l = T(0);
+    for (std::size_t s = 0; s < p.key_splits; ++s) {
+        if (partial[s * width] != minus_infinity) l += partial[s * width + 1] * ::exp(partial[s * width] - m);
+    }
+    for (std::size_t c = 0; c < p.dv; ++c) {
+        T sum = T(0);
+        for (std::size_t s = 0; s < p.key_splits; ++s) {
+            const T* range = partial + s * width;
+            if (range[0] != minus_infinity) sum += range[2 + c] * ::exp(range[0] - m);
+        }
+        o[static_cast<std::ptrdiff_t>(c) * p.o.cols] = l == T(0) ? T(0) : sum / l;
     }
 }
 

@@ -24,6 +24,7 @@
 // evaluation. A host destination is written only once the device has finished without error;
 // a device destination is written in place, and an error part way leaves it part written.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -123,7 +124,8 @@ struct state {
 template <class T>
 class executor {
 public:
-    executor(state<T>& s, context& c, gemm_precision precision) : s_(s), steps_(s.program.steps), c_(c), precision_(precision) {}
+    executor(state<T>& s, context& c, gemm_precision precision, std::size_t key_splits)
+        : s_(s), steps_(s.program.steps), c_(c), precision_(precision), key_splits_(key_splits) {}
 
     // Computes the plan and stores its value, as `type` (T, or bf16: rounded), into device
     // memory of layout `where` at `address` (0: a new array of the arena); returns that memory.
@@ -378,6 +380,14 @@ private:
             pass.score = f;
             pass.score_input = score_input_of(match.scores);
         }
+        // few queries and many keys: the keys split into ranges, their partials in the arena
+        std::size_t rows = pass.queries;
+        for (std::size_t i = 0; i < pass.batch_rank; ++i) rows *= pass.batch_extents[i];
+        const std::size_t key_blocks = (pass.keys + attention_pass::key_block - 1) / attention_pass::key_block;
+        pass.key_splits = pass.dv == 0 ? 1
+                          : key_splits_ == 0 ? attention_key_splits(rows, pass.keys)
+                                             : std::clamp<std::size_t>(key_splits_, 1, std::max<std::size_t>(key_blocks, 1));
+        pass.partials = pass.key_splits > 1 ? allocate(c_, rows * pass.key_splits * (2 + pass.dv) * sizeof(T)) : nullptr;
         run_attention(c_, pass);
     }
     // Which input of the pass being built reads step `id`.
@@ -498,6 +508,7 @@ private:
     const std::vector<step>& steps_;
     context& c_;
     gemm_precision precision_;
+    std::size_t key_splits_;  // 0: attention_key_splits chooses
     device_array destination_{};
     fused_pass pass_{};  // the pass being built (about 2 KB: kept here, not on the stack per call)
     attention_pass attention_{};
@@ -515,6 +526,10 @@ public:
 
     // Whether attention formulas run fused (one pass, no queries x keys matrix) or step by step.
     bool fuse_attention = true;
+
+    // Into how many ranges fused attention splits each query's keys (flash-decoding, for few
+    // queries and long keys): 0 lets attention_key_splits (kernels.hpp) choose; 1 never splits.
+    std::size_t key_splits = 0;
 
     // Epilogues run as a pass after the product.
     evaluation::planner_options planning() const { return {fuse_attention, true, false}; }
@@ -583,7 +598,7 @@ private:
         context& c = this_thread_context();
         evaluation::check_before_running<T>(s.program, checkable(s, c), s.plan);
         const auto address = on_device ? reinterpret_cast<std::uintptr_t>(destination.data) : 0;
-        const detail::device_array value = detail::executor<T>(s, c, precision).run(where, address, stored);
+        const detail::device_array value = detail::executor<T>(s, c, precision, key_splits).run(where, address, stored);
         if (on_device) return finish(c);
         const std::size_t bytes = where.size() * sizeof(D);
         if (evaluation::is_row_major(destination)) return download(c, destination.data, value.first(), bytes);

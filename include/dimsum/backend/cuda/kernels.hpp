@@ -178,8 +178,26 @@ struct attention_pass {
     bool has_score_function = false;
     std::size_t score_input = 0;
     fused_pass score;  // out and out_strides unused
+    // Split over the keys (flash-decoding), for few queries and many keys: each query's keys
+    // are cut into `key_splits` ranges, each a thread of its own that writes its running
+    // maximum, sum and unnormalised output to `partials`, (batch..., queries, key_splits,
+    // 2 + dv) elements of the pass's type in device memory; a second kernel combines them.
+    std::size_t key_splits = 1;
+    void* partials = nullptr;
 };
 void run_attention(context& c, const attention_pass& pass);
+
+// How many ranges of keys each query's attention is split into: enough threads for the device
+// (a first guess, not yet tuned on a GPU: 2^15 threads of one (query, key range) each), each
+// range at least two key blocks; 1 where the queries alone give that many threads.
+constexpr std::size_t attention_threads_wanted = std::size_t(1) << 15;
+constexpr std::size_t attention_min_keys_per_split = 2 * attention_pass::key_block;
+constexpr std::size_t attention_key_splits(std::size_t rows, std::size_t keys) {
+    if (rows == 0 || rows >= attention_threads_wanted) return 1;
+    const std::size_t by_threads = attention_threads_wanted / rows, by_keys = keys / attention_min_keys_per_split;
+    const std::size_t splits = by_threads < by_keys ? by_threads : by_keys;
+    return splits > 1 ? splits : 1;
+}
 
 // cuBLAS's column-major strided batched product, as cublasGemmStridedBatchedEx takes it: for
 // each of `batch` items, C (m x n, leading dimension ldc) = op(A) (m x k) op(B) (k x n), op a
