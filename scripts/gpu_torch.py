@@ -52,7 +52,7 @@ results = {}  # case name -> (value, unit), for the table
 
 def row(name, value, unit):
     results[name] = (value, unit)
-    print(f"torch_{name:<34} {value:12.1f} {unit}", flush=True)
+    print(f"torch_{name:<34} {value:12.4g} {unit}", flush=True)
 
 
 def sdpa(q, k, v, is_causal):
@@ -123,7 +123,7 @@ def table(dimsum_output, csv_path):
             rows.append((name, unit, value, torch_value, value / torch_value if torch_value else math.nan, bf16))
     print(f"\n{'case':<36} {'unit':<8} {'dimsum':>9} {'torch':>9} {'ratio':>6} {'torch bf16':>10}")
     for name, unit, value, torch_value, ratio, bf16 in rows:
-        print(f"{name:<36} {unit:<8} {value:9.1f} {torch_value:9.1f} {ratio:6.2f} {bf16:10.1f}")
+        print(f"{name:<36} {unit:<8} {value:9.4g} {torch_value:9.4g} {ratio:6.2f} {bf16:10.4g}")
     if csv_path:
         with open(csv_path, "w", newline="") as f:
             out = csv.writer(f)
@@ -173,6 +173,15 @@ def main():
                 t = seconds_per_call(lambda: a_ @ b_, dev, smoke)
                 row(f"gemm_{'tf32' if tf32 else 'fp32'}_{n}^3", 2 * n ** 3 / t / 1e12, "TFLOP/s")
             torch.backends.cuda.matmul.allow_tf32 = False
+        for m, k, n in ((1024, 768, 2304), (1024, 768, 768), (1024, 768, 3072), (1024, 3072, 768)):
+            if smoke:
+                m, k, n = 4, k // 256, n // 256
+            a_, b_ = torch.rand(m, k, device=dev), torch.rand(k, n, device=dev)
+            for tf32 in (False, True):
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                t = seconds_per_call(lambda: a_ @ b_, dev, smoke)
+                row(f"gemm_{'tf32' if tf32 else 'fp32'}_{m}x{k}x{n}", 2 * m * k * n / t / 1e12, "TFLOP/s")
+            torch.backends.cuda.matmul.allow_tf32 = False
 
         for d in (64, 128):
             for seq in (512, 2048, 8192):
@@ -189,6 +198,13 @@ def main():
                         qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
                         g = lambda: sdpa(qb, kb, vb, causal)
                         row(name + "_bf16", flops / seconds_per_call(g, dev, smoke) / 1e12, "TFLOP/s")
+        batch, seq = (1, 4) if smoke else (8, 128)
+        layer = torch.nn.MultiheadAttention(768, 12, batch_first=True).to(dev).eval()
+        x = torch.rand(batch, seq, 768, device=dev)
+        t = seconds_per_call(lambda: layer(x, x, x, need_weights=False), dev, smoke)
+        tokens = batch * seq
+        row(f"mha_bert_{batch}x{seq}", (8 * tokens * 768 * 768 + 4 * tokens * seq * 768) / t / 1e12, "TFLOP/s")
+
         for keys in (4096, 16384):
             batch, heads, s, dd = (1, 2, 40, 8) if smoke else (8, 32, keys, 128)
             q = torch.rand(batch, heads, 1, dd, device=dev)

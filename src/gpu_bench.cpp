@@ -28,6 +28,8 @@
 #include <dimsum/backend/cuda/tensor.hpp>
 #include <dimsum/interop/npy.hpp>
 
+#include "multi_head_attention.hpp"  // examples/: the README's attention formulas
+
 namespace {
 
 namespace ds = dimsum;
@@ -69,7 +71,7 @@ double seconds_per_call(F&& f) {
 }
 
 void row(const std::string& name, double value, const char* unit, double ceiling, const char* ceiling_name) {
-    std::printf("%-40s %12.1f %-8s %8.3f of %s\n", name.c_str(), value, unit, ceiling > 0 ? value / ceiling : 0.0, ceiling_name);
+    std::printf("%-40s %12.4g %-8s %8.3f of %s\n", name.c_str(), value, unit, ceiling > 0 ? value / ceiling : 0.0, ceiling_name);
     std::fflush(stdout);
 }
 
@@ -252,6 +254,22 @@ int main(int argc, char** argv) {
         const double t = flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), tf32); }) / 1e12;
         row("gemm_tf32_" + std::to_string(n) + "^3", t, "TFLOP/s", fp32, "fp32");
     }
+    // the products of a BERT-base layer at batch x seq = 1024: QKV, output, feed-forward
+    struct product {
+        std::size_t m, k, n;
+    };
+    for (const product& p : {product{1024, 768, 2304}, product{1024, 768, 768}, product{1024, 768, 3072}, product{1024, 3072, 768}}) {
+        const std::size_t m = smoke ? 4 : p.m, k = smoke ? p.k / 256 : p.k, n = smoke ? p.n / 256 : p.n;
+        auto a = random_on_device<float>(15, M{m}, K{k});
+        auto b = random_on_device<float>(16, K{k}, N{n});
+        cuda::tensor<float, M, N> c(M{m}, N{n});
+        const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+        const std::string shape = std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
+        row("gemm_fp32_" + shape, flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), exact); }) / 1e12, "TFLOP/s",
+            best_fp32, "gemm_fp32");
+        row("gemm_tf32_" + shape, flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), tf32); }) / 1e12, "TFLOP/s",
+            best_fp32, "gemm_fp32");
+    }
 
     // attention: batch x seq = 16k, heads x d = 2048 (FlashAttention's convention), causal and not
     for (std::size_t d : {std::size_t(64), std::size_t(128)}) {
@@ -277,6 +295,33 @@ int main(int argc, char** argv) {
             }
         }
     }
+    // the multi-head attention layer of BERT-base (batch 8, seq 128; examples/multi_head_attention.hpp)
+    // as torch.nn.MultiheadAttention computes it: one fused QKV projection with its bias, the
+    // fused attention, the output projection with its bias
+    {
+        using mha::Fused, mha::Model, mha::Part, mha::Seq;
+        const std::size_t batch = smoke ? 1 : 8, seq = smoke ? 4 : 128;
+        auto x = random_on_device<float>(17, Batch{batch}, Seq{seq}, Model{});
+        auto w_qkv = random_on_device<float>(18, Model{}, Fused{});
+        auto b_qkv = random_on_device<float>(19, Fused{});
+        auto w_o = random_on_device<float>(20, Model{}, Model{});
+        auto b_o = random_on_device<float>(21, Model{});
+        cuda::tensor<float, Batch, Seq, Fused> qkv(Batch{batch}, Seq{seq});
+        cuda::tensor<float, Batch, Seq, Model> y(Batch{batch}, Seq{seq});
+        const double t = seconds_per_call([&] {
+            cuda::assign(qkv, ds::matmul(x, w_qkv) + b_qkv, exact);
+            auto parts = ds::view<Batch, Seq, Part, Model>(cuda::view_of(qkv));  // (batch, seq, part, model)
+            auto q = mha::split_heads(ds::select<Part>(parts, 0));                // (batch, heads, seq, head)
+            auto k = mha::split_heads(ds::select<Part>(parts, 1));
+            auto v = mha::split_heads(ds::select<Part>(parts, 2));
+            cuda::assign(y, ds::matmul(mha::merge_heads(mha::attention(q, k, v)), w_o) + b_o, exact);
+        });
+        // projections 2 x tokens x 768 x (2304 + 768); scores and P V 4 x batch x seq^2 x 768
+        const double tokens = static_cast<double>(batch * seq), model = 768;
+        const double flops = 8.0 * tokens * model * model + 4.0 * tokens * static_cast<double>(seq) * model;
+        row("mha_bert_" + std::to_string(batch) + "x" + std::to_string(seq), flops / t / 1e12, "TFLOP/s", best_fp32, "gemm_fp32");
+    }
+
     // decoding: one query per (batch, head) against a long KV cache, the keys split; bounded
     // by reading K and V, so against the copy bandwidth
     for (std::size_t keys : {std::size_t(4096), std::size_t(16384)}) {
