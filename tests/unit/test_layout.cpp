@@ -157,6 +157,49 @@ TEST_CASE("coalesce keeps the offsets in row-major order with the fewest axes, r
     }
 }
 
+TEST_CASE("coalesce_together keeps every array's offsets in row-major order, and is coalesce for one array") {
+    std::mt19937 rng(12);
+    for (int t = 0; t < trials; ++t) {
+        // arrays of the same extents: the first random, the others the same layout or another
+        // order of the same extents (a transposed operand), broadcast along some axes
+        layout arrays[3] = {random_layout(rng), {}, {}};
+        const layout& first = arrays[0];
+        for (layout* other : {&arrays[1], &arrays[2]}) {
+            *other = first;
+            if (uniform(rng, 0, 1)) {
+                const order_t order = random_order(rng, first.rank);
+                std::ptrdiff_t stride = 1;
+                for (std::size_t k = first.rank; k-- > 0;) {
+                    other->strides[order[k]] = uniform(rng, 0, 4) == 0 ? 0 : stride;
+                    stride *= static_cast<std::ptrdiff_t>(first.extents[order[k]]);
+                }
+            }
+        }
+        const std::size_t count = uniform(rng, 1, 3);
+        extents_t extents = first.extents;
+        strides_t strides[3] = {arrays[0].strides, arrays[1].strides, arrays[2].strides};
+        const std::size_t rank = coalesce_together(first.rank, extents, count, [&](std::size_t a) -> strides_t& { return strides[a]; });
+        for (std::size_t a = 0; a < count; ++a) {
+            const layout merged{rank, extents, strides[a], arrays[a].offset};
+            CAPTURE(a, arrays[a], merged);
+            REQUIRE(offsets(merged) == offsets(arrays[a]));
+            REQUIRE(merged.rank <= first.rank);
+        }
+        if (count == 1 && first.size() != 0) {
+            const layout c = coalesce(first);
+            REQUIRE(rank == c.rank);
+            for (std::size_t i = 0; i < rank; ++i) REQUIRE((extents[i] == c.extents[i] && strides[0][i] == c.strides[i]));
+        }
+    }
+    // a pass's result and a transposed input: nothing folds; the same layout twice: one axis
+    extents_t e{2, 3};
+    strides_t s[2] = {{3, 1}, {1, 2}};
+    REQUIRE(coalesce_together(2, e, 2, [&](std::size_t a) -> strides_t& { return s[a]; }) == 2);
+    strides_t same[2] = {{3, 1}, {3, 1}};
+    REQUIRE(coalesce_together(2, e, 2, [&](std::size_t a) -> strides_t& { return same[a]; }) == 1);
+    REQUIRE((e[0] == 6 && same[0][0] == 1 && same[1][0] == 1));
+}
+
 TEST_CASE("a reshape of a row-major layout is the row-major layout of the new extents") {
     std::mt19937 rng(3);
     for (int t = 0; t < trials; ++t) {

@@ -144,6 +144,27 @@ constexpr layout coalesce(const layout& l) {
     return c;
 }
 
+// coalesce for arrays indexed together (a pass's result and its inputs: one set of extents, a
+// stride array each, strides_of(a) for array a): axes of extent 1 dropped, and an axis folded
+// into the kept one before it where it continues that one in every array. In place; returns
+// the new rank (0: a single value). Each array reaches the same offsets in the same order.
+template <class StridesOf>
+constexpr std::size_t coalesce_together(std::size_t rank, extents_t& extents, std::size_t arrays, StridesOf&& strides_of) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < rank; ++i) {
+        if (extents[i] == 1) continue;
+        bool folds = kept > 0;
+        for (std::size_t a = 0; folds && a < arrays; ++a) {
+            const strides_t& s = strides_of(a);
+            folds = s[kept - 1] == s[i] * static_cast<std::ptrdiff_t>(extents[i]);
+        }
+        const std::size_t to = folds ? kept - 1 : kept++;
+        extents[to] = folds ? extents[to] * extents[i] : extents[i];
+        for (std::size_t a = 0; a < arrays; ++a) strides_of(a)[to] = strides_of(a)[i];
+    }
+    return kept;
+}
+
 // The box of l from `first`, of `extents`.
 constexpr layout tile(const layout& l, const extents_t& first, const extents_t& extents) {
     layout t = l;

@@ -14,6 +14,7 @@
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/evaluation/layout.hpp"
 #include "dimsum/evaluation/strided.hpp"
 
 namespace dimsum::backend::cpu {
@@ -29,7 +30,7 @@ inline constexpr std::size_t block_length = 2048 / sizeof(T);
 struct merged_layout {
     std::size_t rank = 0, arrays = 0;
     std::array<std::size_t, max_rank> extents{};
-    std::vector<std::array<std::ptrdiff_t, max_rank>> strides;  // per array
+    std::vector<evaluation::strides_t> strides;  // per array
     std::vector<std::ptrdiff_t> origin;                         // per array: where the region starts
 };
 
@@ -42,31 +43,15 @@ void merge_axes(const strided<T>& result, const std::vector<strided<const T>>& i
     auto stride_of = [&](std::size_t array, std::size_t axis) {
         return array == 0 ? result.strides[axis] : inputs[array - 1].strides[axis];
     };
-    std::array<std::size_t, max_rank> extents = result.extents;
-    if (region) {
-        extents = region->extents;
-        for (std::size_t a = 0; a < out.arrays; ++a) {
-            for (std::size_t axis = 0; axis < result.rank; ++axis) {
-                out.origin[a] += static_cast<std::ptrdiff_t>(region->first[axis]) * stride_of(a, axis);
-            }
+    out.extents = region ? region->extents : result.extents;
+    for (std::size_t a = 0; a < out.arrays; ++a) {
+        for (std::size_t axis = 0; axis < result.rank; ++axis) {
+            out.strides[a][axis] = stride_of(a, axis);
+            if (region) out.origin[a] += static_cast<std::ptrdiff_t>(region->first[axis]) * stride_of(a, axis);
         }
     }
-    out.rank = 0;
-    for (std::size_t axis = 0; axis < result.rank; ++axis) {
-        if (extents[axis] == 1) continue;
-        bool merges = out.rank > 0;
-        for (std::size_t a = 0; merges && a < out.arrays; ++a) {
-            merges = out.strides[a][out.rank - 1] == stride_of(a, axis) * static_cast<std::ptrdiff_t>(extents[axis]);
-        }
-        if (merges) {
-            out.extents[out.rank - 1] *= extents[axis];
-            for (std::size_t a = 0; a < out.arrays; ++a) out.strides[a][out.rank - 1] = stride_of(a, axis);
-        } else {
-            out.extents[out.rank] = extents[axis];
-            for (std::size_t a = 0; a < out.arrays; ++a) out.strides[a][out.rank] = stride_of(a, axis);
-            ++out.rank;
-        }
-    }
+    out.rank = evaluation::coalesce_together(result.rank, out.extents, out.arrays,
+                                             [&](std::size_t a) -> evaluation::strides_t& { return out.strides[a]; });
     if (out.rank == 0) {  // a single value
         out.rank = 1;
         out.extents[0] = 1;

@@ -79,29 +79,6 @@ inline byte_span span_of(const evaluation::binding& b) {
     return {(b.where.offset + range->first) * element, static_cast<std::size_t>((range->second - range->first) * element)};
 }
 
-// Merges the axes of a pass along which every array continues (stride[i] = stride[i+1] *
-// extent[i+1]) and drops axes of extent 1: most formulas become one contiguous axis, cheap
-// to index on the device.
-inline void merge_axes(std::size_t& rank, extents_t& extents, strides_t* const* strides, std::size_t count) {
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < rank; ++i) {
-        if (extents[i] == 1) continue;
-        bool continues = kept > 0;
-        for (std::size_t a = 0; continues && a < count; ++a) {
-            continues = (*strides[a])[kept - 1] == (*strides[a])[i] * static_cast<std::ptrdiff_t>(extents[i]);
-        }
-        if (continues) {
-            extents[kept - 1] *= extents[i];
-            for (std::size_t a = 0; a < count; ++a) (*strides[a])[kept - 1] = (*strides[a])[i];
-        } else {
-            extents[kept] = extents[i];
-            for (std::size_t a = 0; a < count; ++a) (*strides[a])[kept] = (*strides[a])[i];
-            ++kept;
-        }
-    }
-    rank = kept;
-}
-
 // Everything one evaluation needs, kept per thread and type so that it is allocated once.
 template <class T>
 struct state {
@@ -300,11 +277,12 @@ private:
         return node;
     }
 
+    // The pass with its axes coalesced (most formulas become one contiguous axis, cheap to
+    // index on the device), launched.
     void launch(fused_pass& pass) {
-        strides_t* strides[max_fused_inputs + 1];
-        strides[0] = &pass.out_strides;
-        for (std::size_t i = 0; i < pass.input_count; ++i) strides[i + 1] = &pass.inputs[i].strides;
-        merge_axes(pass.rank, pass.extents, strides, pass.input_count + 1);
+        pass.rank = evaluation::coalesce_together(pass.rank, pass.extents, pass.input_count + 1, [&](std::size_t a) -> strides_t& {
+            return a == 0 ? pass.out_strides : pass.inputs[a - 1].strides;
+        });
         run_fused(c_, pass);
     }
 
