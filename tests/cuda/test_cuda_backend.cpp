@@ -392,6 +392,19 @@ TEST_CASE("cuda: a formula evaluated in a loop allocates no device memory after 
     REQUIRE(cuda::device_allocations(c) == before);
     test::require_close(y, test::to_xt(ds::eval(ds::softmax(ds::matmul(x, w) + bias), ds::backend::reference::evaluator{})),
                         2e-5, 2e-5);
+    // decoding, its keys split: the partials come from the arena too
+    ds::tensor<float, Batch, Heads, Query, D> q(Batch{2}, Heads{3}, Query{1}, D{8});
+    ds::tensor<float, Batch, Heads, Key, D> k(Batch{2}, Heads{3}, Key{500}, D{8});
+    ds::fill_uniform(q, 4);
+    ds::fill_uniform(k, 5);
+    REQUIRE(cuda::attention_key_splits(6, 500) > 1);
+    ds::tensor<float, Batch, Heads, Query, D> o(Batch{2}, Heads{3}, Query{1}, D{8});
+    auto decode = [&] { ds::evaluation::assign_with(gpu, o.view(), ds::matmul(ds::softmax<Key>(ds::matmul(q, ds::transpose<Key, D>(k))), k)); };
+    decode();
+    decode();
+    const std::size_t settled = cuda::device_allocations(c);
+    for (int i = 0; i < 5; ++i) decode();
+    REQUIRE(cuda::device_allocations(c) == settled);
 }
 
 TEST_CASE("cuda: device tensors: copies both ways, formulas over them, results left on the device") {
