@@ -100,10 +100,10 @@ void run_gather(context& c, const gather_pass& pass) {
 void run_attention(context& c, const attention_pass& pass) {
     launch(c, each_item<attention_pass, device::attention_row<float>>, each_item<attention_pass, device::attention_row<double>>,
            pass, "attention kernel launch");
-    if (pass.key_splits > 1) {  // the key ranges' partials, combined: one thread per query
+    if (pass.key_splits > 1) {  // the key ranges' partials, combined: one thread per output element
         launch(c, each_item<attention_pass, device::attention_combine<float>>,
                each_item<attention_pass, device::attention_combine<double>>, pass, "attention combine kernel launch",
-               device::attention_rows(pass));
+               device::combine_count(pass));
     }
 }
 

@@ -74,7 +74,7 @@ void run_indices(context&, const indices_pass& p) { each_item(p, device::indices
 void run_gather(context&, const gather_pass& p) { each_item(p, device::gather_element<float>, device::gather_element<double>); }
 void run_attention(context&, const attention_pass& p) {
     each_item(p, device::attention_row<float>, device::attention_row<double>);
-    if (p.key_splits > 1) each_item(p, device::attention_combine<float>, device::attention_combine<double>, device::attention_rows(p));
+    if (p.key_splits > 1) each_item(p, device::attention_combine<float>, device::attention_combine<double>, device::combine_count(p));
 }
 
 // cuBLAS's product by its definition (column-major, op per operand), after the checks by which

@@ -31,7 +31,7 @@ struct merged_layout {
     std::size_t rank = 0, arrays = 0;
     std::array<std::size_t, max_rank> extents{};
     std::vector<evaluation::strides_t> strides;  // per array
-    std::vector<std::ptrdiff_t> origin;                         // per array: where the region starts
+    std::vector<std::ptrdiff_t> origin;          // per array: where the region starts
 };
 
 template <class T>

@@ -382,29 +382,29 @@ DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t item) {
     }
 }
 
-// One row of split-key attention from its ranges' partials (m_s, l_s, o_s):
+// Split-key attention combined from its ranges' partials (m_s, l_s, o_s):
 //     m = max_s m_s,  l = sum_s l_s e^(m_s - m),  o = sum_s o_s e^(m_s - m) / l,
 // where a range that saw no key (m_s = -infinity) adds nothing; a row that saw none gets 0.
+// One output element per item (row-major over rows, then columns), so that a decoding step's
+// few rows still make many threads: each finds m and l again, from 2 reads per range.
+DIMSUM_HD inline std::size_t combine_count(const attention_pass& p) { return attention_rows(p) * p.dv; }
 template <class T>
-DIMSUM_HD inline void attention_combine(const attention_pass& p, std::size_t row) {
-    const std::size_t width = 2 + p.dv;
+DIMSUM_HD inline void attention_combine(const attention_pass& p, std::size_t item) {
+    const std::size_t row = item / p.dv, column = item % p.dv, width = 2 + p.dv;
     const T* partial = static_cast<const T*>(p.partials) + static_cast<std::ptrdiff_t>(row * p.key_splits * width);
-    T* o = static_cast<T*>(const_cast<void*>(p.o.data)) + attention_start_of(p, row).o;
     const T minus_infinity = -static_cast<T>(INFINITY);
     T m = minus_infinity;
     for (std::size_t s = 0; s < p.key_splits; ++s) m = maximum(m, partial[s * width]);
-    T l = T(0);
+    T l = T(0), sum = T(0);
     for (std::size_t s = 0; s < p.key_splits; ++s) {
-        if (partial[s * width] != minus_infinity) l += partial[s * width + 1] * ::exp(partial[s * width] - m);
+        const T* range = partial + s * width;
+        if (range[0] == minus_infinity) continue;
+        const T weight = ::exp(range[0] - m);
+        l += range[1] * weight;
+        sum += range[2 + column] * weight;
     }
-    for (std::size_t c = 0; c < p.dv; ++c) {
-        T sum = T(0);
-        for (std::size_t s = 0; s < p.key_splits; ++s) {
-            const T* range = partial + s * width;
-            if (range[0] != minus_infinity) sum += range[2 + c] * ::exp(range[0] - m);
-        }
-        o[static_cast<std::ptrdiff_t>(c) * p.o.cols] = l == T(0) ? T(0) : sum / l;
-    }
+    T* o = static_cast<T*>(const_cast<void*>(p.o.data)) + attention_start_of(p, row).o;
+    o[static_cast<std::ptrdiff_t>(column) * p.o.cols] = l == T(0) ? T(0) : sum / l;
 }
 
 }  // namespace dimsum::backend::cuda::device
