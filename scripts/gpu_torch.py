@@ -165,22 +165,18 @@ def main():
             t = seconds_per_call(lambda: torch.softmax(s, dim=-1), dev, smoke)
             row(f"softmax_{n}x{w}", 2 * n * w * 4 / t / 1e9, "GB/s")
 
-        for size in (1024, 4096, 8192):
-            n = 8 if smoke else size
-            a_, b_ = torch.rand(n, n, device=dev), torch.rand(n, n, device=dev)
-            for tf32 in (False, True):
-                torch.backends.cuda.matmul.allow_tf32 = tf32
-                t = seconds_per_call(lambda: a_ @ b_, dev, smoke)
-                row(f"gemm_{'tf32' if tf32 else 'fp32'}_{n}^3", 2 * n ** 3 / t / 1e12, "TFLOP/s")
-            torch.backends.cuda.matmul.allow_tf32 = False
-        for m, k, n in ((1024, 768, 2304), (1024, 768, 768), (1024, 768, 3072), (1024, 3072, 768)):
+        squares = [(n, n, n) for n in (1024, 4096, 8192)]
+        bert = [(1024, 768, 2304), (1024, 768, 768), (1024, 768, 3072), (1024, 3072, 768)]  # the BERT-base layer's
+        for m, k, n in squares + bert:
+            square = m == k == n
             if smoke:
-                m, k, n = 4, k // 256, n // 256
+                m, k, n = (8, 8, 8) if square else (4, k // 256, n // 256)
+            shape = f"{n}^3" if square else f"{m}x{k}x{n}"
             a_, b_ = torch.rand(m, k, device=dev), torch.rand(k, n, device=dev)
             for tf32 in (False, True):
                 torch.backends.cuda.matmul.allow_tf32 = tf32
                 t = seconds_per_call(lambda: a_ @ b_, dev, smoke)
-                row(f"gemm_{'tf32' if tf32 else 'fp32'}_{m}x{k}x{n}", 2 * m * k * n / t / 1e12, "TFLOP/s")
+                row(f"gemm_{'tf32' if tf32 else 'fp32'}_{shape}", 2 * m * k * n / t / 1e12, "TFLOP/s")
             torch.backends.cuda.matmul.allow_tf32 = False
 
         for d in (64, 128):

@@ -248,19 +248,25 @@ int main(int argc, char** argv) {
         }
     }
 
-    // products: fp32 and tf32 through cuBLAS
+    // products: fp32 and tf32 through cuBLAS, in TFLOP/s
+    struct product_speed {
+        double fp32, tf32;
+    };
+    const auto time_product = [&](std::size_t m, std::size_t k, std::size_t n) {
+        auto a = random_on_device<float>(7, M{m}, K{k});
+        auto b = random_on_device<float>(8, K{k}, N{n});
+        cuda::tensor<float, M, N> c(M{m}, N{n});
+        const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+        return product_speed{flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), exact); }) / 1e12,
+                             flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), tf32); }) / 1e12};
+    };
     double best_fp32 = 0;  // the ceiling of exact float arithmetic, as cuBLAS reaches it
     for (std::size_t size : {std::size_t(1024), std::size_t(4096), std::size_t(8192)}) {
         const std::size_t n = smoke ? 8 : size;
-        auto a = random_on_device<float>(7, M{n}, K{n});
-        auto b = random_on_device<float>(8, K{n}, N{n});
-        cuda::tensor<float, M, N> c(M{n}, N{n});
-        const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-        const double fp32 = flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), exact); }) / 1e12;
-        row("gemm_fp32_" + std::to_string(n) + "^3", fp32, "TFLOP/s", fp32, "itself");
-        best_fp32 = std::max(best_fp32, fp32);
-        const double t = flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), tf32); }) / 1e12;
-        row("gemm_tf32_" + std::to_string(n) + "^3", t, "TFLOP/s", fp32, "fp32");
+        const product_speed speed = time_product(n, n, n);
+        row("gemm_fp32_" + std::to_string(n) + "^3", speed.fp32, "TFLOP/s", speed.fp32, "itself");
+        row("gemm_tf32_" + std::to_string(n) + "^3", speed.tf32, "TFLOP/s", speed.fp32, "fp32");
+        best_fp32 = std::max(best_fp32, speed.fp32);
     }
     // the products of a BERT-base layer at batch x seq = 1024: QKV, output, feed-forward
     struct product {
@@ -268,15 +274,10 @@ int main(int argc, char** argv) {
     };
     for (const product& p : {product{1024, 768, 2304}, product{1024, 768, 768}, product{1024, 768, 3072}, product{1024, 3072, 768}}) {
         const std::size_t m = smoke ? 4 : p.m, k = smoke ? p.k / 256 : p.k, n = smoke ? p.n / 256 : p.n;
-        auto a = random_on_device<float>(15, M{m}, K{k});
-        auto b = random_on_device<float>(16, K{k}, N{n});
-        cuda::tensor<float, M, N> c(M{m}, N{n});
-        const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+        const product_speed speed = time_product(m, k, n);
         const std::string shape = std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
-        row("gemm_fp32_" + shape, flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), exact); }) / 1e12, "TFLOP/s",
-            best_fp32, "gemm_fp32");
-        row("gemm_tf32_" + shape, flops / seconds_per_call([&] { cuda::assign(c, ds::matmul(a, b), tf32); }) / 1e12, "TFLOP/s",
-            best_fp32, "gemm_fp32");
+        row("gemm_fp32_" + shape, speed.fp32, "TFLOP/s", best_fp32, "gemm_fp32");
+        row("gemm_tf32_" + shape, speed.tf32, "TFLOP/s", best_fp32, "gemm_fp32");
     }
 
     // attention: batch x seq = 16k, heads x d = 2048 (FlashAttention's convention), causal and not

@@ -326,7 +326,7 @@ DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t item) {
     T* partial = p.key_splits > 1 ? static_cast<T*>(p.partials) + static_cast<std::ptrdiff_t>(item * (2 + p.dv)) : nullptr;
     // this item's keys: [first, last) of those the query sees
     const std::size_t visible = p.causal ? visible_keys(query, p.queries, p.keys) : p.keys;
-    const std::size_t per_split = p.key_splits == 1 ? visible : keys_per_split(p);
+    const std::size_t per_split = keys_per_split(p);  // all the keys when they are not split
     const std::size_t first = split * per_split < visible ? split * per_split : visible;
     const std::size_t last = visible - first < per_split ? visible : first + per_split;
     const T scale = static_cast<T>(p.scale), minus_infinity = -static_cast<T>(INFINITY);

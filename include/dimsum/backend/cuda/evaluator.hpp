@@ -359,8 +359,7 @@ private:
             pass.score_input = score_input_of(match.scores);
         }
         // few queries and many keys: the keys split into ranges, their partials in the arena
-        std::size_t rows = pass.queries;
-        for (std::size_t i = 0; i < pass.batch_rank; ++i) rows *= pass.batch_extents[i];
+        const std::size_t rows = pass.dv == 0 ? 0 : dst.where.size() / pass.dv;  // (batch..., queries)
         const std::size_t key_blocks = (pass.keys + attention_pass::key_block - 1) / attention_pass::key_block;
         pass.key_splits = pass.dv == 0 ? 1
                           : key_splits_ == 0 ? attention_key_splits(rows, pass.keys)
