@@ -123,8 +123,8 @@ bf16_operands rounded_to_bf16(const ds::tensor<float, M, K>& a, const ds::tensor
 }
 
 // The same product of bf16 operands (rounded from a and b), written in bf16, next to the float
-// product of the same values: what bf16 costs today, when its operands are widened by a
-// convert pass before the float GEMM and the result is rounded after it.
+// product of the same values: what bf16 costs today, its operands read where they lie and
+// widened as the float GEMM packs (or, for a few rows, loads) them, the result rounded after.
 void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands) {
     const std::string name = "bf16_" + g.name;
     if (!s.selected(name)) return;
@@ -150,13 +150,13 @@ void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands
             float_time.keep(best_seconds(s.opt, [&] { ds::assign(c, ds::matmul(a_wide, b_wide)); }), "");
         }
         s.out.add({name, threads, g.flops() / bf16_time.seconds * 1e-9, "dimsum_float", g.flops() / float_time.seconds * 1e-9,
-                   "GFLOP/s", "bf16: widened by a convert pass, float GEMM, rounded"});
+                   "GFLOP/s", "bf16: widened as packed, float GEMM, rounded"});
     }
 }
 
 // The product with B packed once (ds::prepack), as weights in a loop, next to the same product
-// packing B on each call: in float, and in bf16, where the packing also saves the convert pass
-// that widens B.
+// packing B on each call: in float, and in bf16 (B packed once into float panels, or widened
+// as it is packed at each call).
 void bench_prepacked_gemm(bench& s, const gemm_case& g, const ds::tensor<float, M, K>& a, const ds::tensor<float, K, N>& b,
                           const bf16_operands& operands) {
     const auto& a16 = operands.a16;  // not a structured binding: clang 14 cannot capture those

@@ -241,3 +241,36 @@ TEST_CASE("a bf16 right operand packed once (ds::prepack), against the bf16 valu
         }
     });
 }
+
+// bf16 operands read where they lie, widened as the product packs or loads them (gemm.hpp):
+// a few rows, odd sizes, transposed, one operand of each type; this file is also built for
+// AVX2 and SSE2, whose widening loads differ. The reference reads the same bf16 values in
+// double; in float, the sums are those of the exact widened values: float's tolerance.
+TEST_CASE("bf16 operands read where they lie, against the bf16 values in double") {
+    with_one_and_two_threads([] {
+        for (std::size_t m : {std::size_t{1}, std::size_t{3}, std::size_t{17}, std::size_t{65}}) {
+            for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{33}, std::size_t{65}}) {
+                for (std::size_t k : {std::size_t{1}, std::size_t{17}, std::size_t{257}}) {
+                    INFO("m=" << m << " n=" << n << " k=" << k);
+                    ds::tensor<ds::bf16, M, K> a(M{m}, K{k});
+                    ds::tensor<ds::bf16, K, M> a_columns(K{k}, M{m});
+                    ds::tensor<ds::bf16, K, N> b(K{k}, N{n});
+                    ds::tensor<ds::bf16, N, K> b_rows(N{n}, K{k});  // B transposed in memory
+                    ds::tensor<float, K, N> b_float(K{k}, N{n});
+                    ds::fill_uniform(a, m * 7 + k);
+                    ds::fill_uniform(a_columns, m + k);
+                    ds::fill_uniform(b, n * 5 + k);
+                    ds::fill_uniform(b_rows, n * 3 + k);
+                    ds::fill_uniform(b_float, n + k);
+                    a(m / 2, k / 2) = std::numeric_limits<ds::bf16>::quiet_NaN();
+                    b_rows(n - 1, k - 1) = std::numeric_limits<ds::bf16>::infinity();
+                    const double tol = tolerance<float>;
+                    require_parity(ds::cast<float>(ds::matmul(a, b)), tol, tol);
+                    require_parity(ds::cast<float>(ds::matmul(ds::transpose(a_columns), ds::transpose(b_rows))), tol, tol);
+                    require_parity(ds::matmul(ds::cast<float>(a), b_float), tol, tol);
+                    require_parity(ds::matmul(ds::transpose(b_float), ds::cast<float>(ds::transpose(a))), tol, tol);
+                }
+            }
+        }
+    });
+}

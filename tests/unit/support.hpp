@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <cmath>
@@ -20,6 +21,18 @@
 namespace test {
 
 namespace ds = dimsum;
+
+// That got and want hold the same bits, element by element (NaN payloads too).
+template <class V>
+void require_same_bits(const V& got, const V& want) {
+    REQUIRE(got.size() == want.size());
+    std::size_t differ = 0, first = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        if (std::memcmp(got.data() + i, want.data() + i, sizeof(*got.data())) != 0 && differ++ == 0) first = i;
+    }
+    INFO(differ << " elements differ, the first at " << first);
+    REQUIRE(differ == 0);
+}
 
 // The sizes every shape test walks through: 1, small odd sizes, and one past a power of two.
 inline constexpr std::size_t odd_sizes[] = {1, 3, 7, 17, 65};

@@ -16,6 +16,7 @@
 
 namespace ds = dimsum;
 using ds::bf16;
+using test::require_same_bits;
 
 namespace {
 
@@ -181,6 +182,97 @@ TEST_CASE("matmul, softmax, layer_norm and sum over bf16 compute in float and ro
     const ds::tensor<bf16, Rows> s = ds::sum<Cols>(got);
     require_rounded(s, ds::tensor<float, Rows>(ds::sum<Cols>(ds::cast<float>(got))));
     require_near(s, ds::eval(ds::sum<Cols>(got), ds::backend::reference::evaluator{}), 1.0, 1e-4);
+}
+
+// Specials in row `row` of a matrix: NaN, +inf and -inf in turn at every 5th column from `from`,
+// so that over the extents below they fall in every SIMD lane and in the tails.
+template <class Rows_, class Cols_>
+void poison_row(ds::tensor<bf16, Rows_, Cols_>& t, std::size_t row, std::size_t from) {
+    const bf16 specials[] = {std::numeric_limits<bf16>::quiet_NaN(), std::numeric_limits<bf16>::infinity(),
+                             -std::numeric_limits<bf16>::infinity()};
+    for (std::size_t c = from; c < t.extent(1); c += 5) t(row, c) = specials[(c / 5) % 3];
+}
+
+// The float formula of the widened values is the oracle here, bit for bit: the CPU's products
+// read their bf16 operands where they lie and widen them as they pack or load them, computing
+// the same sums in the same order as on the widened copy (gemm.hpp). The extents reach every
+// path of gemm: a few rows (1 to 4, B streamed), A or B read in place for float but packed for
+// bf16, depths past one block (kc = 256), whole products per thread and products shared by
+// two threads by rows and by columns.
+TEST_CASE("a product reads its bf16 operands where they lie: the product of the widened values, bit for bit") {
+    struct extents {
+        std::size_t m, k, n;
+    };
+    const extents cases[] = {{1, 19, 45},  {2, 300, 33}, {3, 7, 130}, {4, 300, 1},   {5, 1, 7},
+                             {13, 67, 35}, {37, 300, 45}, {300, 300, 130}, {100, 300, 400}};
+    for (const int threads : {1, 2}) {
+        ds::set_num_threads(threads);
+        for (const auto [m, k, n] : cases) {
+            INFO(threads << " threads, " << m << " x " << k << " x " << n);
+            auto a = random_bf16(11, Rows{m}, Inner{k});
+            auto at = random_bf16(12, Inner{k}, Rows{m});  // read transposed
+            auto b = random_bf16(13, Inner{k}, Cols{n});
+            auto bt = random_bf16(14, Cols{n}, Inner{k});  // read transposed
+            auto bias = random_bf16(15, Cols{n});
+            poison_row(a, m / 2, 0);
+            poison_row(bt, n / 2, 1);
+            const ds::tensor<float, Rows, Inner> af = ds::cast<float>(a);
+            const ds::tensor<float, Inner, Rows> atf = ds::cast<float>(at);
+            const ds::tensor<float, Inner, Cols> bf = ds::cast<float>(b);
+            const ds::tensor<float, Cols, Inner> btf = ds::cast<float>(bt);
+            const ds::tensor<float, Cols> biasf = ds::cast<float>(bias);
+            using C = ds::tensor<float, Rows, Cols>;
+            auto wide = [](const auto& x) { return ds::cast<float>(x); };
+
+            require_same_bits(C(ds::matmul(wide(a), wide(b))), C(ds::matmul(af, bf)));
+            require_same_bits(C(ds::matmul(ds::transpose(wide(at)), ds::transpose(wide(bt)))),
+                              C(ds::matmul(ds::transpose(atf), ds::transpose(btf))));
+            require_same_bits(C(ds::matmul(wide(a), bf)), C(ds::matmul(af, bf)));  // one operand of each type
+            require_same_bits(C(ds::matmul(ds::transpose(atf), wide(b))), C(ds::matmul(ds::transpose(atf), bf)));
+            // a formula of bf16, its epilogue fused, rounded into bf16
+            const ds::tensor<bf16, Rows, Cols> got = ds::nn::gelu(ds::matmul(a, ds::transpose(bt)) + bias);
+            require_rounded(got, C(ds::nn::gelu(ds::matmul(af, ds::transpose(btf)) + biasf)));
+        }
+    }
+    ds::set_num_threads(0);
+}
+
+TEST_CASE("bf16 operands read where they lie through batches, broadcasts and slices, with no convert") {
+    using Batch = ds::axis<"batch">;
+    using Wide = ds::axis<"wide">;
+    const std::size_t batch = 3, m = 9, k = 40, n = 21;
+    auto x = random_bf16(21, Batch{batch}, Rows{m}, Inner{k});
+    auto w = random_bf16(22, Inner{k}, Wide{3 * n});  // three weights side by side; the middle one read
+    auto y = random_bf16(23, Batch{batch}, Inner{k}, Cols{n});
+    auto z = random_bf16(24, Rows{m}, Inner{k});  // broadcast along the batch
+    poison_row(z, 4, 2);
+    const ds::tensor<float, Batch, Rows, Inner> xf = ds::cast<float>(x);
+    const ds::tensor<float, Inner, Wide> wf = ds::cast<float>(w);
+    const ds::tensor<float, Batch, Inner, Cols> yf = ds::cast<float>(y);
+    const ds::tensor<float, Rows, Inner> zf = ds::cast<float>(z);
+    using C = ds::tensor<float, Batch, Rows, Cols>;
+    auto middle = [n](const auto& w) { return ds::rename<Wide, Cols>(ds::slice<Wide>(w, n, 2 * n)); };
+    auto wide = [](const auto& t) { return ds::cast<float>(t); };
+
+    // (batch, m, k) x (k, n): the batch folded into rows, B a slice of w
+    require_same_bits(C(ds::matmul(wide(x), middle(wide(w)))), C(ds::matmul(xf, middle(wf))));
+    // (batch, m, k) x (batch, k, n), and A broadcast along the batch
+    require_same_bits(C(ds::matmul(wide(x), wide(y))), C(ds::matmul(xf, yf)));
+    require_same_bits(C(ds::matmul(wide(z), wide(y))), C(ds::matmul(zf, yf)));
+    // one item of the batch, selected
+    using One = ds::tensor<float, Rows, Cols>;
+    require_same_bits(One(ds::matmul(ds::select<Batch>(wide(x), 2), ds::select<Batch>(wide(y), 1))),
+                      One(ds::matmul(ds::select<Batch>(xf, 2), ds::select<Batch>(yf, 1))));
+
+    // the views of a formula (the slice of a cast) and a tensor's own (the slice of w)
+    for (const std::string& plan : {ds::backend::cpu::evaluator{}.explain(ds::matmul(wide(x), middle(wide(w)))),
+                                    ds::backend::cpu::evaluator{}.explain(ds::matmul(x, middle(w)))}) {
+        INFO(plan);
+        CHECK(plan.find("convert") == std::string::npos);
+        CHECK(plan.find("[bf16 read where it lies]") != std::string::npos);
+    }
+    // the reference backend converts: it computes in double from the bf16 values
+    CHECK(ds::backend::reference::evaluator{}.explain(ds::matmul(x, middle(w))).find("convert") != std::string::npos);
 }
 
 TEST_CASE("fused attention over bf16 equals the float kernel rounded once, and the oracle within its bound") {

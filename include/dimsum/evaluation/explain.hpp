@@ -9,7 +9,8 @@
 //   out            the destination.
 // An operand written `transpose(view(t0))` is t0 read through new strides: no copy. A formula
 // of bf16 computes in float (double on the reference backend), its tensors read through
-// `convert` entries, and its value is rounded into the bf16 destination at the end.
+// `convert` entries (or by the products themselves, where the backend's widen bf16: marked
+// `[bf16 read where it lies]`), and its value is rounded into the bf16 destination at the end.
 
 #include <cstddef>
 #include <optional>
@@ -103,7 +104,7 @@ private:
             return;
         }
         const bool converted = s.kind == step_kind::tensor && s.type != s.computes_in;  // into a temporary
-        if (plan_.placed[id] && (!is_view(s.kind) || converted)) return memory(plan_.values[id]);
+        if (plan_.placed[id] && (!is_view(s.kind) || converted) && !as_stored_) return memory(plan_.values[id]);
         formula(id, product, inner);
     }
 
@@ -123,7 +124,7 @@ private:
                 return;
             case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: {
                 const std::size_t from = s.operands[0];
-                const bool copied = plan_.placed[id] && plan_.values[id].memory == memory_kind::temporary &&
+                const bool copied = !as_stored_ && plan_.placed[id] && plan_.values[id].memory == memory_kind::temporary &&
                                     (!plan_.placed[from] || plan_.values[from].memory != memory_kind::temporary ||
                                      plan_.values[from].index != plan_.values[id].index);
                 out_ << name_of(s.kind) << '(';
@@ -172,16 +173,17 @@ private:
         switch (e.kind) {
             case entry_kind::gemm:
                 if (e.epilogue == no_step) {
-                    product(own);
+                    product(e);
                 } else {
                     std::ostringstream inner;
                     std::swap(inner, out_);
-                    product(own);
+                    product(e);
                     std::swap(inner, out_);
                     formula(e.epilogue, e.step, inner.str());
                     out_ << "  [epilogue fused]";
                 }
                 if (e.packed_right) out_ << "  [right operand packed once]";
+                if (e.bf16_operands[0] || e.bf16_operands[1]) out_ << "  [bf16 read where it lies]";
                 break;
             case entry_kind::attention: attention(e); break;
             case entry_kind::fused: formula(e.step); break;
@@ -209,11 +211,16 @@ private:
         return "axis " + std::to_string(axis);
     }
 
-    void product(const step& matmul) {
+    // A gemm's product; an operand it reads as bf16 is printed as the views of its tensor.
+    void product(const entry& e) {
+        const step& matmul = steps_[e.step];
         out_ << "matmul(";
-        operand(matmul.operands[0]);
-        out_ << ", ";
-        operand(matmul.operands[1]);
+        for (std::size_t o = 0; o < 2; ++o) {
+            out_ << (o ? ", " : "");
+            as_stored_ = e.bf16_operands[o].has_value();
+            operand(matmul.operands[o]);
+            as_stored_ = false;
+        }
         out_ << ')';
     }
 
@@ -242,6 +249,7 @@ private:
     const plan& plan_;
     std::vector<std::size_t> number_;  // each temporary's number in the text
     std::ostringstream out_;
+    bool as_stored_ = false;  // printing an operand read where it lies: views of a tensor, no temporary
 };
 
 }  // namespace explaining

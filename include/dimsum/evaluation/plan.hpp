@@ -14,6 +14,9 @@
 //                                             indices, read by the formula around them;
 //   a tensor of bf16 or integers read by a formula
 //                                          -> a `convert` into a temporary of the formula's type;
+//   a tensor of bf16 (or a view of one), a product's operand
+//                                          -> read by the `gemm` where it lies, where the
+//                                             backend's products widen bf16 as they pack it;
 //   a matrix packed once (ds::prepack), a product's right operand
 //                                          -> read by the `gemm` from its packing, where the
 //                                             backend reads such packing (not even converted);
@@ -30,6 +33,7 @@
 // A plan holds no pointer: each value is a place (a binding, a temporary or the destination,
 // and a layout in it), so that an executor can run it on any memory of the same layouts.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -62,6 +66,10 @@ struct entry {
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention: what the matcher found
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
+    // gemm: where the left and right operands lie in their bindings of bf16, for a kernel that
+    // reads them there and widens them itself (planner_options::read_bf16); an operand
+    // without one is read from its place, values[operand], as usual
+    std::array<std::optional<place>, 2> bf16_operands{};
 };
 
 struct plan {
@@ -91,6 +99,8 @@ struct planner_options {
     bool fuse_attention = true;  // attention as one entry (else matmul, softmax, matmul)
     bool fuse_epilogues = true;  // elementwise formulas of a product into its gemm
     bool read_packed = false;    // a product's right operand packed once is read from its packing
+    bool read_bf16 = false;      // a product's operand of bf16 (a tensor or a view of one) is read
+                                 // where it lies, with no convert: its kernel widens it as it packs
 };
 
 // The layout of view step s (permute, select, slice, reshape) of a value laid out as `from`, if the
@@ -178,19 +188,46 @@ private:
         plan_.entries.push_back({kind, step, out, epilogue, attention});
     }
 
-    // Places the operands of product `id`, but a right operand that its gemm reads from its
-    // packing (ds::prepack), which needs no place nor a convert: returns whether it does.
-    bool place_operands_of_product(std::size_t id) {
+    // How a gemm reads the operands of its product.
+    struct product_operands {
+        bool packed_right = false;
+        std::array<std::optional<place>, 2> bf16{};
+    };
+    // Places the operands of product `id`, but those its gemm reads as they are, which need no
+    // place nor a convert: a right operand from its packing (ds::prepack), and an operand of
+    // bf16 where it lies.
+    product_operands place_operands_of_product(std::size_t id) {
         const step& s = steps_[id];
         const step& right = steps_[s.operands[1]];
-        const bool packed = options_.read_packed && right.kind == step_kind::tensor && bindings_[right.binding].packed;
-        value(s.operands[0]);
-        if (!packed) value(s.operands[1]);
-        return packed;
+        product_operands how;
+        how.packed_right = options_.read_packed && right.kind == step_kind::tensor && bindings_[right.binding].packed;
+        for (std::size_t o = 0; o < 2; ++o) {
+            if (o == 1 && how.packed_right) continue;
+            how.bf16[o] = stored_bf16(s.operands[o]);
+            if (!how.bf16[o]) value(s.operands[o]);
+        }
+        return how;
     }
-    void add_product(std::size_t id, const place& dst, std::size_t epilogue, bool packed_right) {
+    // Where step `id` lies in its binding of bf16, if a product may read it there
+    // (planner_options::read_bf16): a bf16 tensor, or views of one that a layout expresses.
+    std::optional<place> stored_bf16(std::size_t id) const {
+        if (!options_.read_bf16) return std::nullopt;
+        const step& s = steps_[id];
+        if (s.kind == step_kind::tensor) {
+            if (s.type != element_type::bf16) return std::nullopt;
+            return place{memory_kind::binding, s.binding, bindings_[s.binding].where};
+        }
+        if (!is_view(s.kind)) return std::nullopt;
+        const std::optional<place> from = stored_bf16(s.operands[0]);
+        if (!from) return std::nullopt;
+        const std::optional<layout> view = view_layout(s, from->where);
+        if (!view) return std::nullopt;
+        return place{from->memory, from->index, *view};
+    }
+    void add_product(std::size_t id, const place& dst, std::size_t epilogue, const product_operands& how) {
         add(entry_kind::gemm, id, dst, epilogue);
-        plan_.entries.back().packed_right = packed_right;
+        plan_.entries.back().packed_right = how.packed_right;
+        plan_.entries.back().bf16_operands = how.bf16;
     }
 
     // Plans the entries that write the value of step `id` into `dst` (of that step's extents).
@@ -264,7 +301,7 @@ private:
         const std::size_t first_leaf = plan_.leaves.size();
         find_leaves(id);
         std::size_t product = no_step;
-        bool packed_right = false;
+        product_operands how;
         for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
             const std::size_t leaf = plan_.leaves[i];
             const step& s = steps_[leaf];
@@ -272,13 +309,13 @@ private:
                 s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id && !attention_at(leaf) &&
                 !plan_.placed[leaf] && reads_within(id, leaf) == plan_.readers[leaf]) {
                 product = leaf;
-                packed_right = place_operands_of_product(leaf);
+                how = place_operands_of_product(leaf);
             } else if (leaf != product) {  // the product read again is the same accumulator
                 value(leaf);
             }
         }
         plan_.leaves.resize(first_leaf);
-        if (product != no_step) return add_product(product, dst, id, packed_right);
+        if (product != no_step) return add_product(product, dst, id, how);
         add(steps_[id].kind == step_kind::elementwise ? entry_kind::fused : entry_kind::copy, id, dst);
     }
 

@@ -53,7 +53,17 @@ private:
 };
 
 // What the kernels use scratch for; one block each per thread.
-enum class scratch_use : std::size_t { packed_a, packed_b, rows, elementwise, attention, attention_keys, attention_partials, count };
+enum class scratch_use : std::size_t {
+    packed_a,
+    packed_b,
+    widened,  // a few rows of a bf16 operand, widened
+    rows,
+    elementwise,
+    attention,
+    attention_keys,
+    attention_partials,
+    count
+};
 
 inline std::array<scratch_block, std::size_t(scratch_use::count)>& thread_scratch() {
     thread_local std::array<scratch_block, std::size_t(scratch_use::count)> blocks;

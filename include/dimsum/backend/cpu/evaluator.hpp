@@ -3,7 +3,8 @@
 //
 // run(formula, destination) lowers the formula (evaluation/lower.hpp), plans it
 // (evaluation/plan.hpp) and maps each entry of the plan to a kernel:
-//   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C;
+//   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C,
+//                 its operands of bf16 read where they lie and widened as they are packed;
 //   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
 //                 a fused pass over each tile of scores;
 //   fused, copy -> one fused elementwise pass (fused.hpp);
@@ -17,6 +18,7 @@
 
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -333,20 +335,37 @@ private:
         if (!b.packed || !packed_as_t) throw std::logic_error("dimsum: a plan reads a packing its operand lacks");
         return static_cast<const packed_operand<T>*>(b.packed);
     }
-    // The extents and strides of step id's binding, its data left null: a product whose
-    // right operand is packed reads only its shape.
-    strided<const T> extents_only(std::size_t id) const {
-        evaluation::layout where = s_.bindings[steps_[id].binding].where;
+    // The extents and strides of a layout, its data left null: a product whose right operand is
+    // packed, or whose operand is read as bf16, reads only its shape there.
+    static strided<const T> extents_only(evaluation::layout where) {
         where.offset = 0;
         return evaluation::strided_at(static_cast<const T*>(nullptr), where);
+    }
+    // Product operand `o` of entry e: its shape, and where the gemm reads it as bf16 (or null).
+    strided<const T> product_operand(const entry& e, std::size_t o, const packed_operand<T>* packed_b,
+                                     const bf16*& narrow) const {
+        const step& s = steps_[e.step];
+        narrow = nullptr;
+        if (o == 1 && packed_b) {  // its panels; and its own values, if bf16 (gemm.hpp: a few rows stream them)
+            const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
+            if (b.type == evaluation::element_type::bf16) narrow = static_cast<const bf16*>(b.data) + b.where.offset;
+            return extents_only(b.where);
+        }
+        const std::optional<evaluation::place>& stored = e.bf16_operands[o];
+        if (!stored) return value(s.operands[o]);
+        const evaluation::binding& b = s_.bindings[stored->index];
+        if (b.type != evaluation::element_type::bf16) throw std::logic_error("dimsum: a plan reads as bf16 what is not");
+        narrow = static_cast<const bf16*>(b.data) + stored->where.offset;
+        return extents_only(stored->where);
     }
 
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
     void multiply(const entry& e, const strided<T>& destination) {
         const step& s = steps_[e.step];
         const packed_operand<T>* packed_b = e.packed_right ? packed_right(s) : nullptr;
-        strided<const T> a = evaluation::broadcast_to_rank(value(s.operands[0]), s.rank);
-        strided<const T> b = evaluation::broadcast_to_rank(packed_b ? extents_only(s.operands[1]) : value(s.operands[1]), s.rank);
+        const bf16 *a_bf16 = nullptr, *b_bf16 = nullptr;
+        strided<const T> a = evaluation::broadcast_to_rank(product_operand(e, 0, packed_b, a_bf16), s.rank);
+        strided<const T> b = evaluation::broadcast_to_rank(product_operand(e, 1, packed_b, b_bf16), s.rank);
         strided<T> dst = destination;
         if (e.epilogue != no_step) {
             build_fused(e.epilogue, e.step, dst);
@@ -359,6 +378,8 @@ private:
         problem.c = last_two_axes(dst);
         problem.batch = leading_axes(dst, a, b, dst);
         problem.packed_b = packed_b;
+        problem.a_bf16 = a_bf16;
+        problem.b_bf16 = b_bf16;
         if (e.epilogue == no_step) return gemm<T>(problem);
         epilogue_context context{&s_.fused, dst};
         gemm<T>(problem, gemm_epilogue{&apply_epilogue, &reserve_epilogue, &context});
@@ -376,7 +397,9 @@ public:
     // Whether attention formulas run fused (attention.hpp) or step by step, as written.
     bool fuse_attention = true;
 
-    evaluation::planner_options planning() const { return {fuse_attention, true, true}; }
+    evaluation::planner_options planning() const {
+        return {.fuse_attention = fuse_attention, .fuse_epilogues = true, .read_packed = true, .read_bf16 = true};
+    }
 
     // Writes the value of e into dst, a view of e's shape that e does not read.
     // A formula of bf16 is computed in float into a temporary (of this thread's temporaries,

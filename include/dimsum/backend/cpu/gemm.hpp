@@ -90,9 +90,10 @@ inline void transpose_16x16(__m512 r[16]) {
 // into out[p * width + l], zero past the last line: the transposition that turns the rows
 // of a row-major A, or the columns of a transposed B, into a panel. With AVX-512 and float,
 // 16 x 16 blocks are transposed in registers; otherwise it goes through a small buffer a
-// vector at a time, which is about twice as fast as element by element.
-template <class T, std::size_t width>
-void pack_lines(const T* src, std::ptrdiff_t line_stride, std::size_t lines, std::size_t depth, T* out) {
+// vector at a time, which is about twice as fast as element by element. Values of bf16 are
+// widened as they are loaded.
+template <class T, std::size_t width, class U>
+void pack_lines(const U* src, std::ptrdiff_t line_stride, std::size_t lines, std::size_t depth, T* out) {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float> && simd<T>::size == 16) {
         std::size_t p = 0;
@@ -101,7 +102,8 @@ void pack_lines(const T* src, std::ptrdiff_t line_stride, std::size_t lines, std
                 __m512 r[16];
                 for (std::size_t i = 0; i < 16; ++i) {
                     std::size_t l = first + i;
-                    r[i] = l < lines ? _mm512_loadu_ps(src + static_cast<std::ptrdiff_t>(l) * line_stride + static_cast<std::ptrdiff_t>(p))
+                    r[i] = l < lines ? __m512(load_widened<float>(src + static_cast<std::ptrdiff_t>(l) * line_stride +
+                                                                  static_cast<std::ptrdiff_t>(p)))
                                      : _mm512_setzero_ps();
                 }
                 transpose_16x16(r);
@@ -111,7 +113,7 @@ void pack_lines(const T* src, std::ptrdiff_t line_stride, std::size_t lines, std
         }
         for (; p < depth; ++p) {
             for (std::size_t l = 0; l < width; ++l) {
-                out[p * width + l] = l < lines ? src[static_cast<std::ptrdiff_t>(l) * line_stride + static_cast<std::ptrdiff_t>(p)] : T(0);
+                out[p * width + l] = l < lines ? static_cast<T>(src[static_cast<std::ptrdiff_t>(l) * line_stride + static_cast<std::ptrdiff_t>(p)]) : T(0);
             }
         }
         return;
@@ -123,7 +125,7 @@ void pack_lines(const T* src, std::ptrdiff_t line_stride, std::size_t lines, std
     std::size_t p = 0;
     for (; p + step <= depth; p += step) {
         for (std::size_t l = 0; l < lines; ++l) {
-            batch::load_unaligned(src + static_cast<std::ptrdiff_t>(l) * line_stride + static_cast<std::ptrdiff_t>(p))
+            load_widened<T>(src + static_cast<std::ptrdiff_t>(l) * line_stride + static_cast<std::ptrdiff_t>(p))
                 .store_aligned(block + l * step);
         }
         for (std::size_t l = lines; l < width; ++l) batch(T(0)).store_aligned(block + l * step);
@@ -133,28 +135,25 @@ void pack_lines(const T* src, std::ptrdiff_t line_stride, std::size_t lines, std
     }
     for (; p < depth; ++p) {
         for (std::size_t l = 0; l < width; ++l) {
-            out[p * width + l] = l < lines ? src[static_cast<std::ptrdiff_t>(l) * line_stride + static_cast<std::ptrdiff_t>(p)] : T(0);
+            out[p * width + l] = l < lines ? static_cast<T>(src[static_cast<std::ptrdiff_t>(l) * line_stride + static_cast<std::ptrdiff_t>(p)]) : T(0);
         }
     }
 }
 
 // Packs one panel of `width` lines along the first axis of m (depths [0, depth) along the
-// second), depth by depth: out[p * width + l] = m(l, p), zero past `lines`. Values of another
-// type U (a bf16 weight packed once into float panels) are widened as they go, value by value.
-template <class T, std::size_t width, class U = T>
+// second), depth by depth: out[p * width + l] = m(l, p), zero past `lines`. Values of bf16
+// (an operand stored so, or a weight packed once into float panels) are widened as they go.
+template <class T, std::size_t width, class U>
 void pack_panel(const U* src, std::ptrdiff_t line_stride, std::ptrdiff_t depth_stride, std::size_t lines,
                 std::size_t depth, T* out) {
-    if constexpr (std::is_same_v<T, U>) {
-        if (depth_stride == 1) return pack_lines<T, width>(src, line_stride, lines, depth, out);
-        if (line_stride == 1 && lines == width && width % simd<T>::size == 0) {  // laid out as the panel wants
-            using batch = simd<T>;
-            for (std::size_t p = 0; p < depth; ++p) {
-                const T* from = src + static_cast<std::ptrdiff_t>(p) * depth_stride;
+    if (depth_stride == 1) return pack_lines<T, width>(src, line_stride, lines, depth, out);
+    if (line_stride == 1 && lines == width && width % simd<T>::size == 0) {  // laid out as the panel wants
+        for (std::size_t p = 0; p < depth; ++p) {
+            const U* from = src + static_cast<std::ptrdiff_t>(p) * depth_stride;
 #pragma GCC unroll 4
-                for (std::size_t l = 0; l < width; l += batch::size) batch::load_unaligned(from + l).store_aligned(out + p * width + l);
-            }
-            return;
+            for (std::size_t l = 0; l < width; l += simd<T>::size) load_widened<T>(from + l).store_aligned(out + p * width + l);
         }
+        return;
     }
     for (std::size_t p = 0; p < depth; ++p) {
         const U* at = src + static_cast<std::ptrdiff_t>(p) * depth_stride;
@@ -164,9 +163,9 @@ void pack_panel(const U* src, std::ptrdiff_t line_stride, std::ptrdiff_t depth_s
     }
 }
 
-// Packs rows [0, rows) and depths [0, depth) of a into panels of mr rows.
-template <class T>
-void pack_a(const matrix<const T>& a, std::size_t rows, std::size_t depth, T* out) {
+// Packs rows [0, rows) and depths [0, depth) of a (of T or bf16) into panels of mr rows.
+template <class T, class U>
+void pack_a(const matrix<const U>& a, std::size_t rows, std::size_t depth, T* out) {
     constexpr std::size_t mr = gemm_tiling<T>::mr;
     for (std::size_t panel = 0; panel < rows; panel += mr) {
         pack_panel<T, mr>(a.data + static_cast<std::ptrdiff_t>(panel) * a.row_stride, a.row_stride, a.col_stride,
@@ -175,9 +174,9 @@ void pack_a(const matrix<const T>& a, std::size_t rows, std::size_t depth, T* ou
     }
 }
 
-// Packs one panel of nr columns of b (depths [0, depth)).
-template <class T>
-void pack_b_panel(const matrix<const T>& b, std::size_t cols, std::size_t depth, T* out) {
+// Packs one panel of nr columns of b (of T or bf16; depths [0, depth)).
+template <class T, class U>
+void pack_b_panel(const matrix<const U>& b, std::size_t cols, std::size_t depth, T* out) {
     pack_panel<T, gemm_tiling<T>::nr>(b.data, b.col_stride, b.row_stride, cols, depth, out);
 }
 
@@ -293,6 +292,26 @@ Matrix sub(Matrix m, std::size_t row, std::size_t col) {
     return m;
 }
 
+// An operand as the kernels read it: a matrix of T, or of bf16 at the same extents and strides
+// (gemm_problem's a_bf16, b_bf16), m.data then null.
+template <class T>
+struct source {
+    matrix<const T> m;
+    const bf16* narrow = nullptr;
+
+    // read(the operand as a matrix of its own element type, T or bf16)
+    template <class F>
+    void visit(F&& read) const {
+        if (narrow) read(matrix<const bf16>{narrow, m.rows, m.cols, m.row_stride, m.col_stride});
+        else read(m);
+    }
+    // Moved to another item, `offset` elements on.
+    void advance(std::ptrdiff_t offset) {
+        if (narrow) narrow += offset;
+        else if (m.data) m.data += offset;  // (null when B is packed once: no offset then)
+    }
+};
+
 // The calling thread's share of one product: rows [row_first, row_last), with the column
 // panels [col_panel_first, col_panel_last) of each B block. It is thread `member` of `team`
 // threads that pack B together into the shared `packed_b` (every member must call
@@ -321,7 +340,7 @@ std::size_t packed_block_offset(std::size_t k, std::size_t jc, std::size_t pc, s
 // were reserved before the team's work began (gemm's prepare): nothing here allocates or
 // throws, so every member reaches every barrier.
 template <class T>
-void product_share(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, const share<T>& part,
+void product_share(const source<T>& a, const source<T>& b, const matrix<T>& c, const share<T>& part,
                    const gemm_epilogue& epilogue) {
     const std::size_t item = part.item, row_first = part.row_first, row_last = part.row_last;
     const std::size_t col_panel_first = part.col_panel_first, col_panel_last = part.col_panel_last;
@@ -329,7 +348,7 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
     const bool direct_a = part.direct_a, direct_b = part.direct_b;
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
-    std::size_t n = c.cols, k = a.cols;
+    std::size_t n = c.cols, k = a.m.cols;
     T* packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
     for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
         std::size_t block_cols = std::min(tiling::nc, n - jc);
@@ -344,7 +363,9 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
             for (std::size_t panel = first_panel; !part.packed_once && panel < last_panel; panel += static_cast<std::size_t>(team)) {
                 std::size_t col = panel * nr;
                 if (direct_b && col + nr <= block_cols) continue;
-                pack_b_panel<T>(sub(b, pc, jc + col), std::min(nr, block_cols - col), depth, part.packed_b + col * depth);
+                b.visit([&](const auto& m) {
+                    pack_b_panel<T>(sub(m, pc, jc + col), std::min(nr, block_cols - col), depth, part.packed_b + col * depth);
+                });
             }
             if (team > 1) {
 #pragma omp barrier
@@ -357,15 +378,18 @@ void product_share(const matrix<const T>& a, const matrix<const T>& b, const mat
                     std::size_t rows = std::min(tiling::mc, row_last - ic);
                     std::size_t packed_from = direct_a ? rows / tiling::mr * tiling::mr : 0;
                     if (packed_from < rows) {
-                        pack_a<T>(sub(a, ic + packed_from, pc), rows - packed_from, depth, packed_a + packed_from * depth);
+                        a.visit([&](const auto& m) {
+                            pack_a<T>(sub(m, ic + packed_from, pc), rows - packed_from, depth, packed_a + packed_from * depth);
+                        });
                     }
-                    const T* a_in_place = direct_a ? sub(a, ic, pc).data : nullptr;
-                    const T* b_in_place = direct_b ? sub(b, pc, jc + first).data : nullptr;
+                    // (an operand of bf16 is never read in place: gemm sets neither then)
+                    const T* a_in_place = direct_a ? sub(a.m, ic, pc).data : nullptr;
+                    const T* b_in_place = direct_b ? sub(b.m, pc, jc + first).data : nullptr;
                     matrix<T> c_block = sub(c, ic, jc + first);  // (rows, last - first)
                     c_block.rows = rows;
                     c_block.cols = last - first;
-                    macro_kernel<T>({.a = {.packed = packed_a, .direct = a_in_place, .ld = a.row_stride},
-                                     .b = {.packed = packed_b + first * depth, .direct = b_in_place, .ld = b.row_stride},
+                    macro_kernel<T>({.a = {.packed = packed_a, .direct = a_in_place, .ld = a.m.row_stride},
+                                     .b = {.packed = packed_b + first * depth, .direct = b_in_place, .ld = b.m.row_stride},
                                      .depth = depth,
                                      .c = c_block,
                                      .accumulate = pc != 0});
@@ -392,10 +416,11 @@ void zero_product(const matrix<T>& c, std::size_t item, const gemm_epilogue& epi
 // token decoding: m = 1) and a row-major B and C. B is streamed once, a few of its rows at a
 // time, each row's columns in order: the product is as fast as memory gives B. (The general
 // kernel would compute mr rows of which m are real, and walk B panel by panel, each panel a
-// line from a new page per row of B.) C's rows stay in cache between passes.
+// line from a new page per row of B.) C's rows stay in cache between passes. B of bf16 is
+// widened as it is loaded.
 inline constexpr std::size_t few_rows = 4;
-template <class T, std::size_t M>
-void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const matrix<T>& c, std::size_t depth,
+template <class T, std::size_t M, class U>
+void few_rows_product(const matrix<const T>& a, const matrix<const U>& b, const matrix<T>& c, std::size_t depth,
                       std::size_t first, std::size_t last) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size, step = 4;  // rows of B per pass over C
@@ -406,7 +431,7 @@ void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const 
     for (std::size_t r = 0; r < M; ++r) c_row[r] = c.data + static_cast<std::ptrdiff_t>(r) * c.row_stride;
     for (std::size_t p = 0; p < depth; p += step) {
         const std::size_t rows = std::min(step, depth - p);  // the last pass may have fewer
-        const T* b_row[step] = {};
+        const U* b_row[step] = {};
         batch coefficient[M][step];
         for (std::size_t q = 0; q < rows; ++q) {
             b_row[q] = b.data + static_cast<std::ptrdiff_t>(p + q) * b.row_stride;
@@ -416,8 +441,8 @@ void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const 
         std::size_t j = first;
         if (rows == step) {
             for (; j + width <= last; j += width) {
-                const batch b0 = batch::load_unaligned(b_row[0] + j), b1 = batch::load_unaligned(b_row[1] + j);
-                const batch b2 = batch::load_unaligned(b_row[2] + j), b3 = batch::load_unaligned(b_row[3] + j);
+                const batch b0 = load_widened<T>(b_row[0] + j), b1 = load_widened<T>(b_row[1] + j);
+                const batch b2 = load_widened<T>(b_row[2] + j), b3 = load_widened<T>(b_row[3] + j);
                 for (std::size_t r = 0; r < M; ++r) {
                     batch sum = start ? batch(T(0)) : batch::load_unaligned(c_row[r] + j);
                     sum = xsimd::fma(coefficient[r][0], b0, sum);
@@ -431,7 +456,7 @@ void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const 
             for (; j + width <= last; j += width) {
                 for (std::size_t r = 0; r < M; ++r) {
                     batch sum = start ? batch(T(0)) : batch::load_unaligned(c_row[r] + j);
-                    for (std::size_t q = 0; q < rows; ++q) sum = xsimd::fma(coefficient[r][q], batch::load_unaligned(b_row[q] + j), sum);
+                    for (std::size_t q = 0; q < rows; ++q) sum = xsimd::fma(coefficient[r][q], load_widened<T>(b_row[q] + j), sum);
                     sum.store_unaligned(c_row[r] + j);
                 }
             }
@@ -439,7 +464,7 @@ void few_rows_product(const matrix<const T>& a, const matrix<const T>& b, const 
         for (; j < last; ++j) {
             for (std::size_t r = 0; r < M; ++r) {
                 T sum = start ? T(0) : c_row[r][j];
-                for (std::size_t q = 0; q < rows; ++q) sum += a_at(r, p + q) * b_row[q][j];
+                for (std::size_t q = 0; q < rows; ++q) sum += a_at(r, p + q) * static_cast<T>(b_row[q][j]);
                 c_row[r][j] = sum;
             }
         }
@@ -504,7 +529,7 @@ void few_rows_product(const matrix<const T>& a, const packed_operand<T>& b, cons
     }
 }
 
-// A few rows times B, read in place (row-major) or packed once.
+// A few rows times B, read in place (row-major, of T or bf16) or packed once.
 template <class T, class B>
 void few_rows_product(const matrix<const T>& a, const B& b, const matrix<T>& c, std::size_t first, std::size_t last) {
     auto rows = [&]<std::size_t M>(std::integral_constant<std::size_t, M>) {
@@ -521,7 +546,7 @@ void few_rows_product(const matrix<const T>& a, const B& b, const matrix<T>& c, 
 
 template <class T>
 struct item_operands {
-    matrix<const T> a, b;
+    source<T> a, b;
     matrix<T> c;
 };
 // B packed once must be of this product's extents, for this tiling, and the same for every
@@ -540,11 +565,25 @@ void check_packed(const packed_operand<T>& once, const gemm_problem<T>& problem)
 template <class T>
 item_operands<T> item_of(const gemm_problem<T>& p, std::size_t item) {
     const auto at = p.batch.offsets(item);  // a, b, c
-    item_operands<T> r{p.a, p.b, p.c};
-    r.a.data += at[0];
-    r.b.data += at[1];
+    item_operands<T> r{{p.a, p.a_bf16}, {p.b, p.b_bf16}, p.c};
+    r.a.advance(at[0]);
+    r.b.advance(at[1]);
     r.c.data += at[2];
     return r;
+}
+
+// The few rows of an A of bf16 widened, row-major, into `rows` (few_rows x k elements): the
+// few-rows kernels read A value by value, so once widened is cheapest.
+template <class T>
+matrix<const T> widened_rows(const source<T>& a, T* rows) {
+    const std::size_t m = a.m.rows, k = a.m.cols;
+    for (std::size_t i = 0; i < m; ++i) {
+        for (std::size_t p = 0; p < k; ++p) {
+            rows[i * k + p] = static_cast<T>(a.narrow[static_cast<std::ptrdiff_t>(i) * a.m.row_stride +
+                                                      static_cast<std::ptrdiff_t>(p) * a.m.col_stride]);
+        }
+    }
+    return {rows, m, k, static_cast<std::ptrdiff_t>(k), 1};
 }
 
 }  // namespace detail
@@ -595,11 +634,11 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     // elements serves only m rows, so packing it is a large share of the work (128 x 768 x 768:
     // 6% faster). With more rows, or with B shared by threads, packing measured faster.
     constexpr std::size_t direct_b_rows = tiling::mc;
-    const bool direct_b = !once && problem.b.col_stride == 1 && m <= direct_b_rows;
+    const bool direct_b = !once && !problem.b_bf16 && problem.b.col_stride == 1 && m <= direct_b_rows;
     // Likewise a row-major A multiplying few columns (attention's products of 64 or 128):
     // each A panel serves only n / nr micro-kernels, too few to pay for its packing.
     constexpr std::size_t direct_a_columns = 8 * nr;
-    const bool direct_a = problem.a.col_stride == 1 && n <= direct_a_columns;
+    const bool direct_a = !problem.a_bf16 && problem.a.col_stride == 1 && n <= direct_a_columns;
 
     // What a thread needs before it writes anything (threads.hpp): its packing buffers and the
     // epilogue's scratch. A failed allocation then leaves C untouched.
@@ -613,18 +652,23 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     };
 
     // A few rows times a row-major B or B packed once (decoding): B streamed once, its columns
-    // shared by the threads when it is large enough to pay for a team.
-    if (m <= detail::few_rows && k > 0 && (once || (problem.b.col_stride == 1 && problem.c.col_stride == 1))) {
+    // shared by the threads when it is large enough to pay for a team. A row-major B of bf16
+    // is streamed as it is even when it was packed once (into float panels): half the bytes
+    // (1 x 2304 x 768, k = 768: 2.1 times faster than its panels).
+    const bool rows_of_b = problem.b.col_stride == 1 && problem.c.col_stride == 1 && (!once || problem.b_bf16);
+    if (m <= detail::few_rows && k > 0 && (once || rows_of_b)) {
         constexpr std::size_t shared_b_bytes = std::size_t(1) << 20;
         const std::size_t blocks = (n + 2 * nr - 1) / (2 * nr);  // of 2 nr columns: whole cache lines per thread
         const int team = k * n * sizeof(T) >= shared_b_bytes ? int(std::min<std::size_t>(std::size_t(threads), blocks)) : 1;
+        T* const widened_a = problem.a_bf16 ? scratch<T>(scratch_use::widened, m * k) : nullptr;
         for (std::size_t item = 0; item < items; ++item) {
             const detail::item_operands<T> operands = detail::item_of(problem, item);
+            const matrix<const T> a = widened_a ? detail::widened_rows(operands.a, widened_a) : operands.a.m;
             split_range(team, blocks, [&] { epilogue.prepare(); }, [&](std::size_t first, std::size_t last) {
                 const std::size_t col_first = first * 2 * nr, col_last = std::min(n, last * 2 * nr);
                 if (col_first >= col_last) return;
-                if (once) detail::few_rows_product<T>(operands.a, *once, operands.c, col_first, col_last);
-                else detail::few_rows_product<T>(operands.a, operands.b, operands.c, col_first, col_last);
+                if (!rows_of_b) detail::few_rows_product<T>(a, *once, operands.c, col_first, col_last);
+                else operands.b.visit([&](const auto& b) { detail::few_rows_product<T>(a, b, operands.c, col_first, col_last); });
                 epilogue(item, 0, col_first, m, col_last - col_first);
             });
         }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "dimsum/core/bf16.hpp"
 #include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
 #include "dimsum/core/functors.hpp"
@@ -93,6 +94,13 @@ struct gemm_problem {
     // B packed once, the same for every item: read instead of b, which then gives only its
     // extents (its data may be null)
     const packed_operand<T>* packed_b = nullptr;
+    // A or B stored as bf16 (a bf16 tensor that the plan reads where it lies): its elements,
+    // at a's (b's) extents and strides, read instead of a.data (b.data, then null). The kernel
+    // widens them to T as it packs or loads them, never into a copy of the whole operand, and
+    // computes the same sums in the same order: C is that of the widened values, bit for bit.
+    // With packed_b, b_bf16 may hold the same values, for the products that stream them faster.
+    const bf16* a_bf16 = nullptr;
+    const bf16* b_bf16 = nullptr;
 };
 
 // Called for each region of C once its values are final: rows [row, row + rows) and columns

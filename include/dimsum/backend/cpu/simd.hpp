@@ -45,6 +45,32 @@ const char* instruction_set() {
     return simd_arch::name();
 }
 
+// simd<T>::size values from `from`, as T: loaded as they are, or widened from bf16 (the upper
+// half of a float's bits: widening is a shift, exact).
+template <class T, class U>
+simd<T> load_widened(const U* from) {
+    if constexpr (std::is_same_v<T, U>) {
+        return simd<T>::load_unaligned(from);
+    } else {
+        static_assert(std::is_same_v<U, bf16>, "dimsum: load_widened widens bf16");
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<T, float> && simd<T>::size == 16) {
+            const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from));
+            return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+        }
+#endif
+#if defined(__AVX2__)
+        if constexpr (std::is_same_v<T, float> && simd<T>::size == 8) {
+            const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from));
+            return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+        }
+#endif
+        alignas(64) T wide[simd<T>::size];
+        for (std::size_t i = 0; i < simd<T>::size; ++i) wide[i] = static_cast<T>(from[i]);
+        return simd<T>::load_aligned(wide);
+    }
+}
+
 // Outputs larger than this go around the caches (non-temporal stores): a normal store first
 // reads the line it writes, which costs a third of the bandwidth of a copy, and a result this
 // large would not stay in cache anyway.
