@@ -350,6 +350,44 @@ void bench_attention(bench& s) {
     }
 }
 
+// One decoding step's attention over a KV cache held in bf16 (the query in float, as a
+// projection computes it), next to the same cache in float: the kernel reads the bf16 cache
+// where it lies (no convert), and a step is a pass over the whole cache, so half the bytes is
+// the speed-up to expect. Both read the same values with the same sums: the results must be
+// the same bits.
+void bench_bf16_kv_cache(bench& s) {
+    using B = ds::axis<"batch">;
+    using Heads = ds::axis<"heads">;
+    using Seq = ds::axis<"seq">;
+    using Cached = ds::axis<"cached">;
+    using Head = ds::axis<"head">;
+    const std::size_t heads = 16, head = 64;
+    for (std::size_t cached : s.opt.small ? std::vector<std::size_t>{300} : std::vector<std::size_t>{4096, 16384}) {
+        const std::string name = "bf16_kv_decode_" + std::to_string(heads) + "x" + std::to_string(cached) + "x" + std::to_string(head);
+        if (!s.selected(name)) continue;
+        ds::tensor<float, B, Heads, Seq, Head> q(B{1}, Heads{heads}, Seq{1}, Head{head}), z(q.shape()), z16(q.shape());
+        ds::tensor<ds::bf16, B, Heads, Cached, Head> k16(B{1}, Heads{heads}, Cached{cached}, Head{head}), v16(k16.shape());
+        ds::fill_normal(q, 1);
+        ds::fill_normal(k16, 2);
+        ds::fill_normal(v16, 3);
+        const ds::tensor<float, B, Heads, Cached, Head> k = ds::cast<float>(k16), v = ds::cast<float>(v16);
+        for (int threads : s.opt.threads) {
+            fastest bf16_time, float_time;
+            for (int round = 0; round < rounds(s.opt); ++round) {
+                ds::set_num_threads(threads);
+                settle(s.opt);
+                bf16_time.keep(best_seconds(s.opt, [&] { ds::assign(z16, ds::nn::attention(q, ds::cast<float>(k16), ds::cast<float>(v16))); }), "");
+                settle(s.opt);
+                float_time.keep(best_seconds(s.opt, [&] { ds::assign(z, ds::nn::attention(q, k, v)); }), "");
+                const bool same = std::memcmp(z.data(), z16.data(), z.size() * sizeof(float)) == 0;
+                s.out.check(name + " (" + std::to_string(threads) + " threads): the same bits as in float", same ? 0.0 : 1.0, 0.0);
+            }
+            s.out.add({name, threads, 1.0 / bf16_time.seconds, "dimsum_float", 1.0 / float_time.seconds,
+                       "steps/s", "K, V cache in bf16 read where it lies, against the cache in float"});
+        }
+    }
+}
+
 // Memory against sequence length (causal, model 1024, 16 heads): it grows like seq, where
 // the scores alone would grow like seq^2.
 void bench_attention_memory(bench& s) {

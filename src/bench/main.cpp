@@ -80,6 +80,7 @@ int run(const options& opt) {
     bench_gather(s, elements / 768, 768);
     bench_attention(s);
     bench_attention_memory(s);
+    bench_bf16_kv_cache(s);
     bench_decoder(s);
     return out.failed ? 1 : 0;
 }

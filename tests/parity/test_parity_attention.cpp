@@ -174,6 +174,31 @@ TEST_CASE("K^T given as a tensor of its own: keys strided, for many queries and 
     }
 }
 
+// Q, K and V of bf16, read where they lie and widened as the kernel packs or loads them (this
+// file is also built for AVX2 and SSE2, whose widening loads differ), against the reference,
+// which reads the same bf16 values in double: float's tolerance, as for float inputs.
+TEST_CASE("Q, K and V of bf16 read where they lie, for many queries and for one") {
+    auto wide = [](const auto& x) { return ds::cast<float>(x); };
+    for (std::size_t queries : {1, 70}) {
+        for (std::size_t dv : {24, 32}) {
+            INFO("queries " << queries << ", dv " << dv);
+            ds::tensor<ds::bf16, Batch, Heads, Query, D> q(Batch{2}, Heads{2}, Query{queries}, D{20});
+            ds::tensor<ds::bf16, Batch, Heads, Key, D> k(Batch{2}, Heads{2}, Key{300}, D{20});
+            ds::tensor<ds::bf16, Batch, Heads, Key, DV> v(Batch{2}, Heads{2}, Key{300}, DV{dv});
+            ds::tensor<ds::bf16, Batch, Heads, DV, Key> vt(Batch{2}, Heads{2}, DV{dv}, Key{300});  // V^T: values strided
+            ds::fill_normal(q, 1);
+            ds::fill_normal(k, 2);
+            ds::fill_normal(v, 3);
+            ds::fill_normal(vt, 4);
+            parity::with_one_and_two_threads([&] {
+                auto scores = ds::matmul(wide(q), ds::transpose(wide(k))) * 0.2f;  // (batch, heads, query, key)
+                parity::require_parity(ds::matmul(ds::softmax<Key>(scores), wide(v)), 1e-4, 2e-6);
+                parity::require_parity(ds::matmul(ds::softmax<Key>(ds::nn::causal(scores)), ds::transpose(wide(vt))), 1e-4, 2e-6);
+            });
+        }
+    }
+}
+
 TEST_CASE("the kernel's count of visible keys is the causal mask's rule") {
     for (std::size_t queries : {1, 3, 8}) {
         for (std::size_t keys : {1, 3, 8}) {

@@ -295,6 +295,69 @@ TEST_CASE("fused attention over bf16 equals the float kernel rounded once, and t
     require_near(got, ds::eval(attention(q, k, v), ds::backend::reference::evaluator{}), 1.0, 1e-5);
 }
 
+// As the products above: the fused attention kernel reads Q, K and V of bf16 where they lie,
+// widened as it packs or loads them, so the result is the float kernel's on the widened
+// values, bit for bit. The extents reach its paths: one or two queries (dot products, no
+// packing), blocks of queries, several blocks per item (K packed once per item), keys split
+// between threads (one sequence decoding), V read in place by the float kernel (dv = 32) or
+// packed (dv = 12), K stored transposed, a causal mask, NaN and infinities in K and V.
+TEST_CASE("fused attention reads bf16 Q, K and V where they lie: the float kernel's result, bit for bit") {
+    using Batch = ds::axis<"batch">;
+    using Seq = ds::axis<"seq">;
+    using Key = ds::axis<"key">;
+    using Dim = ds::axis<"dim">;
+    using DimV = ds::axis<"dim_v">;
+    struct extents {
+        std::size_t batch, queries, keys, d, dv;
+    };
+    const extents cases[] = {{3, 1, 300, 16, 32}, {2, 2, 700, 20, 12}, {1, 1, 1500, 64, 64},
+                             {2, 45, 45, 16, 12},  {4, 200, 200, 32, 32}, {1, 130, 300, 24, 32}};
+    auto wide = [](const auto& x) { return ds::cast<float>(x); };
+    auto attention = [](const auto& q, const auto& kt, const auto& v, bool causal) {
+        auto scores = ds::matmul(q, kt) * 0.125f;  // (batch, seq, key)
+        return causal ? ds::eval(ds::matmul(ds::softmax<Key>(ds::nn::causal(scores)), v))
+                      : ds::eval(ds::matmul(ds::softmax<Key>(scores), v));
+    };
+    for (const int threads : {1, 2}) {
+        ds::set_num_threads(threads);
+        for (const auto [batch, queries, keys, d, dv] : cases) {
+            for (const bool causal : {false, true}) {
+                INFO(threads << " threads, batch " << batch << ", " << queries << " queries, " << keys << " keys, d " << d
+                              << ", dv " << dv << (causal ? ", causal" : ""));
+                auto q = random_bf16(31, Batch{batch}, Seq{queries}, Dim{d});
+                auto k = random_bf16(32, Batch{batch}, Key{keys}, Dim{d});
+                auto kt = random_bf16(33, Batch{batch}, Dim{d}, Key{keys});  // K stored transposed
+                auto v = random_bf16(34, Batch{batch}, Key{keys}, DimV{dv});
+                k(0, keys / 2, d - 1) = std::numeric_limits<bf16>::quiet_NaN();
+                v(batch - 1, keys - 1, dv / 2) = std::numeric_limits<bf16>::infinity();
+                const ds::tensor<float, Batch, Seq, Dim> qf = ds::cast<float>(q);
+                const ds::tensor<float, Batch, Key, Dim> kf = ds::cast<float>(k);
+                const ds::tensor<float, Batch, Dim, Key> ktf = ds::cast<float>(kt);
+                const ds::tensor<float, Batch, Key, DimV> vf = ds::cast<float>(v);
+                require_same_bits(attention(wide(q), ds::transpose(wide(k)), wide(v), causal),
+                                  attention(qf, ds::transpose(kf), vf, causal));
+                require_same_bits(attention(wide(q), wide(kt), wide(v), causal), attention(qf, ktf, vf, causal));
+            }
+        }
+    }
+    ds::set_num_threads(0);
+}
+
+TEST_CASE("the plan of attention over bf16 reads Q, K and V where they lie, with no convert") {
+    using Seq = ds::axis<"seq">;
+    using Key = ds::axis<"key">;
+    using Head = ds::axis<"head", 16>;
+    auto q = random_bf16(41, Seq{9}, Head{});
+    auto k = random_bf16(42, Key{9}, Head{});
+    auto v = random_bf16(43, Key{9}, Head{});
+    const std::string plan =
+        ds::backend::cpu::evaluator{}.explain(ds::matmul(ds::softmax<Key>(ds::matmul(q, ds::transpose(k)) * 0.25f), v));
+    INFO(plan);
+    CHECK(plan.find("attention") != std::string::npos);
+    CHECK(plan.find("convert") == std::string::npos);
+    CHECK(plan.find("[bf16 read where it lies]") != std::string::npos);
+}
+
 TEST_CASE("cast<bf16> inside a formula rounds there, cast<float> widens exactly") {
     ds::tensor<float, N> x(N{19});
     ds::fill_normal(x, 10);

@@ -215,13 +215,16 @@ private:
     void product(const entry& e) {
         const step& matmul = steps_[e.step];
         out_ << "matmul(";
-        for (std::size_t o = 0; o < 2; ++o) {
-            out_ << (o ? ", " : "");
-            as_stored_ = e.bf16_operands[o].has_value();
-            operand(matmul.operands[o]);
-            as_stored_ = false;
-        }
+        stored_operand(e, 0, matmul.operands[0]);
+        out_ << ", ";
+        stored_operand(e, 1, matmul.operands[1]);
         out_ << ')';
+    }
+    // Operand `slot` of entry e, step id; one read as bf16 where it lies, as the views of its tensor.
+    void stored_operand(const entry& e, std::size_t slot, std::size_t id) {
+        as_stored_ = e.bf16_operands[slot].has_value();
+        operand(id);
+        as_stored_ = false;
     }
 
     void attention(const entry& e) {
@@ -231,9 +234,9 @@ private:
         std::ostringstream inner;
         std::swap(inner, out_);
         out_ << "matmul(";
-        operand(scores.operands[0]);
+        stored_operand(e, 0, scores.operands[0]);
         out_ << ", ";
-        operand(scores.operands[1]);
+        stored_operand(e, 1, scores.operands[1]);
         out_ << ')';
         std::swap(inner, out_);
         if (m.score_function != m.scores) formula(m.score_function, m.scores, inner.str());
@@ -241,8 +244,9 @@ private:
         if (m.scale != 1 || m.divides) out_ << (m.divides ? " / " : " * ") << m.scale;
         if (m.causal) out_ << ", causal";
         out_ << ") x ";
-        operand(m.values);
+        stored_operand(e, 2, m.values);
         out_ << "  [fused: no (queries, keys) matrix" << (m.causal ? ", tiles above the diagonal skipped" : "") << ']';
+        if (e.bf16_operands[0] || e.bf16_operands[1] || e.bf16_operands[2]) out_ << "  [bf16 read where it lies]";
     }
 
     const std::vector<step>& steps_;

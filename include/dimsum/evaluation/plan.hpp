@@ -14,9 +14,9 @@
 //                                             indices, read by the formula around them;
 //   a tensor of bf16 or integers read by a formula
 //                                          -> a `convert` into a temporary of the formula's type;
-//   a tensor of bf16 (or a view of one), a product's operand
-//                                          -> read by the `gemm` where it lies, where the
-//                                             backend's products widen bf16 as they pack it;
+//   a tensor of bf16 (or a view of one), an operand of a product or of attention
+//                                          -> read by the `gemm` or `attention` where it lies,
+//                                             where the backend's kernels widen bf16 themselves;
 //   a matrix packed once (ds::prepack), a product's right operand
 //                                          -> read by the `gemm` from its packing, where the
 //                                             backend reads such packing (not even converted);
@@ -58,6 +58,11 @@ struct place {
 
 enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, gather };
 
+// The operands an entry reads as bf16 where they lie in their bindings, for kernels that widen
+// them themselves (planner_options::read_bf16): gemm's left and right, attention's Q, K^T and
+// V; an operand without a place here is read from its own place, plan::values, as usual.
+using stored_operands = std::array<std::optional<place>, 3>;
+
 struct entry {
     entry_kind kind;
     // gemm, attention: the matmul step; fused, copy: the root of the pass; the others: the step
@@ -66,10 +71,7 @@ struct entry {
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention: what the matcher found
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
-    // gemm: where the left and right operands lie in their bindings of bf16, for a kernel that
-    // reads them there and widens them itself (planner_options::read_bf16); an operand
-    // without one is read from its place, values[operand], as usual
-    std::array<std::optional<place>, 2> bf16_operands{};
+    stored_operands bf16_operands{};  // gemm, attention
 };
 
 struct plan {
@@ -99,8 +101,8 @@ struct planner_options {
     bool fuse_attention = true;  // attention as one entry (else matmul, softmax, matmul)
     bool fuse_epilogues = true;  // elementwise formulas of a product into its gemm
     bool read_packed = false;    // a product's right operand packed once is read from its packing
-    bool read_bf16 = false;      // a product's operand of bf16 (a tensor or a view of one) is read
-                                 // where it lies, with no convert: its kernel widens it as it packs
+    bool read_bf16 = false;      // an operand of bf16 (a tensor or a view of one) of a product or of
+                                 // attention is read where it lies, with no convert: its kernel widens it
 };
 
 // The layout of view step s (permute, select, slice, reshape) of a value laid out as `from`, if the
@@ -191,7 +193,7 @@ private:
     // How a gemm reads the operands of its product.
     struct product_operands {
         bool packed_right = false;
-        std::array<std::optional<place>, 2> bf16{};
+        stored_operands bf16{};
     };
     // Places the operands of product `id`, but those its gemm reads as they are, which need no
     // place nor a convert: a right operand from its packing (ds::prepack), and an operand of
@@ -208,7 +210,7 @@ private:
         }
         return how;
     }
-    // Where step `id` lies in its binding of bf16, if a product may read it there
+    // Where step `id` lies in its binding of bf16, if a kernel may read it there
     // (planner_options::read_bf16): a bf16 tensor, or views of one that a layout expresses.
     std::optional<place> stored_bf16(std::size_t id) const {
         if (!options_.read_bf16) return std::nullopt;
@@ -345,9 +347,12 @@ private:
     // The fused attention: Q, K^T, V and the inputs of the rest of the score function first.
     void attend(std::size_t id, const attention_match& match, const place& dst) {
         const step& scores = steps_[match.scores];
-        value(scores.operands[0]);
-        value(scores.operands[1]);
-        value(match.values);
+        const std::size_t inputs[3] = {scores.operands[0], scores.operands[1], match.values};  // Q, K^T, V
+        stored_operands stored{};
+        for (std::size_t o = 0; o < 3; ++o) {
+            stored[o] = stored_bf16(inputs[o]);
+            if (!stored[o]) value(inputs[o]);
+        }
         if (match.score_function != match.scores) {
             const std::size_t first_leaf = plan_.leaves.size();
             find_leaves(match.score_function);
@@ -357,6 +362,7 @@ private:
             plan_.leaves.resize(first_leaf);
         }
         add(entry_kind::attention, id, dst, no_step, match);
+        plan_.entries.back().bf16_operands = stored;
     }
 
     // Whether reshape step s will need its operand copied into row-major order, known before

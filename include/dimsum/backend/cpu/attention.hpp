@@ -77,9 +77,9 @@ struct partial_result {
 // row as a sum of value rows, with no packing.
 
 // scores[i * ld + j] = q_i . k_j for i < queries and j < cols; q's rows contiguous (d values,
-// `q_stride` apart), k's rows `k_row` apart with their values `k_col` apart.
-template <class T>
-void scores_by_rows(const T* q, std::size_t q_stride, std::size_t queries, const T* k, std::ptrdiff_t k_row,
+// `q_stride` apart), k's rows `k_row` apart with their values `k_col` apart, of T or bf16.
+template <class T, class U>
+void scores_by_rows(const T* q, std::size_t q_stride, std::size_t queries, const U* k, std::ptrdiff_t k_row,
                     std::ptrdiff_t k_col, std::size_t cols, std::size_t d, T* scores, std::size_t ld) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size, keys_at_once = 4;  // four independent sums hide the FMA latency
@@ -89,16 +89,16 @@ void scores_by_rows(const T* q, std::size_t q_stride, std::size_t queries, const
         T* row = scores + i * ld;
         for (std::size_t j = 0; j < cols; j += keys_at_once) {
             const std::size_t group = std::min(keys_at_once, cols - j);
-            const T* kj[keys_at_once];
+            const U* kj[keys_at_once];
             for (std::size_t g = 0; g < keys_at_once; ++g) kj[g] = k + static_cast<std::ptrdiff_t>(j + std::min(g, group - 1)) * k_row;
             batch sum[keys_at_once] = {batch(T(0)), batch(T(0)), batch(T(0)), batch(T(0))};
             for (std::size_t c = 0; c < vector_d; c += width) {
                 batch qc = batch::load_unaligned(qi + c);
-                for (std::size_t g = 0; g < keys_at_once; ++g) sum[g] = xsimd::fma(qc, batch::load_unaligned(kj[g] + c), sum[g]);
+                for (std::size_t g = 0; g < keys_at_once; ++g) sum[g] = xsimd::fma(qc, load_widened<T>(kj[g] + c), sum[g]);
             }
             for (std::size_t g = 0; g < group; ++g) {
                 T total = xsimd::hadd(sum[g]);
-                for (std::size_t c = vector_d; c < d; ++c) total += qi[c] * kj[g][static_cast<std::ptrdiff_t>(c) * k_col];
+                for (std::size_t c = vector_d; c < d; ++c) total += qi[c] * static_cast<T>(kj[g][static_cast<std::ptrdiff_t>(c) * k_col]);
                 row[j + g] = total;
             }
         }
@@ -106,9 +106,9 @@ void scores_by_rows(const T* q, std::size_t q_stride, std::size_t queries, const
 }
 
 // out[i * ld_out + c] += sum_j p[i * ld_p + j] v_j[c] for i < queries, c < dv; v's rows `v_row`
-// apart with their values `v_col` apart.
-template <class T>
-void values_by_rows(const T* p, std::size_t ld_p, std::size_t queries, const T* v, std::ptrdiff_t v_row,
+// apart with their values `v_col` apart, of T or bf16.
+template <class T, class U>
+void values_by_rows(const T* p, std::size_t ld_p, std::size_t queries, const U* v, std::ptrdiff_t v_row,
                     std::ptrdiff_t v_col, std::size_t cols, std::size_t dv, T* out, std::size_t ld_out) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size;
@@ -117,29 +117,46 @@ void values_by_rows(const T* p, std::size_t ld_p, std::size_t queries, const T* 
         T* o = out + i * ld_out;
         for (std::size_t j = 0; j < cols; ++j) {
             const T weight = p[i * ld_p + j];
-            const T* vj = v + static_cast<std::ptrdiff_t>(j) * v_row;
+            const U* vj = v + static_cast<std::ptrdiff_t>(j) * v_row;
             for (std::size_t c = 0; c < vector_dv; c += width) {
-                xsimd::fma(batch(weight), batch::load_unaligned(vj + c), batch::load_aligned(o + c)).store_aligned(o + c);
+                xsimd::fma(batch(weight), load_widened<T>(vj + c), batch::load_aligned(o + c)).store_aligned(o + c);
             }
-            for (std::size_t c = vector_dv; c < dv; ++c) o[c] += weight * vj[static_cast<std::ptrdiff_t>(c) * v_col];
+            for (std::size_t c = vector_dv; c < dv; ++c) o[c] += weight * static_cast<T>(vj[static_cast<std::ptrdiff_t>(c) * v_col]);
         }
     }
 }
 
-// K^T of batch item `item` in the micro-kernel's column panels: key j's d values at
-// out + (j / nr) * nr * d, as attend_block packs one block of keys.
+// Q, K and V of batch item `item`, of T or bf16 (gemm.hpp's source).
 template <class T>
-void pack_item_keys(const attention_problem<T>& p, std::size_t item, T* out) {
+struct item_inputs {
+    source<T> q, k, v;
+};
+template <class T>
+item_inputs<T> inputs_of(const attention_problem<T>& p, std::size_t item) {
+    const auto at = p.batch.offsets(item);
+    item_inputs<T> r{{p.q, p.q_bf16}, {p.k, p.k_bf16}, {p.v, p.v_bf16}};
+    r.q.advance(at[q_operand]);
+    r.k.advance(at[k_operand]);
+    r.v.advance(at[v_operand]);
+    return r;
+}
+
+// Keys [first, first + count) of k (keys, d) transposed, (d, count), into the micro-kernel's
+// column panels: key j's d values at out + (j / nr) * nr * d.
+template <class T>
+void pack_keys(const source<T>& k, std::size_t first, std::size_t count, T* out) {
     constexpr std::size_t nr = gemm_tiling<T>::nr;
-    const std::size_t d = p.k.cols, n = p.k.rows;
-    matrix<const T> kt = transposed(matrix<const T>{p.k.data + p.batch.offsets(item)[k_operand], n, d, p.k.row_stride, p.k.col_stride});
-    for (std::size_t j = 0; j < n; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, n - j), d, out + j * d);
+    const std::size_t d = k.m.cols;
+    k.visit([&](const auto& keys) {
+        auto kt = transposed(sub(keys, first, 0));  // (d, count)
+        for (std::size_t j = 0; j < count; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, count - j), d, out + j * d);
+    });
 }
 
 // One task: queries [first_query, first_query + queries) of batch item `item`, against keys
 // [first_key, last_key). Writes O to the problem's output, or, when `partial` is given, the
 // unnormalised result there. `item_keys`, if given, holds the item's K^T already packed in
-// column panels (pack_item_keys), shared by its blocks of queries.
+// column panels (pack_keys), shared by its blocks of queries.
 // The sizes of attend_block's tiles for a block of `queries` queries, each rounded to whole
 // cache lines (the row passes use aligned loads).
 struct block_tiles {
@@ -165,11 +182,9 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     const std::size_t d = p.q.cols, dv = p.v.cols, m = p.q.rows, n = p.k.rows;
     const std::size_t rows = round_up(queries, mr), dv_pad = round_up(dv, nr);
 
-    // this item's operands
+    // this item's operands: q (queries, d), k (keys, d), v (keys, dv)
     const auto at = p.batch.offsets(item);
-    matrix<const T> q = sub(matrix<const T>{p.q.data + at[q_operand], m, d, p.q.row_stride, p.q.col_stride}, first_query, 0);
-    const T* k = p.k.data + at[k_operand];  // (keys, d)
-    const T* v = p.v.data + at[v_operand];  // (keys, dv)
+    const item_inputs<T> in = inputs_of(p, item);
 
     // this thread's tiles, taken before the team's work began (attention's prepare)
     const block_tiles size = tiles_for(p, queries);
@@ -182,13 +197,15 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     T* row_sum = row_max + rows;      // (rows): l
     // Q: in panels for the micro-kernel, or, for few queries, as contiguous rows
     const bool by_rows = queries <= attention_tiling<T>::few_queries;
-    if (!by_rows) {
-        pack_a<T>(q, queries, d, packed_q);
-    } else {
+    in.q.visit([&](const auto& all) {
+        const auto q = sub(all, first_query, 0);
+        if (!by_rows) return pack_a<T>(q, queries, d, packed_q);
         for (std::size_t i = 0; i < queries; ++i) {
-            for (std::size_t c = 0; c < d; ++c) packed_q[i * d + c] = q.data[static_cast<std::ptrdiff_t>(i) * q.row_stride + static_cast<std::ptrdiff_t>(c) * q.col_stride];
+            for (std::size_t c = 0; c < d; ++c) {
+                packed_q[i * d + c] = static_cast<T>(q.data[static_cast<std::ptrdiff_t>(i) * q.row_stride + static_cast<std::ptrdiff_t>(c) * q.col_stride]);
+            }
         }
-    }
+    });
     if (p.scale != T(1)) scale_line(packed_q, rows * d, p.scale);  // (scale Q) K^T: once per query, not per score
     std::fill(out, out + rows * dv_pad, T(0));
     std::fill(row_max, row_max + rows, minus_infinity);
@@ -197,20 +214,18 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     // With a causal mask, no query of the block sees past what its last query sees.
     std::size_t end = last_key;
     if (p.causal) end = std::min(end, visible_keys(first_query + queries - 1, m, n));
-    const bool v_in_place = p.v.col_stride == 1 && dv % nr == 0;
+    const bool v_in_place = !p.v_bf16 && p.v.col_stride == 1 && dv % nr == 0;
 
     for (std::size_t key = first_key; key < end; key += block_keys) {
         const std::size_t cols = std::min(block_keys, end - key), cols_pad = round_up(cols, nr);
         // pass 1: S = Q K^T for this block of keys; K^T (d, cols) is K read across
-        const T* k_block = k + static_cast<std::ptrdiff_t>(key) * p.k.row_stride;
         if (by_rows) {
-            scores_by_rows(packed_q, d, queries, k_block, p.k.row_stride, p.k.col_stride, cols, d, scores, block_keys);
+            in.k.visit([&](const auto& k) {
+                scores_by_rows(packed_q, d, queries, sub(k, key, 0).data, k.row_stride, k.col_stride, cols, d, scores, block_keys);
+            });
         } else {
             const T* panels = item_keys ? item_keys + key * d : packed_k;
-            if (!item_keys) {
-                matrix<const T> kt = transposed(matrix<const T>{k_block, cols, d, p.k.row_stride, p.k.col_stride});
-                for (std::size_t j = 0; j < cols; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, cols - j), d, packed_k + j * d);
-            }
+            if (!item_keys) pack_keys(in.k, key, cols, packed_k);
             macro_kernel<T>({.a = {.packed = packed_q},
                              .b = {.packed = panels},
                              .depth = d,
@@ -244,18 +259,21 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
             if (rescale != T(1)) scale_line(out + i * dv_pad, dv_pad, rescale);
         }
 
-        // pass 3: O += P V_block, V read in place when its rows are whole panels
-        const T* v_block = v + static_cast<std::ptrdiff_t>(key) * p.v.row_stride;
+        // pass 3: O += P V_block, V read in place when its rows are whole panels (and of T)
         if (by_rows) {
-            values_by_rows(scores, block_keys, queries, v_block, p.v.row_stride, p.v.col_stride, cols, dv, out, dv_pad);
+            in.v.visit([&](const auto& v) {
+                values_by_rows(scores, block_keys, queries, sub(v, key, 0).data, v.row_stride, v.col_stride, cols, dv, out, dv_pad);
+            });
             continue;
         }
         if (!v_in_place) {
-            matrix<const T> vb{v_block, cols, dv, p.v.row_stride, p.v.col_stride};
-            for (std::size_t c = 0; c < dv; c += nr) pack_b_panel<T>(sub(vb, 0, c), std::min(nr, dv - c), cols, packed_v + c * cols);
+            in.v.visit([&](const auto& v) {
+                auto block = sub(v, key, 0);  // (cols, dv)
+                for (std::size_t c = 0; c < dv; c += nr) pack_b_panel<T>(sub(block, 0, c), std::min(nr, dv - c), cols, packed_v + c * cols);
+            });
         }
         macro_kernel<T>({.a = {.direct = scores, .ld = static_cast<std::ptrdiff_t>(block_keys)},
-                         .b = {.packed = packed_v, .direct = v_in_place ? v_block : nullptr, .ld = p.v.row_stride},
+                         .b = {.packed = packed_v, .direct = v_in_place ? sub(in.v.m, key, 0).data : nullptr, .ld = p.v.row_stride},
                          .depth = cols,
                          .c = matrix<T>{out, rows, dv_pad, static_cast<std::ptrdiff_t>(dv_pad), 1},
                          .accumulate = true});
@@ -357,7 +375,7 @@ void attention(const attention_problem<T>& p) {
     auto run_task = [&](std::size_t task) {
         if (whole_items) {
             T* keys = scratch<T>(scratch_use::attention_keys, keys_size);
-            detail::pack_item_keys(p, task, keys);
+            detail::pack_keys(detail::inputs_of(p, task).k, 0, n, keys);
             for (std::size_t block = query_blocks; block-- > 0;) {
                 std::size_t first_query = block * tiling::queries;
                 detail::attend_block<T>(p, task, first_query, std::min(tiling::queries, m - first_query), 0, n, nullptr, keys);

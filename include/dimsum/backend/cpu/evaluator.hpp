@@ -6,7 +6,7 @@
 //   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C,
 //                 its operands of bf16 read where they lie and widened as they are packed;
 //   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
-//                 a fused pass over each tile of scores;
+//                 a fused pass over each tile of scores, its inputs of bf16 read where they lie;
 //   fused, copy -> one fused elementwise pass (fused.hpp);
 //   rowwise    -> the line kernels (rowwise.hpp);
 //   indices    -> a loop (causal_mask, arange: small, read broadcast);
@@ -306,10 +306,10 @@ private:
         const evaluation::attention_match& match = e.attention;
         const step& scores = steps_[match.scores];
         const std::size_t r = dst.rank;
-        strided<const T> q = evaluation::broadcast_to_rank(value(scores.operands[0]), r);   // (..., queries, d)
-        strided<const T> kt = evaluation::broadcast_to_rank(value(scores.operands[1]), r);  // (..., d, keys)
-        strided<const T> v = evaluation::broadcast_to_rank(value(match.values), r);         // (..., keys, dv)
         attention_problem<T> problem;
+        strided<const T> q = evaluation::broadcast_to_rank(input(e, 0, scores.operands[0], problem.q_bf16), r);  // (..., queries, d)
+        strided<const T> kt = evaluation::broadcast_to_rank(input(e, 1, scores.operands[1], problem.k_bf16), r);  // (..., d, keys)
+        strided<const T> v = evaluation::broadcast_to_rank(input(e, 2, match.values, problem.v_bf16), r);  // (..., keys, dv)
         problem.q = last_two_axes(q);
         problem.k = transposed(last_two_axes(kt));
         problem.v = last_two_axes(v);
@@ -341,22 +341,23 @@ private:
         where.offset = 0;
         return evaluation::strided_at(static_cast<const T*>(nullptr), where);
     }
-    // Product operand `o` of entry e: its shape, and where the gemm reads it as bf16 (or null).
-    strided<const T> product_operand(const entry& e, std::size_t o, const packed_operand<T>* packed_b,
-                                     const bf16*& narrow) const {
-        const step& s = steps_[e.step];
+    // Step `id`, operand `slot` of entry e: its value, or, where the plan reads it as bf16
+    // (entry::bf16_operands), its shape, and `narrow` set to where it lies.
+    strided<const T> input(const entry& e, std::size_t slot, std::size_t id, const bf16*& narrow) const {
         narrow = nullptr;
-        if (o == 1 && packed_b) {  // its panels; and its own values, if bf16 (gemm.hpp: a few rows stream them)
-            const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
-            if (b.type == evaluation::element_type::bf16) narrow = static_cast<const bf16*>(b.data) + b.where.offset;
-            return extents_only(b.where);
-        }
-        const std::optional<evaluation::place>& stored = e.bf16_operands[o];
-        if (!stored) return value(s.operands[o]);
+        const std::optional<evaluation::place>& stored = e.bf16_operands[slot];
+        if (!stored) return value(id);
         const evaluation::binding& b = s_.bindings[stored->index];
         if (b.type != evaluation::element_type::bf16) throw std::logic_error("dimsum: a plan reads as bf16 what is not");
         narrow = static_cast<const bf16*>(b.data) + stored->where.offset;
         return extents_only(stored->where);
+    }
+    // The shape of product s's right operand, which gemm reads from its panels; `narrow` set to
+    // its own values if they are bf16 (gemm.hpp: a few rows stream them instead).
+    strided<const T> packed_input(const step& s, const bf16*& narrow) const {
+        const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
+        narrow = b.type == evaluation::element_type::bf16 ? static_cast<const bf16*>(b.data) + b.where.offset : nullptr;
+        return extents_only(b.where);
     }
 
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
@@ -364,8 +365,8 @@ private:
         const step& s = steps_[e.step];
         const packed_operand<T>* packed_b = e.packed_right ? packed_right(s) : nullptr;
         const bf16 *a_bf16 = nullptr, *b_bf16 = nullptr;
-        strided<const T> a = evaluation::broadcast_to_rank(product_operand(e, 0, packed_b, a_bf16), s.rank);
-        strided<const T> b = evaluation::broadcast_to_rank(product_operand(e, 1, packed_b, b_bf16), s.rank);
+        strided<const T> a = evaluation::broadcast_to_rank(input(e, 0, s.operands[0], a_bf16), s.rank);
+        strided<const T> b = evaluation::broadcast_to_rank(packed_b ? packed_input(s, b_bf16) : input(e, 1, s.operands[1], b_bf16), s.rank);
         strided<T> dst = destination;
         if (e.epilogue != no_step) {
             build_fused(e.epilogue, e.step, dst);

@@ -155,6 +155,11 @@ struct attention_problem {
     T scale = 1;
     bool causal = false;
     score_epilogue<T> scores;
+    // Q, K or V stored as bf16, read instead of its data (then null) as gemm_problem's a_bf16
+    // reads A: widened as packed or loaded, the same sums in the same order as the widened values'.
+    const bf16* q_bf16 = nullptr;
+    const bf16* k_bf16 = nullptr;
+    const bf16* v_bf16 = nullptr;
 };
 
 template <class T>
