@@ -1,8 +1,10 @@
 // dimsum_bench's attention cases: one multi-head attention layer forward (fused QKV
 // projection with biases, attention, output projection with bias) against PyTorch at its
 // best: the faster of torch.nn.MultiheadAttention and a hand-written version, of 1 and 2
-// threads (scripts/attention_torch.py, run by /usr/bin/python3). Then the memory the layer
-// and causal attention alone need, against sequence length.
+// threads (scripts/attention_torch.py, run by /usr/bin/python3). Each case also runs in bf16
+// (`bf16_attention_` rows: weights, input and KV cache in bf16, against the PyTorch module
+// moved to torch.bfloat16). Then the memory the layer and causal attention alone need,
+// against sequence length.
 
 #include <unistd.h>
 
@@ -37,14 +39,16 @@ struct attention_case {
     std::string name;
     std::size_t batch, seq, model, heads;
     enum class kind { plain, causal, decode } what = kind::plain;  // decode: one query, `seq` cached keys
+    bool bf16 = false;  // weights, input, output (and a decoding step's KV cache) in bf16
 
     std::size_t head() const { return model / heads; }
-    // "batch,seq,model,heads[,causal|decode]", as attention_torch.py and --attention-memory read it
+    // "batch,seq,model,heads[,causal|decode][,bf16]", as attention_torch.py and --attention-memory read it
     std::string spec() const {
         std::string s = std::to_string(batch) + "," + std::to_string(seq) + "," + std::to_string(model) + "," +
                         std::to_string(heads);
         if (what == kind::causal) s += ",causal";
         if (what == kind::decode) s += ",decode";
+        if (bf16) s += ",bf16";
         return s;
     }
     // The work that must be done: the projections, then Q K^T and P V, of which a causal
@@ -58,36 +62,41 @@ struct attention_case {
 
 std::optional<attention_case> parse_attention_case(const std::string& spec) {
     attention_case c;
-    char mode[16] = "";
-    int fields = std::sscanf(spec.c_str(), "%zu,%zu,%zu,%zu,%15s", &c.batch, &c.seq, &c.model, &c.heads, mode);
+    char rest[32] = "";
+    int fields = std::sscanf(spec.c_str(), "%zu,%zu,%zu,%zu,%31s", &c.batch, &c.seq, &c.model, &c.heads, rest);
     if (fields < 4 || c.heads == 0 || c.model % c.heads != 0) return std::nullopt;
-    std::string m = fields == 5 ? mode : "";
+    std::string m = fields == 5 ? rest : "";
+    if (m == "bf16" || m.ends_with(",bf16")) {
+        c.bf16 = true;
+        m = m.size() > 4 ? m.substr(0, m.size() - 5) : "";
+    }
     if (m == "causal") c.what = attention_case::kind::causal;
     else if (m == "decode") c.what = attention_case::kind::decode;
     else if (!m.empty()) return std::nullopt;
-    // the name: no commas (a CSV field), e.g. attention_causal_1x2048x1024x16
-    c.name = "attention_" + (m.empty() ? std::string() : m + "_") + std::to_string(c.batch) + "x" + std::to_string(c.seq) +
-             "x" + std::to_string(c.model) + "x" + std::to_string(c.heads);
+    // the name: no commas (a CSV field), e.g. attention_causal_1x2048x1024x16, bf16_attention_8x128x768x12
+    c.name = std::string(c.bf16 ? "bf16_" : "") + "attention_" + (m.empty() ? std::string() : m + "_") +
+             std::to_string(c.batch) + "x" + std::to_string(c.seq) + "x" + std::to_string(c.model) + "x" +
+             std::to_string(c.heads);
     return c;
 }
 
 // The layer of one case, at one of the two sizes the cases use (model and heads are static
-// extents: one instantiation each).
-template <std::size_t ModelExtent, std::size_t HeadsExtent>
+// extents: one instantiation each), in float or bf16 (T).
+template <std::size_t ModelExtent, std::size_t HeadsExtent, class T>
 struct attention_layer {
     using Model = ds::axis<"model", ModelExtent>;
     using Heads = ds::axis<"heads", HeadsExtent>;
     using Head = ds::axis<"head", ModelExtent / HeadsExtent>;
     using Seq = ds::axis<"seq">;
     using Cached = ds::axis<"cached">;
-    using layer_type = ds::nn::multi_head_attention<float, Model, Heads, Head>;
+    using layer_type = ds::nn::multi_head_attention<T, Model, Heads, Head>;
     using Inner = typename layer_type::Inner;
     using Part = ds::axis<"part", 3>;  // query, key, value: w_qkv's three blocks of columns
 
     attention_case c;
     layer_type layer;
-    ds::tensor<float, B, Seq, Model> x, y;                     // (batch, seq, model); decoding: seq = 1
-    ds::tensor<float, B, Heads, Cached, Head> k_cache, v_cache;  // decoding: the keys and values so far
+    ds::tensor<T, B, Seq, Model> x, y;                     // (batch, seq, model); decoding: seq = 1
+    ds::tensor<T, B, Heads, Cached, Head> k_cache, v_cache;  // decoding: the keys and values so far
     ds::nn::attention_options options;
 
     explicit attention_layer(const attention_case& which) : c(which) {
@@ -98,11 +107,11 @@ struct attention_layer {
         ds::fill_uniform(layer.b_qkv.emplace(), 12, -0.1, 0.1);
         ds::fill_uniform(layer.w_o, 13, -bound, bound);
         ds::fill_uniform(layer.b_o.emplace(), 14, -0.1, 0.1);
-        x = ds::tensor<float, B, Seq, Model>(B{c.batch}, Seq{decode ? 1 : c.seq});
+        x = ds::tensor<T, B, Seq, Model>(B{c.batch}, Seq{decode ? 1 : c.seq});
         y = x;
         ds::fill_normal(x, 15);
         if (decode) {
-            k_cache = ds::tensor<float, B, Heads, Cached, Head>(B{c.batch}, Heads{}, Cached{c.seq}, Head{});
+            k_cache = ds::tensor<T, B, Heads, Cached, Head>(B{c.batch}, Heads{}, Cached{c.seq}, Head{});
             v_cache = k_cache;
             ds::fill_normal(k_cache, 16);
             ds::fill_normal(v_cache, 17);
@@ -124,6 +133,7 @@ struct attention_layer {
                                     ds::matmul(ds::view<B, Seq, Inner>(ds::transpose<Heads, Seq>(z)), layer.w_o) + *layer.b_o);
     }
     void run() { run_on(ds::backend::cpu::evaluator{}); }
+    void poison_output() { y.fill(T(std::numeric_limits<float>::quiet_NaN())); }
 
     // The largest difference from the same layer evaluated step by step (no fusion),
     // relative to the output's largest value.
@@ -134,7 +144,7 @@ struct attention_layer {
         for (std::size_t i = 0; i < y.size(); ++i) {
             worst = std::max(worst, std::abs(double(fused.data()[i]) - double(y.data()[i])));
             scale = std::max(scale, std::abs(double(y.data()[i])));
-            if (std::isnan(fused.data()[i])) worst = std::numeric_limits<double>::quiet_NaN();
+            if (std::isnan(double(fused.data()[i]))) worst = std::numeric_limits<double>::quiet_NaN();
         }
         y = fused;
         return worst / scale;
@@ -144,15 +154,19 @@ struct attention_layer {
 // Calls f(layer) with the layer of case c.
 template <class F>
 void with_attention_layer(const attention_case& c, F&& f) {
-    if (c.model == 768 && c.heads == 12) {
-        attention_layer<768, 12> layer(c);
-        return f(layer);
-    }
-    if (c.model == 1024 && c.heads == 16) {
-        attention_layer<1024, 16> layer(c);
-        return f(layer);
-    }
-    throw std::runtime_error("attention case " + c.spec() + ": model and heads must be 768,12 or 1024,16");
+    auto of_type = [&]<class T>(T) {
+        if (c.model == 768 && c.heads == 12) {
+            attention_layer<768, 12, T> layer(c);
+            return f(layer);
+        }
+        if (c.model == 1024 && c.heads == 16) {
+            attention_layer<1024, 16, T> layer(c);
+            return f(layer);
+        }
+        throw std::runtime_error("attention case " + c.spec() + ": model and heads must be 768,12 or 1024,16");
+    };
+    if (c.bf16) return of_type(ds::bf16{});
+    return of_type(float{});
 }
 
 // The time of one call: after two calls to warm up, the mean over a batch of calls lasting
@@ -286,6 +300,7 @@ void bench_attention(bench& s) {
     };
     if (small) {
         add("2,24,768,12");
+        add("2,24,768,12,bf16");
         add("1,40,1024,16,causal");
         add("1,300,1024,16,decode");
     } else {
@@ -294,6 +309,9 @@ void bench_attention(bench& s) {
         add("1,2048,1024,16,causal");
         add("1,4096,1024,16,causal");
         add("1,4096,1024,16,decode");
+        for (const char* spec : {"8,128,768,12", "1,512,768,12", "1,2048,1024,16,causal", "1,4096,1024,16,causal", "1,4096,1024,16,decode"}) {
+            add(std::string(spec) + ",bf16");
+        }
     }
     if (cases.empty()) return;
 
@@ -303,9 +321,11 @@ void bench_attention(bench& s) {
     for (const attention_case& c : cases) {
         double mb = attention_memory_mb(s.opt, c);
         with_attention_layer(c, [&](auto& layer) {
-            layer.y.fill(std::numeric_limits<float>::quiet_NaN());
+            layer.poison_output();
             layer.run();
-            s.out.check(c.name + ": dimsum against its unfused formula", layer.error(), 1e-4);
+            // in bf16, the two may round the output (and the intermediates each formula
+            // stores) to neighbouring values: a few ulps of 2^-8 at the largest output
+            s.out.check(c.name + ": dimsum against its unfused formula", layer.error(), c.bf16 ? 3e-2 : 1e-4);
             // Turns, as for the GEMM: dimsum with each thread count, then PyTorch, and again;
             // each keeps its best. PyTorch's turn runs in fresh processes.
             std::vector<double> seconds(s.opt.threads.size(), std::numeric_limits<double>::infinity());
