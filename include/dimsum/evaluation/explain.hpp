@@ -9,8 +9,9 @@
 //   out            the destination.
 // An operand written `transpose(view(t0))` is t0 read through new strides: no copy. A formula
 // of bf16 computes in float (double on the reference backend), its tensors read through
-// `convert` entries (or by the products themselves, where the backend's widen bf16: marked
-// `[bf16 read where it lies]`), and its value is rounded into the bf16 destination at the end.
+// `convert` entries (or by the products and the fused attention themselves, where the
+// backend's widen bf16: marked `[bf16 read where it lies]`), and its value is rounded into
+// the bf16 destination at the end.
 
 #include <cstddef>
 #include <optional>
