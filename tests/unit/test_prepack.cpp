@@ -80,6 +80,18 @@ TEST_CASE("prepack: a bf16 matrix is packed into float panels and read without a
     CHECK(packed.bytes() < 70 * (45 + 32) * sizeof(float));
 }
 
+TEST_CASE("prepack: a formula of another type reads the values of a matrix packed once") {
+    // float panels of a bf16 w serve float formulas; one over double reads w's values
+    ds::tensor<ds::bf16, Rows, Inner> x(Rows{5}, Inner{16});
+    ds::tensor<ds::bf16, Inner, Cols> w(Inner{16}, Cols{8});
+    ds::fill_normal(x, 1);
+    ds::fill_normal(w, 2);
+    const auto packed = ds::prepack(w);
+    auto product = [&](const auto& right) { return ds::matmul(ds::cast<double>(x), ds::cast<double>(right)); };
+    CHECK(count(ds::backend::cpu::evaluator{}.explain(product(packed)), "packed once") == 0);
+    require_same_bits(ds::eval(product(packed)), ds::eval(product(w)));
+}
+
 TEST_CASE("prepack: a product written over the matrix it reads packed is evaluated before it writes") {
     using Square = ds::axis<"inner2">;
     ds::tensor<double, Inner, Square> w(Inner{9}, Square{9});

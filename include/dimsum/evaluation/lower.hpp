@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dimsum/core/element_type.hpp"
 #include "dimsum/core/functors.hpp"
 #include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
@@ -44,10 +45,13 @@ void describe(step& s, std::vector<binding>& bindings, const tensor_view<U, A...
     using V = std::remove_const_t<U>;
     lowering::add_binding<V>(s, bindings, to_strided(tensor_view<const V, A...>(v)));
 }
+// Its panels, of V's compute type, serve only a program of that type: a formula over double
+// that reads a bf16 weight packed once (into float panels) reads its values.
 template <class T, packed_leaf P>
 void describe(step& s, std::vector<binding>& bindings, const P& leaf) {
     using V = value_type_of<P>;
-    lowering::add_binding<V>(s, bindings, to_strided(leaf.values()), leaf.packed());
+    const void* panels = std::is_same_v<compute_type_t<V>, T> ? static_cast<const void*>(leaf.packed()) : nullptr;
+    lowering::add_binding<V>(s, bindings, to_strided(leaf.values()), panels);
 }
 template <class T, device_leaf D>
 void describe(step& s, std::vector<binding>& bindings, const D& leaf) {
