@@ -174,17 +174,17 @@ private:
         switch (e.kind) {
             case entry_kind::gemm:
                 if (e.epilogue == no_step) {
-                    product(e);
+                    product(e, e.step);
                 } else {
                     std::ostringstream inner;
                     std::swap(inner, out_);
-                    product(e);
+                    product(e, e.step);
                     std::swap(inner, out_);
                     formula(e.epilogue, e.step, inner.str());
                     out_ << "  [epilogue fused]";
                 }
                 if (e.packed_right) out_ << "  [right operand packed once]";
-                if (e.bf16_operands[0] || e.bf16_operands[1]) out_ << "  [bf16 read where it lies]";
+                stored_mark(e);
                 break;
             case entry_kind::attention: attention(e); break;
             case entry_kind::fused: formula(e.step); break;
@@ -212,9 +212,10 @@ private:
         return "axis " + std::to_string(axis);
     }
 
-    // A gemm's product; an operand it reads as bf16 is printed as the views of its tensor.
-    void product(const entry& e) {
-        const step& matmul = steps_[e.step];
+    // Product step `matmul` as entry e reads it (a gemm's own, or attention's scores); an
+    // operand read as bf16 is printed as the views of its tensor.
+    void product(const entry& e, std::size_t matmul_step) {
+        const step& matmul = steps_[matmul_step];
         out_ << "matmul(";
         stored_operand(e, 0, matmul.operands[0]);
         out_ << ", ";
@@ -227,18 +228,21 @@ private:
         operand(id);
         as_stored_ = false;
     }
+    void stored_mark(const entry& e) {
+        for (const std::optional<place>& stored : e.bf16_operands) {
+            if (stored) {
+                out_ << "  [bf16 read where it lies]";
+                return;
+            }
+        }
+    }
 
     void attention(const entry& e) {
         const attention_match& m = e.attention;
-        const step& scores = steps_[m.scores];
         out_ << "softmax(";
         std::ostringstream inner;
         std::swap(inner, out_);
-        out_ << "matmul(";
-        stored_operand(e, 0, scores.operands[0]);
-        out_ << ", ";
-        stored_operand(e, 1, scores.operands[1]);
-        out_ << ')';
+        product(e, m.scores);
         std::swap(inner, out_);
         if (m.score_function != m.scores) formula(m.score_function, m.scores, inner.str());
         else out_ << inner.str();
@@ -247,7 +251,7 @@ private:
         out_ << ") x ";
         stored_operand(e, 2, m.values);
         out_ << "  [fused: no (queries, keys) matrix" << (m.causal ? ", tiles above the diagonal skipped" : "") << ']';
-        if (e.bf16_operands[0] || e.bf16_operands[1] || e.bf16_operands[2]) out_ << "  [bf16 read where it lies]";
+        stored_mark(e);
     }
 
     const std::vector<step>& steps_;

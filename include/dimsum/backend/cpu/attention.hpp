@@ -198,13 +198,10 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     // Q: in panels for the micro-kernel, or, for few queries, as contiguous rows
     const bool by_rows = queries <= attention_tiling<T>::few_queries;
     in.q.visit([&](const auto& all) {
-        const auto q = sub(all, first_query, 0);
-        if (!by_rows) return pack_a<T>(q, queries, d, packed_q);
-        for (std::size_t i = 0; i < queries; ++i) {
-            for (std::size_t c = 0; c < d; ++c) {
-                packed_q[i * d + c] = static_cast<T>(q.data[static_cast<std::ptrdiff_t>(i) * q.row_stride + static_cast<std::ptrdiff_t>(c) * q.col_stride]);
-            }
-        }
+        auto q = sub(all, first_query, 0);
+        q.rows = queries;
+        if (by_rows) copy_rows<T>(q, packed_q);
+        else pack_a<T>(q, queries, d, packed_q);
     });
     if (p.scale != T(1)) scale_line(packed_q, rows * d, p.scale);  // (scale Q) K^T: once per query, not per score
     std::fill(out, out + rows * dv_pad, T(0));

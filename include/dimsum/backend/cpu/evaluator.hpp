@@ -341,6 +341,10 @@ private:
         where.offset = 0;
         return evaluation::strided_at(static_cast<const T*>(nullptr), where);
     }
+    // Where binding b's values seen through `where` start, as bf16.
+    static const bf16* bf16_at(const evaluation::binding& b, const evaluation::layout& where) {
+        return static_cast<const bf16*>(b.data) + where.offset;
+    }
     // Step `id`, operand `slot` of entry e: its value, or, where the plan reads it as bf16
     // (entry::bf16_operands), its shape, and `narrow` set to where it lies.
     strided<const T> input(const entry& e, std::size_t slot, std::size_t id, const bf16*& narrow) const {
@@ -349,14 +353,14 @@ private:
         if (!stored) return value(id);
         const evaluation::binding& b = s_.bindings[stored->index];
         if (b.type != evaluation::element_type::bf16) throw std::logic_error("dimsum: a plan reads as bf16 what is not");
-        narrow = static_cast<const bf16*>(b.data) + stored->where.offset;
+        narrow = bf16_at(b, stored->where);
         return extents_only(stored->where);
     }
     // The shape of product s's right operand, which gemm reads from its panels; `narrow` set to
     // its own values if they are bf16 (gemm.hpp: a few rows stream them instead).
     strided<const T> packed_input(const step& s, const bf16*& narrow) const {
         const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
-        narrow = b.type == evaluation::element_type::bf16 ? static_cast<const bf16*>(b.data) + b.where.offset : nullptr;
+        narrow = b.type == evaluation::element_type::bf16 ? bf16_at(b, b.where) : nullptr;
         return extents_only(b.where);
     }
 

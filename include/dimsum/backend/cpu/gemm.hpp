@@ -572,18 +572,17 @@ item_operands<T> item_of(const gemm_problem<T>& p, std::size_t item) {
     return r;
 }
 
-// The few rows of an A of bf16 widened, row-major, into `rows` (few_rows x k elements): the
-// few-rows kernels read A value by value, so once widened is cheapest.
-template <class T>
-matrix<const T> widened_rows(const source<T>& a, T* rows) {
-    const std::size_t m = a.m.rows, k = a.m.cols;
-    for (std::size_t i = 0; i < m; ++i) {
-        for (std::size_t p = 0; p < k; ++p) {
-            rows[i * k + p] = static_cast<T>(a.narrow[static_cast<std::ptrdiff_t>(i) * a.m.row_stride +
-                                                      static_cast<std::ptrdiff_t>(p) * a.m.col_stride]);
+// m (of T or bf16) as T into `out`, row-major (m.rows x m.cols elements): for kernels that
+// read a few rows value by value (gemm's few rows of a bf16 A, attention's few queries).
+template <class T, class U>
+matrix<const T> copy_rows(const matrix<const U>& m, T* out) {
+    for (std::size_t i = 0; i < m.rows; ++i) {
+        for (std::size_t p = 0; p < m.cols; ++p) {
+            out[i * m.cols + p] =
+                static_cast<T>(m.data[static_cast<std::ptrdiff_t>(i) * m.row_stride + static_cast<std::ptrdiff_t>(p) * m.col_stride]);
         }
     }
-    return {rows, m, k, static_cast<std::ptrdiff_t>(k), 1};
+    return {out, m.rows, m.cols, static_cast<std::ptrdiff_t>(m.cols), 1};
 }
 
 }  // namespace detail
@@ -660,10 +659,12 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
         constexpr std::size_t shared_b_bytes = std::size_t(1) << 20;
         const std::size_t blocks = (n + 2 * nr - 1) / (2 * nr);  // of 2 nr columns: whole cache lines per thread
         const int team = k * n * sizeof(T) >= shared_b_bytes ? int(std::min<std::size_t>(std::size_t(threads), blocks)) : 1;
+        // A of bf16: its few rows widened once (the kernels read A value by value)
         T* const widened_a = problem.a_bf16 ? scratch<T>(scratch_use::widened, m * k) : nullptr;
         for (std::size_t item = 0; item < items; ++item) {
             const detail::item_operands<T> operands = detail::item_of(problem, item);
-            const matrix<const T> a = widened_a ? detail::widened_rows(operands.a, widened_a) : operands.a.m;
+            matrix<const T> a = operands.a.m;
+            if (widened_a) operands.a.visit([&](const auto& stored) { a = detail::copy_rows<T>(stored, widened_a); });
             split_range(team, blocks, [&] { epilogue.prepare(); }, [&](std::size_t first, std::size_t last) {
                 const std::size_t col_first = first * 2 * nr, col_last = std::min(n, last * 2 * nr);
                 if (col_first >= col_last) return;
