@@ -4,6 +4,7 @@
 // First, so that a shape error's "In file included from" trail is as short as it can be.
 #include "dimsum/core/static_error.hpp"
 
+#include "dimsum/backend/cpu/bf16_paths.hpp"
 #include "dimsum/backend/cpu/prepack.hpp"
 #include "dimsum/backend/default.hpp"
 #include "dimsum/ops/cast.hpp"

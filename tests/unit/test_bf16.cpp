@@ -20,6 +20,11 @@ using test::require_same_bits;
 
 namespace {
 
+// This file's oracle for products is the float product of the widened values, bit for bit:
+// the widen path's promise (backend/cpu/bf16_paths.hpp). The amx path sums in another order;
+// test_bf16_gemm and bf16.instructions_on_this_cpu hold it to the reference backend instead.
+const ds::backend::cpu::scoped_bf16_path widen_products{ds::backend::cpu::bf16_path::widen};
+
 using Rows = ds::axis<"rows">;
 using Cols = ds::axis<"cols">;
 using Inner = ds::axis<"inner">;

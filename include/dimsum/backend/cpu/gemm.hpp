@@ -27,6 +27,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "dimsum/backend/cpu/bf16_gemm.hpp"
+#include "dimsum/backend/cpu/bf16_paths.hpp"
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
@@ -655,7 +657,32 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     // is streamed as it is even when it was packed once (into float panels): half the bytes
     // (1 x 2304 x 768, k = 768: 2.1 times faster than its panels).
     const bool rows_of_b = problem.b.col_stride == 1 && problem.c.col_stride == 1 && (!once || problem.b_bf16);
-    if (m <= detail::few_rows && k > 0 && (once || rows_of_b)) {
+    const bool few_rows_of_b = m <= detail::few_rows && k > 0 && (once || rows_of_b);
+    // Two bf16 operands on the bf16 dot-product instructions (bf16_gemm.hpp) where the path
+    // in use has them (bf16_paths.hpp), unless the product is a few rows streaming B: bound by
+    // memory, it would not be faster.
+    if constexpr (std::is_same_v<T, float>) {
+        if (problem.a_bf16 && problem.b_bf16) {
+            const bf16_path path = few_rows_of_b ? bf16_path::widen : current_bf16_path();
+            detail::products_on(path).fetch_add(1, std::memory_order_relaxed);
+            switch (path) {
+                case bf16_path::amx:
+#if defined(__x86_64__)
+                    return bf16_gemm<tile_kernel<amx_tiles>>(problem, epilogue);
+#else
+                    throw std::logic_error("dimsum: gemm: the amx path needs an x86-64 build");
+#endif
+                case bf16_path::avx512_bf16:
+#if defined(__AVX512F__)
+                    return bf16_gemm<pair_kernel<avx512_pairs>>(problem, epilogue);
+#else
+                    throw std::logic_error("dimsum: gemm: the avx512_bf16 path needs kernels compiled for AVX-512");
+#endif
+                case bf16_path::widen: break;
+            }
+        }
+    }
+    if (few_rows_of_b) {
         constexpr std::size_t shared_b_bytes = std::size_t(1) << 20;
         const std::size_t blocks = (n + 2 * nr - 1) / (2 * nr);  // of 2 nr columns: whole cache lines per thread
         const int team = k * n * sizeof(T) >= shared_b_bytes ? int(std::min<std::size_t>(std::size_t(threads), blocks)) : 1;

@@ -1,0 +1,407 @@
+#pragma once
+// Products of two bf16 operands on the CPU's bf16 dot-product instructions, which multiply
+// pairs of bf16 and add both products to a float sum:
+//   tile_kernel   Intel's AMX: tdpbf16ps, C (16 x 16 floats) += A (16 x 32) B (32 x 16)
+//   pair_kernel   AVX512-BF16 (AMD Zen 4 and 5, Intel since Cooper Lake): vdpbf16ps,
+//                 16 float sums each += one pair of A times one pair of a B column
+// gemm (gemm.hpp) comes here when both operands are stored as bf16 and the path in use
+// (bf16_paths.hpp) is one of these. The sums are float, in the instructions' order: not the
+// widen path's bits, within float's bound of the exact product.
+//
+// Each kernel takes its instructions as a template parameter: amx_tiles and avx512_pairs
+// below issue them; the tests give stand-ins that compute each instruction's definition in
+// plain C++, so that the packing, blocking, edges and epilogue here run on every CPU.
+//
+// Layouts (bf16 elements; dp is a block's depth rounded up to 32, and every row, column and
+// depth past the operand's is zero, so that the kernels need no edge cases but C's):
+//   A panel  (R rows, dp)               row r at r * dp (R: the kernel's rows)
+//   B panel  (2 halves, dp / 2, 16, 2)  half h holds columns [16 h, 16 h + 16) with their
+//            depths in pairs: element (pair q, column n, e) = B(2q + e, n). Both kernels read
+//            it: an AMX tile is 16 pairs of one half, a vdpbf16ps operand one pair.
+//
+// Blocking (not tuned: no machine with these instructions has run this code yet). A B panel
+// of kc depths (32 columns, 16 KiB) stays in L1 while every A panel of the block passes it;
+// the A block (mc x kc, 128 KiB) stays in L2.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "dimsum/backend/cpu/kernels.hpp"
+#include "dimsum/backend/cpu/simd.hpp"
+#include "dimsum/backend/cpu/threads.hpp"
+#include "dimsum/backend/cpu/workspace.hpp"
+
+DIMSUM_SIMD_CODE_BEGIN
+
+namespace dimsum::backend::cpu {
+
+struct bf16_blocking {
+    static constexpr std::size_t cols = 32;        // of a micro-tile of C, and of a B panel
+    static constexpr std::size_t depth_step = 32;  // depths are padded to this (an AMX tile of A)
+    static constexpr std::size_t kc = 256;
+    static constexpr std::size_t mc = 256;         // rounded down to the kernel's rows
+    static constexpr std::size_t nc = 512;
+};
+
+// ---- the instructions
+
+// The AMX tile unit's configuration (palette 1): eight tiles of 16 rows x 64 bytes.
+struct alignas(64) tile_config {
+    std::uint8_t palette = 1;
+    std::uint8_t start_row = 0;
+    std::uint8_t reserved[14] = {};
+    std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+static_assert(sizeof(tile_config) == 64);
+
+#if defined(__x86_64__)
+// The AMX instructions, on tiles named at compile time. Written as assembly rather than with
+// the compiler's intrinsics, which g++ and clang declare under different target requirements;
+// the bytes are the intrinsics' (compared with objdump, g++ 12 and clang 14).
+struct amx_tiles {
+    void configure() {
+        static const tile_config config{};
+        asm volatile("ldtilecfg %0" ::"m"(config));
+    }
+    void release() { asm volatile("tilerelease" ::); }
+    template <int t>
+    void zero() {
+        asm volatile("tilezero %%tmm%c0" ::"i"(t));
+    }
+    template <int t>
+    void load(const void* base, std::ptrdiff_t stride) {
+        asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(t) : "memory");
+    }
+    template <int t>
+    void store(void* base, std::ptrdiff_t stride) {
+        asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "i"(t) : "memory");
+    }
+    // tile c += tile a (16 rows x 16 pairs) times tile b (16 pairs x 16 columns)
+    template <int c, int a, int b>
+    void dot() {
+        asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(c), "i"(a), "i"(b));
+    }
+};
+#endif
+
+#if defined(__AVX512F__)
+// vdpbf16ps on 512-bit registers (assembly, as amx_tiles: the intrinsic needs a target the
+// kernels are not compiled for, and the CPU is asked at run time).
+struct avx512_pairs {
+    using sums = __m512;    // 16 floats
+    using pairs = __m512i;  // 16 pairs of bf16
+    static sums zero() { return _mm512_setzero_ps(); }
+    static sums load_sums(const float* from) { return _mm512_loadu_ps(from); }
+    static void store_sums(float* to, sums s) { _mm512_storeu_ps(to, s); }
+    static pairs load_pairs(const bf16* from) { return _mm512_loadu_si512(from); }
+    static pairs broadcast_pair(const bf16* from) {
+        std::int32_t pair;
+        std::memcpy(&pair, from, sizeof(pair));
+        return _mm512_set1_epi32(pair);
+    }
+    // s[n] += a[n].first * b[n].first + a[n].second * b[n].second
+    static sums dot(sums s, pairs a, pairs b) {
+        asm("vdpbf16ps %2, %1, %0" : "+v"(s) : "v"(a), "v"(b));
+        return s;
+    }
+};
+#endif
+
+// ---- the kernels: C micro-tile (its live part c, at most rows x 32) = or += A panel x B panel
+// over dp depths. A full micro-tile of a C with unit column stride is read and written in
+// place; any other goes through a buffer.
+
+namespace detail {
+
+// The buffer of an edge micro-tile (rows x 32) that adds to C: C's live part, zero elsewhere.
+inline void fill_edge(float* buffer, std::size_t rows, const matrix<float>& c) {
+    constexpr std::size_t cols = bf16_blocking::cols;
+    for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t n = 0; n < cols; ++n) {
+            const bool live = r < c.rows && n < c.cols;
+            buffer[r * cols + n] =
+                live ? c.data[static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(n) * c.col_stride] : 0.0f;
+        }
+    }
+}
+inline void write_edge(const float* buffer, const matrix<float>& c) {
+    for (std::size_t r = 0; r < c.rows; ++r) {
+        for (std::size_t n = 0; n < c.cols; ++n) {
+            c.data[static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(n) * c.col_stride] =
+                buffer[r * bf16_blocking::cols + n];
+        }
+    }
+}
+
+}  // namespace detail
+
+// 32 x 32 of C in four accumulator tiles (tmm0-3), fed by two A tiles (tmm4-5) and two B
+// tiles (tmm6-7) per 32 depths.
+template <class Tiles>
+struct tile_kernel {
+    static constexpr std::size_t rows = 32;
+    Tiles unit;
+
+    void configure() { unit.configure(); }
+    void release() { unit.release(); }
+    void block(const bf16* a, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
+        constexpr std::size_t half = 16;
+        alignas(64) float buffer[rows * bf16_blocking::cols];
+        const bool in_place = c.rows == rows && c.cols == bf16_blocking::cols && c.col_stride == 1;
+        if (!in_place && accumulate) detail::fill_edge(buffer, rows, c);
+        float* out = in_place ? c.data : buffer;
+        const std::ptrdiff_t ld = in_place ? c.row_stride : static_cast<std::ptrdiff_t>(bf16_blocking::cols);  // floats
+        const std::ptrdiff_t ld_bytes = ld * static_cast<std::ptrdiff_t>(sizeof(float));
+        float* const lower = out + static_cast<std::ptrdiff_t>(half) * ld;  // rows [16, 32)
+        if (accumulate) {
+            unit.template load<0>(out, ld_bytes);
+            unit.template load<1>(out + half, ld_bytes);
+            unit.template load<2>(lower, ld_bytes);
+            unit.template load<3>(lower + half, ld_bytes);
+        } else {
+            unit.template zero<0>();
+            unit.template zero<1>();
+            unit.template zero<2>();
+            unit.template zero<3>();
+        }
+        const std::ptrdiff_t a_ld_bytes = static_cast<std::ptrdiff_t>(dp * sizeof(bf16)), b_ld_bytes = 64;
+        const bf16* const b_right = b + dp * half;  // the second half: columns [16, 32)
+        for (std::size_t p = 0; p < dp; p += bf16_blocking::depth_step) {
+            unit.template load<4>(a + p, a_ld_bytes);
+            unit.template load<5>(a + half * dp + p, a_ld_bytes);
+            unit.template load<6>(b + p * half, b_ld_bytes);  // p / 2 pairs of 16 columns in
+            unit.template load<7>(b_right + p * half, b_ld_bytes);
+            unit.template dot<0, 4, 6>();
+            unit.template dot<1, 4, 7>();
+            unit.template dot<2, 5, 6>();
+            unit.template dot<3, 5, 7>();
+        }
+        unit.template store<0>(out, ld_bytes);
+        unit.template store<1>(out + half, ld_bytes);
+        unit.template store<2>(lower, ld_bytes);
+        unit.template store<3>(lower + half, ld_bytes);
+        if (!in_place) detail::write_edge(buffer, c);
+    }
+};
+
+// 12 x 32 of C in 24 registers of 16 sums; per pair of depths, two B registers (the panel's
+// halves) and one A pair broadcast per row: 27 of the 32 registers.
+template <class Pairs>
+struct pair_kernel {
+    static constexpr std::size_t rows = 12;
+
+    void configure() {}
+    void release() {}
+    void block(const bf16* a, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
+        constexpr std::size_t half = 16, cols = bf16_blocking::cols;
+        using sums = typename Pairs::sums;
+        alignas(64) float buffer[rows * cols];
+        const bool in_place = c.rows == rows && c.cols == cols && c.col_stride == 1;
+        if (!in_place && accumulate) detail::fill_edge(buffer, rows, c);
+        float* const out = in_place ? c.data : buffer;
+        const std::ptrdiff_t ld = in_place ? c.row_stride : static_cast<std::ptrdiff_t>(cols);
+        sums left[rows], right[rows];
+#pragma GCC unroll 12
+        for (std::size_t r = 0; r < rows; ++r) {
+            const float* row = out + static_cast<std::ptrdiff_t>(r) * ld;
+            left[r] = accumulate ? Pairs::load_sums(row) : Pairs::zero();
+            right[r] = accumulate ? Pairs::load_sums(row + half) : Pairs::zero();
+        }
+        const bf16* const b_right = b + dp * half;
+        for (std::size_t q = 0; q < dp / 2; ++q) {
+            const auto b0 = Pairs::load_pairs(b + q * 2 * half), b1 = Pairs::load_pairs(b_right + q * 2 * half);
+#pragma GCC unroll 12
+            for (std::size_t r = 0; r < rows; ++r) {
+                const auto ar = Pairs::broadcast_pair(a + r * dp + 2 * q);
+                left[r] = Pairs::dot(left[r], ar, b0);
+                right[r] = Pairs::dot(right[r], ar, b1);
+            }
+        }
+#pragma GCC unroll 12
+        for (std::size_t r = 0; r < rows; ++r) {
+            float* row = out + static_cast<std::ptrdiff_t>(r) * ld;
+            Pairs::store_sums(row, left[r]);
+            Pairs::store_sums(row + half, right[r]);
+        }
+        if (!in_place) detail::write_edge(buffer, c);
+    }
+};
+
+namespace detail {
+
+// Packs rows [0, rows) and depths [0, depth) of a into panels of R rows, dp depths each.
+template <std::size_t R>
+void pack_bf16_a(const matrix<const bf16>& a, std::size_t rows, std::size_t depth, std::size_t dp, bf16* out) {
+    for (std::size_t panel = 0; panel < rows; panel += R) {
+        for (std::size_t r = 0; r < R; ++r, out += dp) {
+            std::size_t p = 0;
+            if (panel + r < rows) {
+                const bf16* row = a.data + static_cast<std::ptrdiff_t>(panel + r) * a.row_stride;
+                if (a.col_stride == 1) {
+                    std::copy(row, row + depth, out);
+                    p = depth;
+                } else {
+                    for (; p < depth; ++p) out[p] = row[static_cast<std::ptrdiff_t>(p) * a.col_stride];
+                }
+            }
+            std::fill(out + p, out + dp, bf16{});
+        }
+    }
+}
+
+// Packs columns [0, cols) and depths [0, depth) of b into panels of 32 columns, the depths
+// of each column in pairs (the layout at the top). Two layouts have a faster way for 16 full
+// columns and both depths of a pair: a row-major B interleaves two rows (AVX-512: widened to
+// 32 bits, the second shifted into the upper half), and a column-major B (a weight stored
+// (n, k), as nn.Linear's, read transposed) already holds each pair as one 32-bit word.
+inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size_t depth, std::size_t dp, bf16* out) {
+    constexpr std::size_t half = bf16_blocking::cols / 2;
+    for (std::size_t panel = 0; panel < cols; panel += bf16_blocking::cols) {
+        for (std::size_t h = 0; h < 2; ++h) {
+            const std::size_t first = panel + h * half, live = first < cols ? std::min(half, cols - first) : 0;
+            for (std::size_t q = 0; q < dp / 2; ++q, out += 2 * half) {
+                const bf16* even = b.data + static_cast<std::ptrdiff_t>(2 * q) * b.row_stride +
+                                   static_cast<std::ptrdiff_t>(first) * b.col_stride;  // B(2q, first)
+                const bool whole = live == half && 2 * q + 1 < depth;
+#if defined(__AVX512F__)
+                if (whole && b.col_stride == 1) {
+                    const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
+                    const __m512i high = _mm512_slli_epi32(
+                        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + b.row_stride))), 16);
+                    _mm512_storeu_si512(out, _mm512_or_si512(low, high));
+                    continue;
+                }
+#endif
+                if (whole && b.row_stride == 1) {
+                    for (std::size_t n = 0; n < half; ++n) std::memcpy(out + 2 * n, even + static_cast<std::ptrdiff_t>(n) * b.col_stride, 4);
+                    continue;
+                }
+                for (std::size_t e = 0; e < 2; ++e) {
+                    const std::size_t p = 2 * q + e, n_live = p < depth ? live : 0;
+                    const bf16* row = b.data + static_cast<std::ptrdiff_t>(p) * b.row_stride +
+                                      static_cast<std::ptrdiff_t>(first) * b.col_stride;
+                    for (std::size_t n = 0; n < n_live; ++n) out[2 * n + e] = row[static_cast<std::ptrdiff_t>(n) * b.col_stride];
+                    for (std::size_t n = n_live; n < half; ++n) out[2 * n + e] = bf16{};
+                }
+            }
+        }
+    }
+}
+
+template <class M>
+M part_of(M m, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) {
+    m.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
+    m.rows = rows;
+    m.cols = cols;
+    return m;
+}
+
+template <class Kernel>
+inline constexpr std::size_t bf16_mc = bf16_blocking::mc / Kernel::rows * Kernel::rows;
+
+// One task of bf16_gemm: rows [row_first, row_last) x columns [col_first, col_last) of C,
+// every depth. The depths outermost, so that a B block is packed once for all the task's rows;
+// C holds the partial sums in between, which the next depth block reads back. The epilogue
+// sees each mc-row region once its every depth is summed.
+template <class Kernel>
+void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const bf16>& b, const matrix<float>& c,
+               std::size_t item, std::size_t row_first, std::size_t row_last, std::size_t col_first, std::size_t col_last,
+               const gemm_epilogue& epilogue, bf16* packed_a, bf16* packed_b) {
+    constexpr std::size_t rows_per_tile = Kernel::rows, cols_per_tile = bf16_blocking::cols, mc = bf16_mc<Kernel>;
+    const std::size_t k = a.cols, cols = col_last - col_first;
+    for (std::size_t pc = 0; pc < k; pc += bf16_blocking::kc) {
+        const std::size_t depth = std::min(bf16_blocking::kc, k - pc);
+        const std::size_t dp = (depth + bf16_blocking::depth_step - 1) / bf16_blocking::depth_step * bf16_blocking::depth_step;
+        // pass 1: this block of B, in panels of 32 columns
+        pack_bf16_b(part_of(b, pc, col_first, depth, cols), cols, depth, dp, packed_b);
+        for (std::size_t ic = row_first; ic < row_last; ic += mc) {
+            const std::size_t rows = std::min(mc, row_last - ic);
+            // pass 2: this block of A, in panels of the kernel's rows
+            pack_bf16_a<rows_per_tile>(part_of(a, ic, pc, rows, depth), rows, depth, dp, packed_a);
+            // pass 3: micro-tile by micro-tile, each B panel against every A panel
+            for (std::size_t jr = 0; jr < cols; jr += cols_per_tile) {
+                for (std::size_t ir = 0; ir < rows; ir += rows_per_tile) {
+                    const matrix<float> tile = part_of(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir),
+                                                       std::min(cols_per_tile, cols - jr));
+                    kernel.block(packed_a + ir * dp, packed_b + jr * dp, dp, tile, pc != 0);
+                }
+            }
+            if (pc + depth == k) epilogue(item, ic, col_first, rows, cols);
+        }
+    }
+}
+
+}  // namespace detail
+
+// C = A B (gemm's problem with both operands of bf16, a_bf16 and b_bf16, at any strides; B's
+// panels packed once are not read), then the epilogue on each finished region. Each thread
+// takes whole tasks (an item's rows x columns), packs its own operands and configures its own
+// kernel (AMX: its own tiles).
+template <class Kernel>
+void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue) {
+    constexpr std::size_t tile_rows = Kernel::rows, tile_cols = bf16_blocking::cols;
+    const std::size_t m = problem.c.rows, n = problem.c.cols, k = problem.a.cols, items = problem.batch.count();
+    if (m == 0 || n == 0 || items == 0) return;
+    // Columns in blocks of at most nc, of about equal widths, each a whole number of
+    // micro-tiles; rows in as many groups as the threads need tasks.
+    const std::size_t col_blocks = (n + bf16_blocking::nc - 1) / bf16_blocking::nc;
+    const std::size_t block_cols = ((n + col_blocks - 1) / col_blocks + tile_cols - 1) / tile_cols * tile_cols;
+    const double flops = 2.0 * double(m) * double(n) * double(k) * double(items);
+    constexpr double shared_product_flops = 4e6;  // below this a team costs more than it gives (as gemm)
+    const int threads = flops < shared_product_flops ? 1 : num_threads();
+    const std::size_t row_tiles = (m + tile_rows - 1) / tile_rows;
+    const std::size_t wanted_groups = (std::size_t(threads) + items * col_blocks - 1) / (items * col_blocks);
+    const std::size_t row_groups = std::max<std::size_t>(1, std::min(wanted_groups, row_tiles));
+    const std::size_t tasks = items * col_blocks * row_groups;
+    const std::size_t dp = std::max<std::size_t>(
+        1, std::min(bf16_blocking::kc, (k + bf16_blocking::depth_step - 1) / bf16_blocking::depth_step * bf16_blocking::depth_step));
+    const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = block_cols * dp;
+    auto prepare = [&] {
+        scratch<bf16>(scratch_use::packed_a, packed_a_size);
+        scratch<bf16>(scratch_use::packed_b, packed_b_size);
+        epilogue.prepare();
+    };
+    split_range(int(std::min<std::size_t>(std::size_t(threads), tasks)), tasks, prepare, [&](std::size_t first, std::size_t last) {
+        bf16* const packed_a = scratch<bf16>(scratch_use::packed_a, packed_a_size);  // taken by prepare: no allocation
+        bf16* const packed_b = scratch<bf16>(scratch_use::packed_b, packed_b_size);
+        // configured for this thread's tasks, released however they end (an epilogue is a fused
+        // elementwise pass: it never multiplies, so never reconfigures the tiles under us)
+        struct configured_kernel {
+            Kernel kernel;
+            configured_kernel() { kernel.configure(); }
+            ~configured_kernel() { kernel.release(); }
+        } configured;
+        Kernel& kernel = configured.kernel;
+        for (std::size_t task = first; task < last; ++task) {
+            const std::size_t group = task % row_groups, block = task / row_groups % col_blocks;
+            const std::size_t item = task / row_groups / col_blocks;
+            const auto at = problem.batch.offsets(item);  // a, b, c
+            const matrix<const bf16> a{problem.a_bf16 + at[0], m, k, problem.a.row_stride, problem.a.col_stride};
+            const matrix<const bf16> b{problem.b_bf16 + at[1], k, n, problem.b.row_stride, problem.b.col_stride};
+            matrix<float> c = problem.c;
+            c.data += at[2];
+            const std::size_t row_first = std::min(m, row_tiles * group / row_groups * tile_rows);
+            const std::size_t row_last = std::min(m, row_tiles * (group + 1) / row_groups * tile_rows);
+            const std::size_t col_first = std::min(n, block * block_cols), col_last = std::min(n, col_first + block_cols);
+            if (row_first >= row_last || col_first >= col_last) continue;
+            if (k == 0) {  // every element an empty sum
+                for (std::size_t i = row_first; i < row_last; ++i) {
+                    for (std::size_t j = col_first; j < col_last; ++j) {
+                        c.data[static_cast<std::ptrdiff_t>(i) * c.row_stride + static_cast<std::ptrdiff_t>(j) * c.col_stride] = 0.0f;
+                    }
+                }
+                epilogue(item, row_first, col_first, row_last - row_first, col_last - col_first);
+                continue;
+            }
+            detail::bf16_task(kernel, a, b, c, item, row_first, row_last, col_first, col_last, epilogue, packed_a, packed_b);
+        }
+    });
+}
+
+}  // namespace dimsum::backend::cpu
+
+DIMSUM_SIMD_CODE_END

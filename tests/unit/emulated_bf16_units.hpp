@@ -1,0 +1,145 @@
+// Stand-ins for the bf16 dot-product instructions of backend/cpu/bf16_gemm.hpp (amx_tiles,
+// avx512_pairs): each instruction computed from its definition in Intel's manual, in plain
+// C++, so that bf16_gemm's packing, blocking, edges and epilogue are tested on any CPU. The
+// tiles also check how a kernel uses them: no tile instruction before configure() or after
+// release(), and every unit released.
+#pragma once
+
+#include <dimsum/backend/cpu/bf16_gemm.hpp>
+
+#include <atomic>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+
+namespace test {
+
+// The float sum of an instruction: inputs and results that are denormal read as zero.
+inline float widened(std::uint16_t bits) {
+    if ((bits & 0x7f80u) == 0) bits &= 0x8000u;  // denormal (or zero): zero, with its sign
+    return std::bit_cast<float>(std::uint32_t(bits) << 16);
+}
+inline float flushed(float x) { return std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; }
+
+struct emulated_tiles {
+    // units configured and not yet released, over every thread
+    static std::atomic<int>& unreleased() {
+        static std::atomic<int> count{0};
+        return count;
+    }
+    static std::atomic<long>& dots() {
+        static std::atomic<long> count{0};
+        return count;
+    }
+
+    void configure() {
+        if (configured) throw std::logic_error("emulated tiles: configured twice");
+        configured = true;
+        unreleased().fetch_add(1);
+    }
+    void release() {
+        require_configured();
+        configured = false;
+        unreleased().fetch_sub(1);
+    }
+    template <int t>
+    void zero() {
+        require_configured();
+        std::memset(tiles[t], 0, sizeof(tiles[t]));
+    }
+    template <int t>
+    void load(const void* base, std::ptrdiff_t stride) {
+        require_configured();
+        for (int r = 0; r < 16; ++r) std::memcpy(tiles[t][r], static_cast<const unsigned char*>(base) + r * stride, 64);
+    }
+    template <int t>
+    void store(void* base, std::ptrdiff_t stride) {
+        require_configured();
+        for (int r = 0; r < 16; ++r) std::memcpy(static_cast<unsigned char*>(base) + r * stride, tiles[t][r], 64);
+    }
+    // TDPBF16PS: for each row m, pair k and column n, in this order,
+    //   c[m][n] += a[m][2k] * b[k][2n];  c[m][n] += a[m][2k + 1] * b[k][2n + 1]
+    // in float (a product of two bf16 is exact there), denormal inputs read as zero, denormal
+    // sums flushed to zero.
+    template <int c, int a, int b>
+    void dot() {
+        static_assert(c != a && c != b && a != b, "tdpbf16ps takes three different tiles");
+        require_configured();
+        dots().fetch_add(1, std::memory_order_relaxed);
+        for (int m = 0; m < 16; ++m) {
+            for (int k = 0; k < 16; ++k) {
+                for (int n = 0; n < 16; ++n) {
+                    float sum = element<float>(c, m, n);
+                    for (int e = 0; e < 2; ++e) {
+                        sum = flushed(sum + widened(element<std::uint16_t>(a, m, 2 * k + e)) *
+                                                widened(element<std::uint16_t>(b, k, 2 * n + e)));
+                    }
+                    set_element(c, m, n, sum);
+                }
+            }
+        }
+    }
+
+private:
+    void require_configured() const {
+        if (!configured) throw std::logic_error("emulated tiles: a tile instruction outside configure() ... release()");
+    }
+    template <class E>
+    E element(int t, int row, int index) const {
+        E value;
+        std::memcpy(&value, tiles[t][row] + index * static_cast<int>(sizeof(E)), sizeof(E));
+        return value;
+    }
+    void set_element(int t, int row, int index, float value) { std::memcpy(tiles[t][row] + index * 4, &value, 4); }
+
+    alignas(64) unsigned char tiles[8][16][64] = {};
+    bool configured = false;
+};
+
+struct emulated_pairs {
+    struct sums {
+        float v[16];
+    };
+    struct pairs {
+        std::uint16_t v[32];
+    };
+    static std::atomic<long>& dots() {
+        static std::atomic<long> count{0};
+        return count;
+    }
+    static sums zero() { return {}; }
+    static sums load_sums(const float* from) {
+        sums s;
+        std::memcpy(s.v, from, sizeof(s.v));
+        return s;
+    }
+    static void store_sums(float* to, const sums& s) { std::memcpy(to, s.v, sizeof(s.v)); }
+    static pairs load_pairs(const dimsum::bf16* from) {
+        pairs p;
+        std::memcpy(p.v, from, sizeof(p.v));
+        return p;
+    }
+    static pairs broadcast_pair(const dimsum::bf16* from) {
+        pairs p;
+        for (int n = 0; n < 16; ++n) {
+            p.v[2 * n] = from[0].bits;
+            p.v[2 * n + 1] = from[1].bits;
+        }
+        return p;
+    }
+    // VDPBF16PS: for each lane n, the odd elements first, then the even ones,
+    //   s[n] += a[2n + 1] * b[2n + 1];  s[n] += a[2n] * b[2n]
+    static sums dot(sums s, const pairs& a, const pairs& b) {
+        dots().fetch_add(1, std::memory_order_relaxed);
+        for (int n = 0; n < 16; ++n) {
+            s.v[n] = flushed(s.v[n] + widened(a.v[2 * n + 1]) * widened(b.v[2 * n + 1]));
+            s.v[n] = flushed(s.v[n] + widened(a.v[2 * n]) * widened(b.v[2 * n]));
+        }
+        return s;
+    }
+};
+
+}  // namespace test

@@ -1,0 +1,360 @@
+// Products of bf16 operands on the bf16 dot-product kernels (backend/cpu/bf16_gemm.hpp),
+// against the bf16 values multiplied in double, and the choice of path (bf16_paths.hpp).
+//
+// Built twice: as test_bf16_gemm, both kernels on the instructions' stand-ins
+// (emulated_bf16_units.hpp), on every CPU; and as bf16_instructions_on_this_cpu
+// (DIMSUM_TEST_BF16_HARDWARE), each kernel whose instructions this CPU runs on them
+// themselves, or ctest's skip code where it runs none (hardware_main.cpp).
+#include "support.hpp"
+
+#include "emulated_bf16_units.hpp"
+
+#include <dimsum/backend/cpu/bf16_paths.hpp>
+#include <dimsum/backend/cpu/gemm.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace ds = dimsum;
+namespace cpu = ds::backend::cpu;
+using ds::bf16;
+
+namespace {
+
+// body.template operator()<Kernel>(name) for each kernel under test.
+template <class Body>
+void for_each_kernel(Body&& body) {
+#if defined(DIMSUM_TEST_BF16_HARDWARE)
+#if defined(__x86_64__)
+    if (cpu::support_of(cpu::bf16_path::amx).usable) body.template operator()<cpu::tile_kernel<cpu::amx_tiles>>("amx");
+#endif
+#if defined(__AVX512F__)
+    if (cpu::support_of(cpu::bf16_path::avx512_bf16).usable) {
+        body.template operator()<cpu::pair_kernel<cpu::avx512_pairs>>("avx512_bf16");
+    }
+#endif
+#else
+    body.template operator()<cpu::tile_kernel<test::emulated_tiles>>("amx, emulated");
+    body.template operator()<cpu::pair_kernel<test::emulated_pairs>>("avx512_bf16, emulated");
+#endif
+}
+
+// The instructions a kernel issues per micro-tile and 32 depths, counted by the stand-ins.
+template <class Kernel>
+long dots_per_step() {
+    if constexpr (std::is_same_v<Kernel, cpu::tile_kernel<test::emulated_tiles>>) return 4;  // 2 x 2 tiles
+    if constexpr (std::is_same_v<Kernel, cpu::pair_kernel<test::emulated_pairs>>) return 2 * 12 * 16;  // 24 registers, 16 pairs
+    return 0;  // not counted
+}
+template <class Kernel>
+long dots_so_far() {
+    return test::emulated_tiles::dots().load() + test::emulated_pairs::dots().load();
+}
+
+// How the operands lie in memory.
+struct layouts {
+    bool a_transposed = false;  // A stored (k, m)
+    bool b_transposed = false;  // B stored (n, k)
+    enum class c_kind { rows, padded_rows, columns } c = c_kind::rows;
+};
+
+enum class values { small_integers, normal, specials };
+
+// One batch of products C = 2 (A B) + 1, the epilogue applied by the kernel to each finished
+// region, counting how often it saw each element.
+struct product_case {
+    std::size_t items = 1, m = 0, k = 0, n = 0;
+    bool a_broadcast = false;  // one A for every item (stride 0 along the batch)
+    layouts layout{};
+    values kind = values::normal;
+    std::uint64_t seed = 1;
+};
+
+struct epilogue_state {
+    cpu::matrix<float> c;  // item 0
+    std::ptrdiff_t item_stride = 0;
+    std::vector<int>* seen = nullptr;  // per element of every item, row-major
+    std::size_t m = 0, n = 0;
+};
+
+void twice_plus_one(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) {
+    const auto& s = *static_cast<const epilogue_state*>(context);
+    float* base = s.c.data + static_cast<std::ptrdiff_t>(item) * s.item_stride;
+    for (std::size_t i = row; i < row + rows; ++i) {
+        for (std::size_t j = col; j < col + cols; ++j) {
+            float& x = base[static_cast<std::ptrdiff_t>(i) * s.c.row_stride + static_cast<std::ptrdiff_t>(j) * s.c.col_stride];
+            x = 2 * x + 1;
+            ++(*s.seen)[(item * s.m + i) * s.n + j];
+        }
+    }
+}
+
+bf16 value_of(values kind, std::mt19937_64& random, std::size_t index) {
+    switch (kind) {
+        case values::small_integers: return bf16(float(int(random() % 9) - 4));
+        case values::normal: return bf16(float(std::normal_distribution<double>(0.0, 1.0)(random)));
+        case values::specials: {
+            // NaN, +inf, -inf at positions that fall in every lane of a tile row (index mod 32)
+            // and tail; the rest normal
+            const bf16 specials[] = {std::numeric_limits<bf16>::quiet_NaN(), std::numeric_limits<bf16>::infinity(),
+                                     -std::numeric_limits<bf16>::infinity()};
+            if (index % 97 == 5) return specials[(index / 97) % 3];
+            return bf16(float(std::normal_distribution<double>(0.0, 1.0)(random)));
+        }
+    }
+    return bf16{};
+}
+
+// Runs one case on a kernel and checks every element of C against the double
+// product of the same bf16 values: exactly for small integers (every partial sum is an integer
+// below 2^24, exact in float in any order), else within float's bound for a sum of k exact
+// products in any order, |error| <= k 2^-24 sum |a b| (plus k 2^-126: sums flushed to zero).
+template <class Kernel>
+void check_case(const product_case& p) {
+    const std::size_t a_items = p.a_broadcast ? 1 : p.items;
+    std::mt19937_64 random(p.seed);
+    std::vector<bf16> a(a_items * p.m * p.k), b(p.items * p.k * p.n);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = value_of(p.kind, random, i);
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = value_of(p.kind, random, i + 50);
+    // element (i, j) of item t of each operand
+    auto a_at = [&](std::size_t t, std::size_t i, std::size_t q) {
+        const std::size_t base = (p.a_broadcast ? 0 : t) * p.m * p.k;
+        return a[base + (p.layout.a_transposed ? q * p.m + i : i * p.k + q)];
+    };
+    auto b_at = [&](std::size_t t, std::size_t q, std::size_t j) {
+        return b[t * p.k * p.n + (p.layout.b_transposed ? j * p.k + q : q * p.n + j)];
+    };
+    const std::size_t c_pad = p.layout.c == layouts::c_kind::padded_rows ? 5 : 0;
+    const std::size_t c_item = p.layout.c == layouts::c_kind::columns ? p.m * p.n : p.m * (p.n + c_pad);
+    std::vector<float> c(p.items * c_item, std::numeric_limits<float>::quiet_NaN());  // every element written
+
+    cpu::gemm_problem<float> problem;
+    problem.a = {nullptr, p.m, p.k, p.layout.a_transposed ? 1 : std::ptrdiff_t(p.k), p.layout.a_transposed ? std::ptrdiff_t(p.m) : 1};
+    problem.b = {nullptr, p.k, p.n, p.layout.b_transposed ? 1 : std::ptrdiff_t(p.n), p.layout.b_transposed ? std::ptrdiff_t(p.k) : 1};
+    if (p.layout.c == layouts::c_kind::columns) problem.c = {c.data(), p.m, p.n, 1, std::ptrdiff_t(p.m)};
+    else problem.c = {c.data(), p.m, p.n, std::ptrdiff_t(p.n + c_pad), 1};
+    problem.a_bf16 = a.data();
+    problem.b_bf16 = b.data();
+    problem.batch.rank = 1;
+    problem.batch.extents[0] = p.items;
+    problem.batch.strides[0][0] = p.a_broadcast ? 0 : std::ptrdiff_t(p.m * p.k);
+    problem.batch.strides[1][0] = std::ptrdiff_t(p.k * p.n);
+    problem.batch.strides[2][0] = std::ptrdiff_t(c_item);
+
+    std::vector<int> seen(p.items * p.m * p.n, 0);
+    const epilogue_state state{problem.c, std::ptrdiff_t(c_item), &seen, p.m, p.n};
+    const int unreleased = test::emulated_tiles::unreleased().load();
+    const long dots = dots_so_far<Kernel>();
+    cpu::bf16_gemm<Kernel>(problem, cpu::gemm_epilogue{&twice_plus_one, nullptr, &state});
+    REQUIRE(test::emulated_tiles::unreleased().load() == unreleased);
+    if (const long per_step = dots_per_step<Kernel>(); per_step > 0) {
+        // every micro-tile (Kernel::rows x 32 of C) takes the same instructions per 32 depths,
+        // and no micro-tile is computed twice: the blocks' edges are multiples of the tiles'
+        auto tiles = [](std::size_t x, std::size_t per) { return long((x + per - 1) / per); };
+        CHECK(dots_so_far<Kernel>() - dots == long(p.items) * tiles(p.m, Kernel::rows) * tiles(p.n, 32) * per_step * tiles(p.k, 32));
+    }
+
+    std::size_t bad = 0, unseen = 0;
+    for (std::size_t t = 0; t < p.items; ++t) {
+        for (std::size_t i = 0; i < p.m; ++i) {
+            for (std::size_t j = 0; j < p.n; ++j) {
+                double sum = 0, magnitude = 0;
+                for (std::size_t q = 0; q < p.k; ++q) {
+                    const double term = double(a_at(t, i, q)) * double(b_at(t, q, j));
+                    sum += term;
+                    magnitude += std::fabs(term);
+                }
+                const double want = 2 * sum + 1;
+                const double bound = 2 * (double(p.k) * std::ldexp(magnitude, -24) + double(p.k) * std::ldexp(1.0, -126));
+                const float got = problem.c.data[static_cast<std::ptrdiff_t>(t) * problem.batch.strides[2][0] +
+                                                 static_cast<std::ptrdiff_t>(i) * problem.c.row_stride +
+                                                 static_cast<std::ptrdiff_t>(j) * problem.c.col_stride];
+                bool ok = false;
+                if (std::isnan(want)) ok = std::isnan(got);
+                else if (std::isinf(want)) ok = double(got) == want;
+                else if (p.kind == values::small_integers) ok = double(got) == want;
+                else ok = std::fabs(double(got) - want) <= bound;
+                if (!ok && bad++ == 0) {
+                    UNSCOPED_INFO("first wrong: item " << t << " (" << i << ", " << j << "): got " << got << ", want " << want
+                                                      << " within " << bound);
+                }
+                if (seen[(t * p.m + i) * p.n + j] != 1 && unseen++ == 0) {
+                    UNSCOPED_INFO("(" << i << ", " << j << ") of item " << t << " seen by the epilogue "
+                                      << seen[(t * p.m + i) * p.n + j] << " times");
+                }
+            }
+        }
+    }
+    CHECK(unseen == 0);
+    REQUIRE(bad == 0);
+}
+
+// Extents around the micro-tiles' (32 x 32 on tiles, 12 x 32 on pairs, 32 depths) and the
+// blocks' (kc = 256 depths, mc = 256 or 252 rows, nc = 512 columns): under, at and over each.
+struct extents {
+    std::size_t m, k, n;
+};
+const extents sizes[] = {{1, 1, 1},     {5, 31, 17},   {12, 32, 16},  {13, 33, 33},   {16, 32, 16},   {31, 64, 32},
+                         {32, 65, 31},  {33, 100, 47}, {70, 255, 64}, {64, 256, 96},  {97, 257, 65},  {252, 40, 33},
+                         {253, 40, 33}, {257, 300, 40}, {40, 520, 545}};
+
+// body.template operator()<Kernel>() for each kernel under test, on 1 and 2 threads.
+template <class Body>
+void for_kernels_and_threads(Body&& body) {
+    for_each_kernel([&]<class Kernel>(const char* name) {
+        for (const int threads : {1, 2}) {
+            INFO(name << ", " << threads << " threads");
+            ds::set_num_threads(threads);
+            body.template operator()<Kernel>();
+        }
+        ds::set_num_threads(0);
+    });
+}
+
+}  // namespace
+
+TEST_CASE("bf16 products of small integers are exact, through every edge of the tiles and blocks") {
+    for_kernels_and_threads([]<class Kernel>() {
+        for (const auto [m, k, n] : sizes) {
+            INFO(m << " x " << k << " x " << n);
+            check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .kind = values::small_integers, .seed = m * 7 + k});
+        }
+    });
+}
+
+TEST_CASE("bf16 products read transposed operands and write strided and column-major C") {
+    for_kernels_and_threads([]<class Kernel>() {
+        for (const auto [m, k, n] : {extents{33, 70, 47}, extents{70, 300, 33}}) {
+            for (const bool a_transposed : {false, true}) {
+                for (const bool b_transposed : {false, true}) {
+                    for (const auto c : {layouts::c_kind::rows, layouts::c_kind::padded_rows, layouts::c_kind::columns}) {
+                        INFO(m << " x " << k << " x " << n << ", A transposed " << a_transposed << ", B transposed "
+                               << b_transposed << ", C layout " << int(c));
+                        const layouts layout{a_transposed, b_transposed, c};
+                        check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .layout = layout, .kind = values::small_integers});
+                        check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .layout = layout, .kind = values::normal, .seed = 3});
+                    }
+                }
+            }
+        }
+    });
+}
+
+TEST_CASE("bf16 products of normal values are within float's bound of the double product, through batches") {
+    for_kernels_and_threads([]<class Kernel>() {
+        for (const auto [m, k, n] : sizes) {
+            INFO(m << " x " << k << " x " << n);
+            check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .kind = values::normal, .seed = k});
+        }
+        check_case<Kernel>({.items = 3, .m = 45, .k = 70, .n = 33, .kind = values::normal, .seed = 9});
+        check_case<Kernel>({.items = 5, .m = 33, .k = 40, .n = 20, .a_broadcast = true, .kind = values::small_integers});
+        check_case<Kernel>({.items = 2, .m = 0, .k = 7, .n = 5});  // nothing to compute
+        check_case<Kernel>({.items = 2, .m = 9, .k = 0, .n = 5, .kind = values::small_integers});  // empty sums: C = 0
+    });
+}
+
+TEST_CASE("bf16 products carry NaN and infinities from every lane, and padding never leaks into C") {
+    for_kernels_and_threads([]<class Kernel>() {
+        // first a product all of NaN, which leaves NaN in every thread's packing buffers: the
+        // padding of the next products must be written, not found
+        std::vector<bf16> nan(300 * 300, std::numeric_limits<bf16>::quiet_NaN());
+        std::vector<float> c(300 * 300);
+        cpu::gemm_problem<float> poisoned;
+        poisoned.a = {nullptr, 300, 300, 300, 1};
+        poisoned.b = {nullptr, 300, 300, 300, 1};
+        poisoned.c = {c.data(), 300, 300, 300, 1};
+        poisoned.a_bf16 = poisoned.b_bf16 = nan.data();
+        cpu::bf16_gemm<Kernel>(poisoned, {});
+        for (const auto [m, k, n] : {extents{17, 33, 33}, extents{70, 255, 64}, extents{97, 257, 65}}) {
+            INFO(m << " x " << k << " x " << n);
+            check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .kind = values::small_integers});
+            check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .kind = values::specials, .seed = 4});
+        }
+    });
+}
+
+#if !defined(DIMSUM_TEST_BF16_HARDWARE)
+TEST_CASE("the emulated unit catches a kernel that forgets to configure its tiles") {
+    test::emulated_tiles unit;
+    CHECK_THROWS_AS(unit.zero<0>(), std::logic_error);
+    unit.configure();
+    unit.zero<0>();
+    unit.release();
+    CHECK_THROWS_AS(unit.release(), std::logic_error);
+}
+#endif
+
+TEST_CASE("the bf16 path: the best this CPU can run unless set or named, an error where it cannot run") {
+    for (const cpu::bf16_path path : cpu::bf16_paths) {
+        const cpu::bf16_path_support support = cpu::support_of(path);
+        std::cout << "bf16 path " << cpu::name(path) << ": " << (support.usable ? "runs here" : "cannot run here: " + support.reason)
+                  << '\n';
+        CHECK(cpu::parse_bf16_path(cpu::name(path)) == path);
+        if (support.usable) {
+            cpu::scoped_bf16_path chosen(path);
+            CHECK(cpu::current_bf16_path() == path);
+        } else {
+            CHECK(!support.reason.empty());
+            CHECK_THROWS_WITH(cpu::set_bf16_path(path), Catch::Contains("cannot run here") && Catch::Contains(support.reason));
+        }
+    }
+    CHECK(cpu::support_of(cpu::bf16_path::widen).usable);
+    CHECK(!cpu::parse_bf16_path("AMX"));
+    CHECK(cpu::best_bf16_path() == (cpu::support_of(cpu::bf16_path::amx).usable ? cpu::bf16_path::amx : cpu::bf16_path::widen));
+
+    // DIMSUM_BF16_PATH, read whenever no path was set
+    cpu::reset_bf16_path();
+    ::setenv("DIMSUM_BF16_PATH", "tiles", 1);
+    CHECK_THROWS_WITH(cpu::current_bf16_path(), Catch::Contains("DIMSUM_BF16_PATH=tiles: expected widen, avx512_bf16 or amx"));
+    cpu::reset_bf16_path();
+    ::setenv("DIMSUM_BF16_PATH", "widen", 1);
+    CHECK(cpu::current_bf16_path() == cpu::bf16_path::widen);
+    {
+        cpu::scoped_bf16_path scoped(cpu::bf16_path::widen);
+        CHECK(cpu::current_bf16_path() == cpu::bf16_path::widen);
+    }
+    cpu::reset_bf16_path();
+    ::unsetenv("DIMSUM_BF16_PATH");
+    CHECK(cpu::current_bf16_path() == cpu::best_bf16_path());
+    cpu::reset_bf16_path();
+}
+
+#if defined(DIMSUM_TEST_BF16_HARDWARE)
+// The whole way from a formula: a bf16 product with a fused epilogue, in float and rounded
+// into bf16, on each path this CPU runs, against the reference backend.
+TEST_CASE("formulas over bf16 on each bf16 path this CPU runs, against the reference backend") {
+    using Rows = ds::axis<"rows">;
+    using Inner = ds::axis<"inner">;
+    using Cols = ds::axis<"cols">;
+    for (const cpu::bf16_path path : {cpu::bf16_path::amx, cpu::bf16_path::avx512_bf16}) {
+        if (!cpu::support_of(path).usable) continue;
+        const cpu::scoped_bf16_path chosen(path);
+        for (const int threads : {1, 2}) {
+            ds::set_num_threads(threads);
+            for (const auto [m, k, n] : {extents{5, 31, 17}, extents{97, 257, 65}, extents{300, 768, 200}}) {
+                INFO(cpu::name(path) << ", " << threads << " threads, " << m << " x " << k << " x " << n);
+                ds::tensor<bf16, Rows, Inner> x(Rows{m}, Inner{k});
+                ds::tensor<bf16, Cols, Inner> w(Cols{n}, Inner{k});  // as nn.Linear stores it
+                ds::tensor<bf16, Cols> bias(Cols{n});
+                ds::fill_uniform(x, 1);
+                ds::fill_uniform(w, 2);
+                ds::fill_uniform(bias, 3);
+                auto formula = ds::matmul(x, ds::transpose(w)) + bias;
+                const auto want = test::to_xt(ds::eval(ds::cast<float>(formula), ds::backend::reference::evaluator{}));
+                const std::size_t before = cpu::bf16_products(path);
+                // values below 1: |error| <= k 2^-24 k, and at most 2^-8 relative where rounded to bf16
+                const double bound = double(k) * double(k) * std::ldexp(1.0, -24);
+                test::require_close(ds::tensor<float, Rows, Cols>(ds::cast<float>(formula)), want, 1.0 / 256, bound);
+                test::require_close(ds::tensor<bf16, Rows, Cols>(formula), want, 1.0 / 256, bound);
+                CHECK(cpu::bf16_products(path) - before == 2);  // both products ran on this path
+            }
+        }
+        ds::set_num_threads(0);
+    }
+}
+#endif
