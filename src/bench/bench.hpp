@@ -210,11 +210,14 @@ void print_machine(const report& out);
 
 // The yardsticks: what this machine can do at best, measured in this run.
 double fma_peak_gflops(const options& opt, int threads);
+// tdpbf16ps on tiles that stay loaded; 0 where this process cannot use AMX.
+double amx_peak_gflops(const options& opt, int threads);
 // memcpy, each thread its own contiguous part; bytes read plus bytes written.
 double copy_gbps(const options& opt, int threads, const float* src, float* dst, std::size_t count);
 
 struct yardsticks {
     std::vector<double> fma_peak;  // GFLOP/s, one per thread count of the options
+    std::vector<double> amx_peak;  // GFLOP/s of bf16 on the tiles; 0 without AMX
     std::vector<double> copy;      // GB/s
 };
 

@@ -122,35 +122,56 @@ bf16_operands rounded_to_bf16(const ds::tensor<float, M, K>& a, const ds::tensor
     return r;
 }
 
-// The same product of bf16 operands (rounded from a and b), written in bf16, next to the float
-// product of the same values: what bf16 costs today, its operands read where they lie and
-// widened as the float GEMM packs (or, for a few rows, loads) them, the result rounded after.
-void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands) {
+// The row of a bf16 product on one bf16 path: bf16_NAME on the widen path (the float GEMM),
+// bf16_NAME_PATH on the others.
+std::string bf16_row(const gemm_case& g, ds::backend::cpu::bf16_path path) {
     const std::string name = "bf16_" + g.name;
-    if (!s.selected(name)) return;
+    return path == ds::backend::cpu::bf16_path::widen ? name : name + "_" + std::string(ds::backend::cpu::name(path));
+}
+bool bf16_selected(const bench& s, const gemm_case& g) {
+    for (const auto path : ds::backend::cpu::bf16_paths) {
+        if (s.selected(bf16_row(g, path))) return true;
+    }
+    return false;
+}
+
+// The same product of bf16 operands (rounded from a and b), written in bf16, next to the float
+// product of the same values, on each bf16 path this CPU runs: on widen, its operands read
+// where they lie and widened as the float GEMM packs (or, for a few rows, loads) them; on amx
+// and avx512_bf16, multiplied in pairs by the bf16 instructions. The result rounded after.
+void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands) {
+    namespace cpu = ds::backend::cpu;
     const auto& a16 = operands.a16;  // not a structured binding: clang 14 cannot capture those
     const auto& b16 = operands.b16;
     const auto& a_wide = operands.a_wide;
     const auto& b_wide = operands.b_wide;
     ds::tensor<ds::bf16, M, N> c16(M{g.m}, N{g.n});
     ds::tensor<float, M, N> c(M{g.m}, N{g.n}), c_wide(M{g.m}, N{g.n});
-    for (int threads : s.opt.threads) {
-        const std::string label = name + " (" + std::to_string(threads) + " threads)";
-        fastest bf16_time, float_time;
-        for (int round = 0; round < rounds(s.opt); ++round) {
-            ds::set_num_threads(threads);
-            c16.fill(ds::bf16(std::numeric_limits<float>::quiet_NaN()));
-            settle(s.opt);
-            bf16_time.keep(best_seconds(s.opt, [&] { ds::assign(c16, ds::matmul(a16, b16)); }), "");
-            // rounding c to bf16 adds at most 2^-9 |c| <= 2^-9 sum |a b| to float's error
-            ds::assign(c_wide, ds::cast<float>(c16));
-            s.out.check(label + ": dimsum bf16", gemm_error(g, a_wide.data(), b_wide.data(), c_wide.data()),
-                        gemm_tolerance + std::ldexp(1.0, -9));
-            settle(s.opt);
-            float_time.keep(best_seconds(s.opt, [&] { ds::assign(c, ds::matmul(a_wide, b_wide)); }), "");
+    for (const cpu::bf16_path path : cpu::bf16_paths) {
+        const std::string name = bf16_row(g, path);
+        if (!s.selected(name) || !cpu::support_of(path).usable) continue;
+        const cpu::scoped_bf16_path on_this_path(path);
+        const char* note = path == cpu::bf16_path::widen ? "bf16: widened as packed, float GEMM, rounded"
+                           : path == cpu::bf16_path::amx ? "bf16: AMX tdpbf16ps, float sums, rounded"
+                                                         : "bf16: vdpbf16ps, float sums, rounded";
+        for (int threads : s.opt.threads) {
+            const std::string label = name + " (" + std::to_string(threads) + " threads)";
+            fastest bf16_time, float_time;
+            for (int round = 0; round < rounds(s.opt); ++round) {
+                ds::set_num_threads(threads);
+                c16.fill(ds::bf16(std::numeric_limits<float>::quiet_NaN()));
+                settle(s.opt);
+                bf16_time.keep(best_seconds(s.opt, [&] { ds::assign(c16, ds::matmul(a16, b16)); }), "");
+                // rounding c to bf16 adds at most 2^-9 |c| <= 2^-9 sum |a b| to float's error
+                ds::assign(c_wide, ds::cast<float>(c16));
+                s.out.check(label + ": dimsum bf16", gemm_error(g, a_wide.data(), b_wide.data(), c_wide.data()),
+                            gemm_tolerance + std::ldexp(1.0, -9));
+                settle(s.opt);
+                float_time.keep(best_seconds(s.opt, [&] { ds::assign(c, ds::matmul(a_wide, b_wide)); }), "");
+            }
+            s.out.add({name, threads, g.flops() / bf16_time.seconds * 1e-9, "dimsum_float", g.flops() / float_time.seconds * 1e-9,
+                       "GFLOP/s", note});
         }
-        s.out.add({name, threads, g.flops() / bf16_time.seconds * 1e-9, "dimsum_float", g.flops() / float_time.seconds * 1e-9,
-                   "GFLOP/s", "bf16: widened as packed, float GEMM, rounded"});
     }
 }
 
@@ -203,7 +224,7 @@ void bench_prepacked_gemm(bench& s, const gemm_case& g, const ds::tensor<float, 
 
 void bench_gemm_case(bench& s, const gemm_case& g) {
     const bool prepacked = s.selected("prepacked_" + g.name) || s.selected("bf16_prepacked_" + g.name);
-    if (!s.selected(g.name) && !(g.batch == 1 && (s.selected("bf16_" + g.name) || prepacked))) return;
+    if (!s.selected(g.name) && !(g.batch == 1 && (bf16_selected(s, g) || prepacked))) return;
     if (g.batch == 1) {
         ds::tensor<float, M, K> a(M{g.m}, K{g.k});  // (m, k)
         ds::tensor<float, K, N> b(K{g.k}, N{g.n});  // (k, n)
@@ -211,7 +232,7 @@ void bench_gemm_case(bench& s, const gemm_case& g) {
         ds::fill_uniform(a, 1);
         ds::fill_uniform(b, 2);
         if (s.selected(g.name)) bench_gemm(s, g, a, b, c, [&] { ds::assign(c, ds::matmul(a, b)); });
-        if (s.selected("bf16_" + g.name) || prepacked) {
+        if (bf16_selected(s, g) || prepacked) {
             const bf16_operands operands = rounded_to_bf16(a, b);
             bench_bf16_gemm(s, g, operands);
             if (prepacked) bench_prepacked_gemm(s, g, a, b, operands);

@@ -6,6 +6,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include <dimsum/backend/cpu/bf16_gemm.hpp>
+#include <dimsum/backend/cpu/bf16_paths.hpp>
 #include <dimsum/backend/cpu/simd.hpp>
 
 #include <algorithm>
@@ -48,6 +50,34 @@ constexpr int fma_chains = simd::size >= 16 ? 16 : 12;
 }
 
 volatile float fma_sink;  // keeps the chains' results alive
+
+#if defined(__x86_64__)
+// tdpbf16ps on four accumulator tiles from two A and two B tiles that stay loaded: the tile
+// unit's own limit, as the chains above are the FMA unit's.
+[[gnu::noinline]] void amx_chains_run(std::int64_t iterations) {
+    alignas(64) static const ds::bf16 operand[16 * 32] = {};
+    alignas(64) float result[16 * 16];
+    ds::backend::cpu::amx_tiles unit;
+    unit.configure();
+    unit.zero<0>();
+    unit.zero<1>();
+    unit.zero<2>();
+    unit.zero<3>();
+    unit.load<4>(operand, 64);
+    unit.load<5>(operand, 64);
+    unit.load<6>(operand, 64);
+    unit.load<7>(operand, 64);
+    for (std::int64_t it = 0; it < iterations; ++it) {
+        unit.dot<0, 4, 6>();
+        unit.dot<1, 4, 7>();
+        unit.dot<2, 5, 6>();
+        unit.dot<3, 5, 7>();
+    }
+    unit.store<0>(result, 64);
+    unit.release();
+    fma_sink = result[0];
+}
+#endif
 
 std::string cpu_model() {
     std::ifstream in("/proc/cpuinfo");
@@ -92,6 +122,23 @@ double fma_peak_gflops(const options& opt, int threads) {
     return 2.0 * fma_chains * double(simd::size) * double(iterations) * threads / seconds * 1e-9;
 }
 
+double amx_peak_gflops(const options& opt, int threads) {
+#if defined(__x86_64__)
+    if (!ds::backend::cpu::support_of(ds::backend::cpu::bf16_path::amx).usable) return 0;
+    std::int64_t iterations = opt.quick ? 40'000 : 400'000;
+    double seconds = best_seconds(yardstick_timing(opt), [&] {
+#pragma omp parallel num_threads(threads)
+        amx_chains_run(iterations);
+    });
+    constexpr double flops_per_dot = 2.0 * 16 * 16 * 32;  // C (16 x 16) += A (16 x 32) B (32 x 16)
+    return 4.0 * flops_per_dot * double(iterations) * threads / seconds * 1e-9;
+#else
+    (void)opt;
+    (void)threads;
+    return 0;
+#endif
+}
+
 // memcpy, each thread its own contiguous part; bytes read plus bytes written.
 double copy_gbps(const options& opt, int threads, const float* src, float* dst, std::size_t count) {
     double seconds = best_seconds(yardstick_timing(opt), [&] {
@@ -118,6 +165,12 @@ void print_machine(const report& out) {
     }
     std::fprintf(out.table, "compiler: g++ %s, xsimd %d.%d.%d (%s, %zu floats)\n", __VERSION__, XSIMD_VERSION_MAJOR,
                  XSIMD_VERSION_MINOR, XSIMD_VERSION_PATCH, ds::backend::cpu::simd_arch::name(), ds::backend::cpu::simd<float>::size);
+    namespace cpu = ds::backend::cpu;
+    for (const cpu::bf16_path path : cpu::bf16_paths) {
+        const cpu::bf16_path_support support = cpu::support_of(path);
+        std::fprintf(out.table, "bf16 path %s: %s\n", std::string(cpu::name(path)).c_str(),
+                     support.usable ? "runs here (its bf16_ rows follow)" : ("cannot run here, " + support.reason).c_str());
+    }
 }
 
 // Floats per array for the bandwidth cases: arrays beyond the caches, i.e. twice the

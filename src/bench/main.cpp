@@ -38,17 +38,23 @@ int run(const options& opt) {
         ds::tensor<float, Elements> src(Elements{count}), dst(Elements{count});
         src.fill(1.0f);
         s.limits.fma_peak.assign(opt.threads.size(), 0.0);
+        s.limits.amx_peak.assign(opt.threads.size(), 0.0);
         s.limits.copy.assign(opt.threads.size(), 0.0);
         for (int round = 0; round < rounds(opt); ++round) {
             for (std::size_t t = 0; t < opt.threads.size(); ++t) {
                 settle(opt);
                 s.limits.fma_peak[t] = std::max(s.limits.fma_peak[t], fma_peak_gflops(opt, opt.threads[t]));
+                s.limits.amx_peak[t] = std::max(s.limits.amx_peak[t], amx_peak_gflops(opt, opt.threads[t]));
                 s.limits.copy[t] = std::max(s.limits.copy[t], copy_gbps(opt, opt.threads[t], src.data(), dst.data(), count));
             }
         }
         for (std::size_t t = 0; t < opt.threads.size(); ++t) {
             std::fprintf(out.table, "threads=%d: FMA peak %.1f GFLOP/s, copy bandwidth %.1f GB/s (memcpy of %zu MiB)\n",
                          opt.threads[t], s.limits.fma_peak[t], s.limits.copy[t], count * sizeof(float) >> 20);
+            if (s.limits.amx_peak[t] > 0) {
+                std::fprintf(out.table, "threads=%d: AMX peak %.1f GFLOP/s (bf16, tdpbf16ps on 4 accumulator tiles), %.2f x the FMA peak\n",
+                             opt.threads[t], s.limits.amx_peak[t], s.limits.amx_peak[t] / s.limits.fma_peak[t]);
+            }
         }
     }
     out.table_header();
