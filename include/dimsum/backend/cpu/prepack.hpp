@@ -134,7 +134,7 @@ auto prepack(const tensor<T, A...>& w) {
     return prepack(w.view());
 }
 template <class T, class... A>
-void prepack(tensor<T, A...>&& w) {
+void prepack(tensor<T, A...>&&) {
     (void)sizeof(static_shape_error<detail::prepack_temporary<T>>);
 }
 
