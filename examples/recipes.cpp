@@ -767,7 +767,19 @@ bool run() {
     // (about 0.013 here); rounding h adds 2^-9 |h| (h < 4); gelu' <= 1.13 and the factor 2: < 0.05
     std::vector<double> want = reference::matmul(reference::values(x), 12, 64, reference::values(w), 256);
     for (double& v : want) v = 2.0 * 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-    return check("bf16: gelu(x W) from bf16 tensors", wide, want, 0.05);
+    bool ok = check("bf16: gelu(x W) from bf16 tensors", wide, want, 0.05);
+
+    // The kernels that multiply two bf16 operands: the best this CPU runs (amx, avx512_bf16,
+    // else widen: the float kernels), unless DIMSUM_BF16_PATH or set_bf16_path names another.
+    namespace cpu = ds::backend::cpu;
+    std::cout << "bf16 products run on: " << cpu::name(cpu::current_bf16_path()) << '\n';
+    {
+        const cpu::scoped_bf16_path widen(cpu::bf16_path::widen);  // until the end of this scope
+        ds::tensor<ds::bf16, Rows, Hidden> h_widened = ds::nn::gelu(ds::matmul(x16, w16));
+        ds::tensor<float, Rows, Hidden> wide_widened = ds::cast<float>(h_widened) * 2.0f;
+        ok = check("bf16: the same on the widen path", wide_widened, want, 0.05) && ok;
+    }
+    return ok;
 }
 
 }  // namespace bfloat16
