@@ -3,14 +3,14 @@
 // machines whose instruction sets differ (an AMD Zen 5 without AMX, an Intel Xeon with it,
 // the same Xeon in a VM that hides it), so nothing is assumed at compile time.
 //
-//   amx          Intel's tile unit (tdpbf16ps)                      } bf16_gemm.hpp: pairs
-//   avx512_bf16  vdpbf16ps on 512-bit registers (AMD Zen 4 and 5) } of bf16 multiplied,
-//                                                                   } their sums in float
+//   amx          Intel's tile unit, tdpbf16ps          (bf16_gemm.hpp: pairs of bf16
+//   avx512_bf16  vdpbf16ps on 512-bit registers         multiplied, their sums in float)
+//                (AMD Zen 4 and 5, Intel since Cooper Lake)
 //   widen        the float kernels, which widen bf16 as they load it: C is then the float
 //                product of the widened values, bit for bit
 //
-// The path in use is the best this process may run, unless DIMSUM_BF16_PATH (read once, at
-// the first bf16 product) or set_bf16_path names another. A path this CPU cannot run is an
+// The path in use is the best this process may run, unless DIMSUM_BF16_PATH (read at the
+// first bf16 product) or set_bf16_path names another. A path this CPU cannot run is an
 // error with the reason, never a silent fallback. Tests force each path in turn.
 
 #include <array>
@@ -61,6 +61,17 @@ struct bf16_path_support {
 
 namespace detail {
 
+#if defined(__x86_64__) && defined(__linux__)
+// XCR0: the register state the operating system saves and restores (0 without XSAVE).
+inline unsigned enabled_state() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return 0;  // OSXSAVE
+    unsigned low = 0, high = 0;
+    asm volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+    return low;
+}
+#endif
+
 // AMX needs the CPU's word (CPUID), the operating system's (XCR0 holds the tile state) and,
 // on Linux, the kernel's permission for this process (arch_prctl, once: it holds for every
 // thread of the process).
@@ -70,11 +81,8 @@ inline bf16_path_support probe_amx() {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return {false, "this CPU has no CPUID leaf 7"};
     constexpr unsigned amx_bf16 = 1u << 22, amx_tile = 1u << 24;  // leaf 7, subleaf 0, EDX
     if ((d & amx_bf16) == 0 || (d & amx_tile) == 0) return {false, "this CPU reports no amx_bf16 and amx_tile (CPUID leaf 7)"};
-    if (!__get_cpuid(1, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return {false, "the operating system has not enabled XSAVE"};
-    unsigned low = 0, high = 0;
-    asm volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
     constexpr unsigned tile_state = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
-    if ((low & tile_state) != tile_state) return {false, "the operating system has not enabled the tile state (XCR0 bits 17, 18)"};
+    if ((enabled_state() & tile_state) != tile_state) return {false, "the operating system has not enabled the tile state (XCR0 bits 17, 18)"};
     constexpr long request_permission = 0x1023, tile_data = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
     if (syscall(SYS_arch_prctl, request_permission, tile_data) != 0) {
         return {false, std::string("Linux refused this process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
@@ -97,11 +105,8 @@ inline bf16_path_support probe_avx512_bf16() {
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || (a & (1u << 5)) == 0) {
         return {false, "this CPU reports no avx512_bf16 (CPUID leaf 7, subleaf 1)"};
     }
-    if (!__get_cpuid(1, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return {false, "the operating system has not enabled XSAVE"};
-    unsigned low = 0, high = 0;
-    asm volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
     constexpr unsigned vector_state = 0xe6;  // SSE, AVX, opmask and both halves of the 512-bit registers
-    if ((low & vector_state) != vector_state) return {false, "the operating system has not enabled the AVX-512 state (XCR0)"};
+    if ((enabled_state() & vector_state) != vector_state) return {false, "the operating system has not enabled the AVX-512 state (XCR0)"};
     return {true, {}};
 #else
     return {false, "AVX512-BF16 is used on x86-64 Linux only"};
