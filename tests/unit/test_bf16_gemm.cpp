@@ -51,7 +51,6 @@ long dots_per_step() {
     if constexpr (std::is_same_v<Kernel, cpu::pair_kernel<test::emulated_pairs>>) return 2 * 12 * 16;  // 24 registers, 16 pairs
     return 0;  // not counted
 }
-template <class Kernel>
 long dots_so_far() {
     return test::emulated_tiles::dots().load() + test::emulated_pairs::dots().load();
 }
@@ -149,14 +148,14 @@ void check_case(const product_case& p) {
     std::vector<int> seen(p.items * p.m * p.n, 0);
     const epilogue_state state{problem.c, std::ptrdiff_t(c_item), &seen, p.m, p.n};
     const int unreleased = test::emulated_tiles::unreleased().load();
-    const long dots = dots_so_far<Kernel>();
+    const long dots = dots_so_far();
     cpu::bf16_gemm<Kernel>(problem, cpu::gemm_epilogue{&twice_plus_one, nullptr, &state});
     REQUIRE(test::emulated_tiles::unreleased().load() == unreleased);
     if (const long per_step = dots_per_step<Kernel>(); per_step > 0) {
         // every micro-tile (Kernel::rows x 32 of C) takes the same instructions per 32 depths,
         // and no micro-tile is computed twice: the blocks' edges are multiples of the tiles'
         auto tiles = [](std::size_t x, std::size_t per) { return long((x + per - 1) / per); };
-        CHECK(dots_so_far<Kernel>() - dots == long(p.items) * tiles(p.m, Kernel::rows) * tiles(p.n, 32) * per_step * tiles(p.k, 32));
+        CHECK(dots_so_far() - dots == long(p.items) * tiles(p.m, Kernel::rows) * tiles(p.n, 32) * per_step * tiles(p.k, 32));
     }
 
     std::size_t bad = 0, unseen = 0;

@@ -198,8 +198,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     // Q: in panels for the micro-kernel, or, for few queries, as contiguous rows
     const bool by_rows = queries <= attention_tiling<T>::few_queries;
     in.q.visit([&](const auto& all) {
-        auto q = sub(all, first_query, 0);
-        q.rows = queries;
+        const auto q = sub(all, first_query, 0, queries, d);
         if (by_rows) copy_rows<T>(q, packed_q);
         else pack_a<T>(q, queries, d, packed_q);
     });

@@ -292,14 +292,6 @@ inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size
     }
 }
 
-template <class M>
-M part_of(M m, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) {
-    m.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
-    m.rows = rows;
-    m.cols = cols;
-    return m;
-}
-
 template <class Kernel>
 inline constexpr std::size_t bf16_mc = bf16_blocking::mc / Kernel::rows * Kernel::rows;
 
@@ -317,15 +309,15 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
         const std::size_t depth = std::min(bf16_blocking::kc, k - pc);
         const std::size_t dp = (depth + bf16_blocking::depth_step - 1) / bf16_blocking::depth_step * bf16_blocking::depth_step;
         // pass 1: this block of B, in panels of 32 columns
-        pack_bf16_b(part_of(b, pc, col_first, depth, cols), cols, depth, dp, packed_b);
+        pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_b);
         for (std::size_t ic = row_first; ic < row_last; ic += mc) {
             const std::size_t rows = std::min(mc, row_last - ic);
             // pass 2: this block of A, in panels of the kernel's rows
-            pack_bf16_a<rows_per_tile>(part_of(a, ic, pc, rows, depth), rows, depth, dp, packed_a);
+            pack_bf16_a<rows_per_tile>(sub(a, ic, pc, rows, depth), rows, depth, dp, packed_a);
             // pass 3: micro-tile by micro-tile, each B panel against every A panel
             for (std::size_t jr = 0; jr < cols; jr += cols_per_tile) {
                 for (std::size_t ir = 0; ir < rows; ir += rows_per_tile) {
-                    const matrix<float> tile = part_of(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir),
+                    const matrix<float> tile = sub(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir),
                                                        std::min(cols_per_tile, cols - jr));
                     kernel.block(packed_a + ir * dp, packed_b + jr * dp, dp, tile, pc != 0);
                 }

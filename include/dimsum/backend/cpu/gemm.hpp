@@ -287,13 +287,6 @@ template <class T>
     }
 }
 
-// The part of m from (row, col) on.
-template <class Matrix>
-Matrix sub(Matrix m, std::size_t row, std::size_t col) {
-    m.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
-    return m;
-}
-
 // An operand as the kernels read it: a matrix of T, or of bf16 at the same extents and strides
 // (gemm_problem's a_bf16, b_bf16), m.data then null.
 template <class T>
@@ -387,9 +380,7 @@ void product_share(const source<T>& a, const source<T>& b, const matrix<T>& c, c
                     // (an operand of bf16 is never read in place: gemm sets neither then)
                     const T* a_in_place = direct_a ? sub(a.m, ic, pc).data : nullptr;
                     const T* b_in_place = direct_b ? sub(b.m, pc, jc + first).data : nullptr;
-                    matrix<T> c_block = sub(c, ic, jc + first);  // (rows, last - first)
-                    c_block.rows = rows;
-                    c_block.cols = last - first;
+                    const matrix<T> c_block = sub(c, ic, jc + first, rows, last - first);
                     macro_kernel<T>({.a = {.packed = packed_a, .direct = a_in_place, .ld = a.m.row_stride},
                                      .b = {.packed = packed_b + first * depth, .direct = b_in_place, .ld = b.m.row_stride},
                                      .depth = depth,
@@ -608,7 +599,7 @@ packed_operand<T> pack_operand(const matrix<const U>& m, T* panels) {
             T* block = panels + detail::packed_block_offset<T>(k, jc, pc, block_cols);
             for (std::size_t col = 0; col < block_cols; col += nr) {
                 const std::size_t lines = std::min(nr, block_cols - col);
-                const matrix<const U> part = detail::sub(m, pc, jc + col);
+                const matrix<const U> part = sub(m, pc, jc + col);
                 detail::pack_panel<T, nr>(part.data, part.col_stride, part.row_stride, lines, depth, block + col * depth);
             }
         }

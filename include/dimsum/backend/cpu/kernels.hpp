@@ -41,6 +41,20 @@ matrix<T> transposed(const matrix<T>& m) {
     return {m.data, m.cols, m.rows, m.col_stride, m.row_stride};
 }
 
+// The part of m from (row, col) on; given extents, only rows x cols of it.
+template <class T>
+matrix<T> sub(matrix<T> m, std::size_t row, std::size_t col) {
+    m.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
+    return m;
+}
+template <class T>
+matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) {
+    matrix<T> part = sub(m, row, col);
+    part.rows = rows;
+    part.cols = cols;
+    return part;
+}
+
 inline constexpr std::size_t max_batch_rank = max_rank - 2;
 
 // The leading (batch) axes of a problem on N operands, and each operand's strides along
