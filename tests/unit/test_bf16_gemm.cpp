@@ -304,7 +304,11 @@ TEST_CASE("the bf16 path: the best this CPU can run unless set or named, an erro
     }
     CHECK(cpu::support_of(cpu::bf16_path::widen).usable);
     CHECK(!cpu::parse_bf16_path("AMX"));
-    CHECK(cpu::best_bf16_path() == (cpu::support_of(cpu::bf16_path::amx).usable ? cpu::bf16_path::amx : cpu::bf16_path::widen));
+    // the best: the first that runs of amx, avx512_bf16, widen
+    const cpu::bf16_path best = cpu::support_of(cpu::bf16_path::amx).usable           ? cpu::bf16_path::amx
+                                : cpu::support_of(cpu::bf16_path::avx512_bf16).usable ? cpu::bf16_path::avx512_bf16
+                                                                                      : cpu::bf16_path::widen;
+    CHECK(cpu::best_bf16_path() == best);
 
     // DIMSUM_BF16_PATH, read whenever no path was set
     cpu::reset_bf16_path();
