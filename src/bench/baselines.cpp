@@ -18,6 +18,11 @@
 #include <string>
 #include <utility>
 
+#if __has_include(<dnnl.h>)
+#include <dnnl.h>  // only the C API's types: its functions are found in the loaded library
+#define DIMSUM_BENCH_HAS_DNNL_H 1
+#endif
+
 #include "bench.hpp"
 
 namespace dimsum_bench {
@@ -138,6 +143,7 @@ std::optional<onednn> load_onednn(std::string& why) {
     }
     onednn lib;
     lib.file = file;
+    lib.handle = handle;
     if (!find_symbol(handle, "dnnl_sgemm", lib.sgemm)) {
         why = file + " lacks dnnl_sgemm";
         return std::nullopt;
@@ -146,6 +152,133 @@ std::optional<onednn> load_onednn(std::string& why) {
     find_symbol(handle, "dnnl_get_effective_cpu_isa", lib.effective_isa);
     return lib;
 }
+
+// ---- oneDNN's matmul primitive in bf16
+
+#if defined(DIMSUM_BENCH_HAS_DNNL_H)
+struct onednn_bf16_matmul::api {
+    decltype(&dnnl_engine_create) engine_create = nullptr;
+    decltype(&dnnl_engine_destroy) engine_destroy = nullptr;
+    decltype(&dnnl_stream_create) stream_create = nullptr;
+    decltype(&dnnl_stream_destroy) stream_destroy = nullptr;
+    decltype(&dnnl_stream_wait) stream_wait = nullptr;
+    decltype(&dnnl_memory_desc_init_by_tag) memory_desc_init_by_tag = nullptr;
+    decltype(&dnnl_memory_create) memory_create = nullptr;
+    decltype(&dnnl_memory_destroy) memory_destroy = nullptr;
+    decltype(&dnnl_matmul_desc_init) matmul_desc_init = nullptr;
+    decltype(&dnnl_primitive_desc_create) primitive_desc_create = nullptr;
+    decltype(&dnnl_primitive_desc_query) primitive_desc_query = nullptr;
+    decltype(&dnnl_primitive_desc_destroy) primitive_desc_destroy = nullptr;
+    decltype(&dnnl_primitive_create) primitive_create = nullptr;
+    decltype(&dnnl_primitive_execute) primitive_execute = nullptr;
+    decltype(&dnnl_primitive_destroy) primitive_destroy = nullptr;
+    std::string missing;  // the first function the library lacks; empty if none
+
+    explicit api(void* handle) {
+        auto find = [&](const char* symbol, auto& f) {
+            if (!find_symbol(handle, symbol, f) && missing.empty()) missing = symbol;
+        };
+        find("dnnl_engine_create", engine_create);
+        find("dnnl_engine_destroy", engine_destroy);
+        find("dnnl_stream_create", stream_create);
+        find("dnnl_stream_destroy", stream_destroy);
+        find("dnnl_stream_wait", stream_wait);
+        find("dnnl_memory_desc_init_by_tag", memory_desc_init_by_tag);
+        find("dnnl_memory_create", memory_create);
+        find("dnnl_memory_destroy", memory_destroy);
+        find("dnnl_matmul_desc_init", matmul_desc_init);
+        find("dnnl_primitive_desc_create", primitive_desc_create);
+        find("dnnl_primitive_desc_query", primitive_desc_query);
+        find("dnnl_primitive_desc_destroy", primitive_desc_destroy);
+        find("dnnl_primitive_create", primitive_create);
+        find("dnnl_primitive_execute", primitive_execute);
+        find("dnnl_primitive_destroy", primitive_destroy);
+    }
+};
+
+namespace {
+void check_dnnl(dnnl_status_t status, const char* what) {
+    if (status != dnnl_success) throw std::runtime_error(std::string("onednn: ") + what + " failed with status " + std::to_string(int(status)));
+}
+}  // namespace
+
+onednn_bf16_matmul::onednn_bf16_matmul(const onednn& lib, bool b_transposed, std::size_t m, std::size_t n,
+                                       std::size_t k, const void* a, const void* b, void* c) {
+    static const api functions(lib.handle);  // one library per process
+    if (!functions.missing.empty()) throw std::runtime_error("onednn: " + lib.file + " lacks " + functions.missing);
+    api_ = &functions;
+    const api& f = *api_;
+    try {
+        dnnl_engine_t engine;
+        check_dnnl(f.engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create");
+        engine_ = engine;
+        dnnl_stream_t stream;
+        check_dnnl(f.stream_create(&stream, engine, dnnl_stream_default_flags), "dnnl_stream_create");
+        stream_ = stream;
+        const dnnl_dims_t a_dims = {dnnl_dim_t(m), dnnl_dim_t(k)}, b_dims = {dnnl_dim_t(k), dnnl_dim_t(n)},
+                          c_dims = {dnnl_dim_t(m), dnnl_dim_t(n)};
+        dnnl_memory_desc_t descs[3];
+        check_dnnl(f.memory_desc_init_by_tag(&descs[0], 2, a_dims, dnnl_bf16, dnnl_ab), "dnnl_memory_desc_init_by_tag");
+        // B (k, n) stored (n, k): the (k, n) tensor with its axes permuted
+        check_dnnl(f.memory_desc_init_by_tag(&descs[1], 2, b_dims, dnnl_bf16, b_transposed ? dnnl_ba : dnnl_ab),
+                   "dnnl_memory_desc_init_by_tag");
+        check_dnnl(f.memory_desc_init_by_tag(&descs[2], 2, c_dims, dnnl_bf16, dnnl_ab), "dnnl_memory_desc_init_by_tag");
+        dnnl_matmul_desc_t desc;
+        check_dnnl(f.matmul_desc_init(&desc, &descs[0], &descs[1], nullptr, &descs[2]), "dnnl_matmul_desc_init");
+        dnnl_primitive_desc_t pd;
+        check_dnnl(f.primitive_desc_create(&pd, &desc, nullptr, engine, nullptr), "dnnl_primitive_desc_create");
+        primitive_desc_ = pd;
+        const char* impl = nullptr;
+        if (f.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) implementation_ = impl;
+        dnnl_primitive_t primitive;
+        check_dnnl(f.primitive_create(&primitive, pd), "dnnl_primitive_create");
+        primitive_ = primitive;
+        void* data[3] = {const_cast<void*>(a), const_cast<void*>(b), c};
+        for (int i = 0; i < 3; ++i) {
+            dnnl_memory_t memory;
+            check_dnnl(f.memory_create(&memory, &descs[i], engine, data[i]), "dnnl_memory_create");
+            memory_[i] = memory;
+        }
+    } catch (...) {
+        destroy();
+        throw;
+    }
+}
+
+onednn_bf16_matmul::~onednn_bf16_matmul() { destroy(); }
+
+void onednn_bf16_matmul::destroy() noexcept {
+    const api& f = *api_;
+    for (void*& memory : memory_) {
+        if (memory) f.memory_destroy(static_cast<dnnl_memory_t>(memory));
+        memory = nullptr;
+    }
+    if (primitive_) f.primitive_destroy(static_cast<dnnl_primitive_t>(primitive_));
+    if (primitive_desc_) f.primitive_desc_destroy(static_cast<dnnl_primitive_desc_t>(primitive_desc_));
+    if (stream_) f.stream_destroy(static_cast<dnnl_stream_t>(stream_));
+    if (engine_) f.engine_destroy(static_cast<dnnl_engine_t>(engine_));
+    primitive_ = primitive_desc_ = stream_ = engine_ = nullptr;
+}
+
+void onednn_bf16_matmul::run() const {
+    const api& f = *api_;
+    const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, static_cast<dnnl_memory_t>(memory_[0])},
+                                     {DNNL_ARG_WEIGHTS, static_cast<dnnl_memory_t>(memory_[1])},
+                                     {DNNL_ARG_DST, static_cast<dnnl_memory_t>(memory_[2])}};
+    check_dnnl(f.primitive_execute(static_cast<dnnl_primitive_t>(primitive_), static_cast<dnnl_stream_t>(stream_), 3, args),
+               "dnnl_primitive_execute");
+    check_dnnl(f.stream_wait(static_cast<dnnl_stream_t>(stream_)), "dnnl_stream_wait");
+}
+#else
+struct onednn_bf16_matmul::api {};
+onednn_bf16_matmul::onednn_bf16_matmul(const onednn&, bool, std::size_t, std::size_t, std::size_t, const void*, const void*,
+                                       void*) {
+    throw std::runtime_error("onednn: dimsum_bench was built without dnnl.h (libdnnl-dev), so without its bf16 matmul");
+}
+onednn_bf16_matmul::~onednn_bf16_matmul() = default;
+void onednn_bf16_matmul::destroy() noexcept {}
+void onednn_bf16_matmul::run() const {}
+#endif
 
 // Loads OpenBLAS at its best, changing OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for the
 // moment it loads (it reads them then) and putting them back after, so that nothing else

@@ -181,6 +181,7 @@ struct onednn {
 
     static constexpr const char* name = "onednn";
     std::string file;
+    void* handle = nullptr;  // dlopen()ed, never closed: the bf16 matmul below finds its functions here
     sgemm_fn sgemm = nullptr;
     const version_info* (*version)() = nullptr;
     int (*effective_isa)() = nullptr;  // a dnnl_cpu_isa_t
@@ -192,6 +193,33 @@ struct onednn {
                            std::int64_t(k), b, std::int64_t(b_transposed ? k : n), 0.0f, c, std::int64_t(n));
         if (status != 0) throw std::runtime_error("dnnl_sgemm failed with status " + std::to_string(status));
     }
+};
+
+// oneDNN's matmul primitive in bf16 (its C API, found in the library loaded above): C (m, n)
+// in bf16 = A (m, k) B, with B (k, n) or, b_transposed, (n, k); row-major, contiguous.
+// Created for one shape at the thread count of the moment (oneDNN chooses its blocking
+// then), so that run() times the product alone.
+class onednn_bf16_matmul {
+public:
+    onednn_bf16_matmul(const onednn& lib, bool b_transposed, std::size_t m, std::size_t n, std::size_t k,
+                       const void* a, const void* b, void* c);  // bf16 data; throws std::runtime_error
+    ~onednn_bf16_matmul();
+    onednn_bf16_matmul(const onednn_bf16_matmul&) = delete;
+    onednn_bf16_matmul& operator=(const onednn_bf16_matmul&) = delete;
+    void run() const;
+    // The kernel oneDNN chose, e.g. "brg:avx512_core_bf16".
+    const std::string& implementation() const { return implementation_; }
+
+private:
+    struct api;
+    void destroy() noexcept;
+    const api* api_ = nullptr;
+    void* engine_ = nullptr;
+    void* stream_ = nullptr;
+    void* primitive_desc_ = nullptr;
+    void* primitive_ = nullptr;
+    void* memory_[3] = {};
+    std::string implementation_;
 };
 
 // Loads OpenBLAS with the kernels --openblas-core asks for, leaving the environment as it
@@ -212,12 +240,15 @@ void print_machine(const report& out);
 double fma_peak_gflops(const options& opt, int threads);
 // tdpbf16ps on tiles that stay loaded; 0 where this process cannot use AMX.
 double amx_peak_gflops(const options& opt, int threads);
+// vdpbf16ps on independent chains of 16 sums; 0 where this process cannot use AVX512-BF16.
+double pair_peak_gflops(const options& opt, int threads);
 // memcpy, each thread its own contiguous part; bytes read plus bytes written.
 double copy_gbps(const options& opt, int threads, const float* src, float* dst, std::size_t count);
 
 struct yardsticks {
     std::vector<double> fma_peak;  // GFLOP/s, one per thread count of the options
     std::vector<double> amx_peak;  // GFLOP/s of bf16 on the tiles; 0 without AMX
+    std::vector<double> pair_peak; // GFLOP/s of bf16 with vdpbf16ps; 0 without AVX512-BF16
     std::vector<double> copy;      // GB/s
 };
 

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -139,14 +141,19 @@ bool bf16_selected(const bench& s, const gemm_case& g) {
 // product of the same values, on each bf16 path this CPU runs: on widen, its operands read
 // where they lie and widened as the float GEMM packs (or, for a few rows, loads) them; on amx
 // and avx512_bf16, multiplied in pairs by the bf16 instructions. The result rounded after.
+// In the same rounds, oneDNN's bf16 matmul primitive writes the same bf16 result, and the
+// rows of amx and avx512_bf16 also compare with their instruction's peak.
 void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands) {
     namespace cpu = ds::backend::cpu;
     const auto& a16 = operands.a16;  // not a structured binding: clang 14 cannot capture those
     const auto& b16 = operands.b16;
     const auto& a_wide = operands.a_wide;
     const auto& b_wide = operands.b_wide;
-    ds::tensor<ds::bf16, M, N> c16(M{g.m}, N{g.n});
+    const ds::bf16 nan16(std::numeric_limits<float>::quiet_NaN());
+    ds::tensor<ds::bf16, M, N> c16(M{g.m}, N{g.n}), c16_dnnl(M{g.m}, N{g.n});
     ds::tensor<float, M, N> c(M{g.m}, N{g.n}), c_wide(M{g.m}, N{g.n});
+    // rounding c to bf16 adds at most 2^-9 |c| <= 2^-9 sum |a b| to float's error
+    const double tolerance = gemm_tolerance + std::ldexp(1.0, -9);
     for (const cpu::bf16_path path : cpu::bf16_paths) {
         const std::string name = bf16_row(g, path);
         if (!s.selected(name) || !cpu::support_of(path).usable) continue;
@@ -154,23 +161,49 @@ void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands
         const char* note = path == cpu::bf16_path::widen ? "bf16: widened as packed, float GEMM, rounded"
                            : path == cpu::bf16_path::amx ? "bf16: AMX tdpbf16ps, float sums, rounded"
                                                          : "bf16: vdpbf16ps, float sums, rounded";
-        for (int threads : s.opt.threads) {
+        for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
+            const int threads = s.opt.threads[t];
             const std::string label = name + " (" + std::to_string(threads) + " threads)";
-            fastest bf16_time, float_time;
+            ds::set_num_threads(threads);
+            std::optional<onednn_bf16_matmul> dnnl;
+            if (s.dnnl) {
+                s.dnnl->set_threads(threads);  // before the primitive is made: oneDNN blocks for it
+                try {
+                    dnnl.emplace(*s.dnnl, false, g.m, g.n, g.k, a16.data(), b16.data(), c16_dnnl.data());
+                } catch (const std::runtime_error& e) {
+                    std::fprintf(s.out.table, "skipped: %s: %s\n", label.c_str(), e.what());
+                }
+            }
+            fastest bf16_time, float_time, dnnl_time;
             for (int round = 0; round < rounds(s.opt); ++round) {
                 ds::set_num_threads(threads);
-                c16.fill(ds::bf16(std::numeric_limits<float>::quiet_NaN()));
+                c16.fill(nan16);
                 settle(s.opt);
                 bf16_time.keep(best_seconds(s.opt, [&] { ds::assign(c16, ds::matmul(a16, b16)); }), "");
-                // rounding c to bf16 adds at most 2^-9 |c| <= 2^-9 sum |a b| to float's error
                 ds::assign(c_wide, ds::cast<float>(c16));
-                s.out.check(label + ": dimsum bf16", gemm_error(g, a_wide.data(), b_wide.data(), c_wide.data()),
-                            gemm_tolerance + std::ldexp(1.0, -9));
+                s.out.check(label + ": dimsum bf16", gemm_error(g, a_wide.data(), b_wide.data(), c_wide.data()), tolerance);
                 settle(s.opt);
                 float_time.keep(best_seconds(s.opt, [&] { ds::assign(c, ds::matmul(a_wide, b_wide)); }), "");
+                if (dnnl) {
+                    c16_dnnl.fill(nan16);
+                    s.dnnl->set_threads(threads);
+                    settle(s.opt);
+                    dnnl_time.keep(best_seconds(s.opt, [&] { dnnl->run(); }), dnnl->implementation());
+                    ds::assign(c_wide, ds::cast<float>(c16_dnnl));
+                    s.out.check(label + ": onednn bf16", gemm_error(g, a_wide.data(), b_wide.data(), c_wide.data()), tolerance);
+                }
             }
-            s.out.add({name, threads, g.flops() / bf16_time.seconds * 1e-9, "dimsum_float", g.flops() / float_time.seconds * 1e-9,
-                       "GFLOP/s", note});
+            const double gflops = g.flops() / bf16_time.seconds * 1e-9;
+            s.out.add({name, threads, gflops, "dimsum_float", g.flops() / float_time.seconds * 1e-9, "GFLOP/s", note});
+            if (dnnl) {
+                s.out.add({name, threads, gflops, "onednn_bf16", g.flops() / dnnl_time.seconds * 1e-9, "GFLOP/s",
+                           "matmul primitive, bf16 out: " + dnnl_time.how});
+            }
+            if (path == cpu::bf16_path::amx) {
+                s.out.add({name, threads, gflops, "amx_peak", s.limits.amx_peak[t], "GFLOP/s", "tdpbf16ps on 4 tiles"});
+            } else if (path == cpu::bf16_path::avx512_bf16) {
+                s.out.add({name, threads, gflops, "vdpbf16ps_peak", s.limits.pair_peak[t], "GFLOP/s", "vdpbf16ps chains"});
+            }
         }
     }
 }

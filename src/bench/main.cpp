@@ -39,12 +39,14 @@ int run(const options& opt) {
         src.fill(1.0f);
         s.limits.fma_peak.assign(opt.threads.size(), 0.0);
         s.limits.amx_peak.assign(opt.threads.size(), 0.0);
+        s.limits.pair_peak.assign(opt.threads.size(), 0.0);
         s.limits.copy.assign(opt.threads.size(), 0.0);
         for (int round = 0; round < rounds(opt); ++round) {
             for (std::size_t t = 0; t < opt.threads.size(); ++t) {
                 settle(opt);
                 s.limits.fma_peak[t] = std::max(s.limits.fma_peak[t], fma_peak_gflops(opt, opt.threads[t]));
                 s.limits.amx_peak[t] = std::max(s.limits.amx_peak[t], amx_peak_gflops(opt, opt.threads[t]));
+                s.limits.pair_peak[t] = std::max(s.limits.pair_peak[t], pair_peak_gflops(opt, opt.threads[t]));
                 s.limits.copy[t] = std::max(s.limits.copy[t], copy_gbps(opt, opt.threads[t], src.data(), dst.data(), count));
             }
         }
@@ -54,6 +56,10 @@ int run(const options& opt) {
             if (s.limits.amx_peak[t] > 0) {
                 std::fprintf(out.table, "threads=%d: AMX peak %.1f GFLOP/s (bf16, tdpbf16ps on 4 accumulator tiles), %.2f x the FMA peak\n",
                              opt.threads[t], s.limits.amx_peak[t], s.limits.amx_peak[t] / s.limits.fma_peak[t]);
+            }
+            if (s.limits.pair_peak[t] > 0) {
+                std::fprintf(out.table, "threads=%d: vdpbf16ps peak %.1f GFLOP/s (bf16, independent chains of 16 sums), %.2f x the FMA peak\n",
+                             opt.threads[t], s.limits.pair_peak[t], s.limits.pair_peak[t] / s.limits.fma_peak[t]);
             }
         }
     }
