@@ -19,9 +19,11 @@
 //            depths in pairs: element (pair q, column n, e) = B(2q + e, n). Both kernels read
 //            it: an AMX tile is 16 pairs of one half, a vdpbf16ps operand one pair.
 //
-// Blocking (not tuned: no machine with these instructions has run this code yet). A B panel
-// of kc depths (32 columns, 16 KiB) stays in L1 while every A panel of the block passes it;
-// the A block (mc x kc, 128 KiB) stays in L2.
+// Blocking. A B panel of kc depths (32 columns, 16 KiB) stays in L1 while every A panel of
+// the block passes it; the A block (mc x kc, 128 KiB) stays in L2. On an AMD Zen 5 (48 KiB
+// L1d, 1 MiB L2) the pair kernel spends about 91% of a product in its micro-tiles, and kc
+// 384 or 512, mc 192 or 384, nc 1024 measured no better (docs/performance.md). Not yet tuned
+// for AMX, which has not run.
 
 #include <algorithm>
 #include <array>
@@ -338,13 +340,20 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     constexpr std::size_t tile_rows = Kernel::rows, tile_cols = bf16_blocking::cols;
     const std::size_t m = problem.c.rows, n = problem.c.cols, k = problem.a.cols, items = problem.batch.count();
     if (m == 0 || n == 0 || items == 0) return;
-    // Columns in blocks of at most nc, of about equal widths, each a whole number of
-    // micro-tiles; rows in as many groups as the threads need tasks.
-    const std::size_t col_blocks = (n + bf16_blocking::nc - 1) / bf16_blocking::nc;
-    const std::size_t block_cols = ((n + col_blocks - 1) / col_blocks + tile_cols - 1) / tile_cols * tile_cols;
     const double flops = 2.0 * double(m) * double(n) * double(k) * double(items);
     constexpr double shared_product_flops = 4e6;  // below this a team costs more than it gives (as gemm)
     const int threads = flops < shared_product_flops ? 1 : num_threads();
+    // Columns in blocks of at most nc, of about equal widths, each a whole number of
+    // micro-tiles, and as many more blocks as make the items' blocks a multiple of the
+    // threads, so that no thread waits for another to finish an extra block (each block
+    // packs A again: a small pass beside the product). Rows in as many groups as the threads
+    // still need tasks.
+    const std::size_t col_tiles = (n + tile_cols - 1) / tile_cols;
+    std::size_t col_blocks = (n + bf16_blocking::nc - 1) / bf16_blocking::nc;
+    if (items * col_blocks >= std::size_t(threads)) {
+        while ((items * col_blocks) % std::size_t(threads) != 0 && col_blocks < col_tiles) ++col_blocks;
+    }
+    const std::size_t block_cols = (col_tiles + col_blocks - 1) / col_blocks * tile_cols;
     const std::size_t row_tiles = (m + tile_rows - 1) / tile_rows;
     const std::size_t wanted_groups = (std::size_t(threads) + items * col_blocks - 1) / (items * col_blocks);
     const std::size_t row_groups = std::max<std::size_t>(1, std::min(wanted_groups, row_tiles));
