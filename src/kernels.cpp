@@ -61,6 +61,8 @@ template std::size_t packed_elements<double>(std::size_t, std::size_t);
 template packed_operand<float> pack_operand<float, float>(const matrix<const float>&, float*);
 template packed_operand<float> pack_operand<float, bf16>(const matrix<const bf16>&, float*);
 template packed_operand<double> pack_operand<double, double>(const matrix<const double>&, double*);
+template std::size_t pair_elements<void>(std::size_t, std::size_t);
+template void pack_pairs<void>(const matrix<const bf16>&, bf16*);
 DIMSUM_KERNELS_FOR(float)
 DIMSUM_KERNELS_FOR(double)
 

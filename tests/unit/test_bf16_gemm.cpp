@@ -69,6 +69,7 @@ enum class values { small_integers, normal, specials };
 struct product_case {
     std::size_t items = 1, m = 0, k = 0, n = 0;
     bool a_broadcast = false;  // one A for every item (stride 0 along the batch)
+    bool b_packed_once = false;  // one B for every item, its pairs packed once (pack_pairs)
     layouts layout{};
     values kind = values::normal;
     std::uint64_t seed = 1;
@@ -115,9 +116,9 @@ bf16 value_of(values kind, std::mt19937_64& random, std::size_t index) {
 // products in any order, |error| <= k 2^-24 sum |a b| (plus k 2^-126: sums flushed to zero).
 template <class Kernel>
 void check_case(const product_case& p) {
-    const std::size_t a_items = p.a_broadcast ? 1 : p.items;
+    const std::size_t a_items = p.a_broadcast ? 1 : p.items, b_items = p.b_packed_once ? 1 : p.items;
     std::mt19937_64 random(p.seed);
-    std::vector<bf16> a(a_items * p.m * p.k), b(p.items * p.k * p.n);
+    std::vector<bf16> a(a_items * p.m * p.k), b(b_items * p.k * p.n);
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = value_of(p.kind, random, i);
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = value_of(p.kind, random, i + 50);
     // element (i, j) of item t of each operand
@@ -126,7 +127,7 @@ void check_case(const product_case& p) {
         return a[base + (p.layout.a_transposed ? q * p.m + i : i * p.k + q)];
     };
     auto b_at = [&](std::size_t t, std::size_t q, std::size_t j) {
-        return b[t * p.k * p.n + (p.layout.b_transposed ? j * p.k + q : q * p.n + j)];
+        return b[(p.b_packed_once ? 0 : t) * p.k * p.n + (p.layout.b_transposed ? j * p.k + q : q * p.n + j)];
     };
     const std::size_t c_pad = p.layout.c == layouts::c_kind::padded_rows ? 5 : 0;
     const std::size_t c_item = p.layout.c == layouts::c_kind::columns ? p.m * p.n : p.m * (p.n + c_pad);
@@ -142,8 +143,16 @@ void check_case(const product_case& p) {
     problem.batch.rank = 1;
     problem.batch.extents[0] = p.items;
     problem.batch.strides[0][0] = p.a_broadcast ? 0 : std::ptrdiff_t(p.m * p.k);
-    problem.batch.strides[1][0] = std::ptrdiff_t(p.k * p.n);
+    problem.batch.strides[1][0] = p.b_packed_once ? 0 : std::ptrdiff_t(p.k * p.n);
     problem.batch.strides[2][0] = std::ptrdiff_t(c_item);
+    // B's pairs, packed after NaN everywhere: any element the packing failed to write shows
+    std::vector<bf16> pairs(cpu::pair_elements(p.k, p.n), std::numeric_limits<bf16>::quiet_NaN());
+    cpu::packed_operand<float> packed_b{nullptr, p.k, p.n, 0, 0, 0, pairs.data()};
+    if (p.b_packed_once) {
+        cpu::pack_pairs({b.data(), p.k, p.n, problem.b.row_stride, problem.b.col_stride}, pairs.data());
+        problem.packed_b = &packed_b;
+        problem.b_bf16 = nullptr;  // the kernel must read the pairs alone
+    }
 
     std::vector<int> seen(p.items * p.m * p.n, 0);
     const epilogue_state state{problem.c, std::ptrdiff_t(c_item), &seen, p.m, p.n};
@@ -254,6 +263,20 @@ TEST_CASE("bf16 products of normal values are within float's bound of the double
         check_case<Kernel>({.items = 5, .m = 33, .k = 40, .n = 20, .a_broadcast = true, .kind = values::small_integers});
         check_case<Kernel>({.items = 2, .m = 0, .k = 7, .n = 5});  // nothing to compute
         check_case<Kernel>({.items = 2, .m = 9, .k = 0, .n = 5, .kind = values::small_integers});  // empty sums: C = 0
+    });
+}
+
+TEST_CASE("bf16 products read B's pairs packed once, B row-major or transposed, for every item") {
+    for_kernels_and_threads([]<class Kernel>() {
+        for (const auto [m, k, n] : sizes) {
+            for (const bool b_transposed : {false, true}) {
+                for (const values kind : {values::small_integers, values::specials}) {
+                    INFO(m << " x " << k << " x " << n << (b_transposed ? ", B transposed" : ""));
+                    check_case<Kernel>({.items = 2, .m = m, .k = k, .n = n, .b_packed_once = true,
+                                        .layout = {.b_transposed = b_transposed}, .kind = kind, .seed = m + k});
+                }
+            }
+        }
     });
 }
 

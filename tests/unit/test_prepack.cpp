@@ -63,21 +63,33 @@ TEST_CASE("prepack: every other use of a packed matrix reads the matrix itself")
     CHECK(count(ds::backend::cpu::evaluator{}.explain(ds::matmul(packed, z)), "packed once") == 0);
 }
 
-TEST_CASE("prepack: a bf16 matrix is packed into float panels and read without a convert") {
+TEST_CASE("prepack: a bf16 matrix is packed into float panels (and pairs) and read without a convert") {
+    namespace cpu = ds::backend::cpu;
     ds::tensor<ds::bf16, Rows, Inner> x(Rows{300}, Inner{70});
     ds::tensor<ds::bf16, Inner, Cols> w(Inner{70}, Cols{45});
     ds::fill_normal(x, 1);
     ds::fill_normal(w, 2);
-    const auto packed = ds::prepack(w);
-    const std::string plan = ds::backend::cpu::evaluator{}.explain(ds::matmul(x, packed));
-    INFO(plan);
-    CHECK(count(plan, "convert") == 0);  // x read where it lies, w from its packing
-    CHECK(count(plan, "[bf16 read where it lies]") == 1);
-    CHECK(count(plan, "[right operand packed once]") == 1);
-    require_same_bits(ds::eval(ds::matmul(x, packed)), ds::eval(ds::matmul(x, w)));
-    // float panels: 70 x 45 rounded up to the micro-kernel's width (at most 32 floats more a row)
-    CHECK(packed.bytes() >= 70 * 45 * sizeof(float));
-    CHECK(packed.bytes() < 70 * (45 + 32) * sizeof(float));
+    // on every path this CPU runs: widen reads the float panels, amx and avx512_bf16 the pairs
+    for (const cpu::bf16_path path : cpu::bf16_paths) {
+        if (!cpu::support_of(path).usable) continue;
+        INFO("bf16 path " << cpu::name(path));
+        const cpu::scoped_bf16_path chosen(path);
+        const auto packed = ds::prepack(w);
+        const std::string plan = cpu::evaluator{}.explain(ds::matmul(x, packed));
+        INFO(plan);
+        CHECK(count(plan, "convert") == 0);  // x read where it lies, w from its packing
+        CHECK(count(plan, "[bf16 read where it lies]") == 1);
+        CHECK(count(plan, "[right operand packed once]") == 1);
+        // the same sums in the same order as packing w at each call
+        const std::size_t before = cpu::bf16_products(path);
+        require_same_bits(ds::eval(ds::matmul(x, packed)), ds::eval(ds::matmul(x, w)));
+        CHECK(cpu::bf16_products(path) - before == 2);
+        // float panels: 70 x 45 rounded up to the micro-kernel's width (at most 32 floats more a
+        // row); the pairs: 70 x 45 rounded up to 96 x 64, in bf16
+        const std::size_t pairs = path == cpu::bf16_path::widen ? 0 : 96 * 64 * sizeof(ds::bf16);
+        CHECK(packed.bytes() >= 70 * 45 * sizeof(float) + pairs);
+        CHECK(packed.bytes() < 70 * (45 + 32) * sizeof(float) + pairs);
+    }
 }
 
 TEST_CASE("prepack: a formula of another type reads the values of a matrix packed once") {
@@ -134,8 +146,12 @@ TEST_CASE("a multi-head attention layer packed once: the same outputs, fused or 
             REQUIRE(l->packed_bytes() == 0);
             l->prepack();
             // W_Q, W_K, W_V (48 x 48 each) and W_O, in float, each 48 columns rounded up to the
-            // micro-kernel's width (16 floats with AVX2: 48; 32 with AVX-512: 64)
-            CHECK(l->packed_bytes() == 4 * ds::backend::cpu::packed_elements<float>(48, 48) * sizeof(float));
+            // micro-kernel's width (16 floats with AVX2: 48; 32 with AVX-512: 64); a bf16 layer
+            // packed where the bf16 path has the bf16 instructions, also each one's pairs
+            namespace cpu = ds::backend::cpu;
+            const bool pairs = std::is_same_v<T, ds::bf16> && cpu::current_bf16_path() != cpu::bf16_path::widen;
+            CHECK(l->packed_bytes() == 4 * cpu::packed_elements<float>(48, 48) * sizeof(float) +
+                                           (pairs ? 4 * cpu::pair_elements(48, 48) * sizeof(ds::bf16) : 0));
             CHECK(l->packed_bytes() >= 4 * 48 * 48 * sizeof(float));
             require_same_bits((*l)(x), plain);
             require_same_bits((*l)(x, {.causal = true}), causal);

@@ -298,11 +298,12 @@ template <class Kernel>
 inline constexpr std::size_t bf16_mc = bf16_blocking::mc / Kernel::rows * Kernel::rows;
 
 // One task of bf16_gemm: rows [row_first, row_last) x columns [col_first, col_last) of C,
-// every depth. The depths outermost, so that a B block is packed once for all the task's rows;
-// C holds the partial sums in between, which the next depth block reads back. The epilogue
-// sees each mc-row region once its every depth is summed.
+// every depth. The depths outermost, so that a B block is packed once for all the task's rows
+// (or, with B's pairs packed once, read from them); C holds the partial sums in between,
+// which the next depth block reads back. The epilogue sees each mc-row region once its every
+// depth is summed.
 template <class Kernel>
-void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const bf16>& b, const matrix<float>& c,
+void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const bf16>& b, const bf16* pairs, const matrix<float>& c,
                std::size_t item, std::size_t row_first, std::size_t row_last, std::size_t col_first, std::size_t col_last,
                const gemm_epilogue& epilogue, bf16* packed_a, bf16* packed_b) {
     constexpr std::size_t rows_per_tile = Kernel::rows, cols_per_tile = bf16_blocking::cols, mc = bf16_mc<Kernel>;
@@ -310,8 +311,9 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
     for (std::size_t pc = 0; pc < k; pc += bf16_blocking::kc) {
         const std::size_t depth = std::min(bf16_blocking::kc, k - pc);
         const std::size_t dp = (depth + bf16_blocking::depth_step - 1) / bf16_blocking::depth_step * bf16_blocking::depth_step;
-        // pass 1: this block of B, in panels of 32 columns
-        pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_b);
+        // pass 1: this block of B, in panels of 32 columns (pack_pairs's block pc, from column col_first)
+        const bf16* const block_b = pairs ? pairs + pc * round_up(b.cols, cols_per_tile) + col_first * dp : packed_b;
+        if (!pairs) pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_b);
         for (std::size_t ic = row_first; ic < row_last; ic += mc) {
             const std::size_t rows = std::min(mc, row_last - ic);
             // pass 2: this block of A, in panels of the kernel's rows
@@ -321,7 +323,7 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
                 for (std::size_t ir = 0; ir < rows; ir += rows_per_tile) {
                     const matrix<float> tile = sub(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir),
                                                        std::min(cols_per_tile, cols - jr));
-                    kernel.block(packed_a + ir * dp, packed_b + jr * dp, dp, tile, pc != 0);
+                    kernel.block(packed_a + ir * dp, block_b + jr * dp, dp, tile, pc != 0);
                 }
             }
             if (pc + depth == k) epilogue(item, ic, col_first, rows, cols);
@@ -331,10 +333,27 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
 
 }  // namespace detail
 
+// (kernels.hpp) The pairs of a bf16 matrix (k x n): each block of kc depths after the other,
+// each as pack_bf16_b lays out all n columns, so that block pc starts at pc x n rounded up to
+// 32 (every block before it holds kc depths, a multiple of 32).
+template <class>
+std::size_t pair_elements(std::size_t rows, std::size_t cols) {
+    return detail::round_up(cols, bf16_blocking::cols) * detail::round_up(rows, bf16_blocking::depth_step);
+}
+template <class>
+void pack_pairs(const matrix<const bf16>& m, bf16* pairs) {
+    const std::size_t padded_cols = detail::round_up(m.cols, bf16_blocking::cols);
+    for (std::size_t pc = 0; pc < m.rows; pc += bf16_blocking::kc) {
+        const std::size_t depth = std::min(bf16_blocking::kc, m.rows - pc);
+        const std::size_t dp = detail::round_up(depth, bf16_blocking::depth_step);
+        detail::pack_bf16_b(sub(m, pc, 0, depth, m.cols), m.cols, depth, dp, pairs + pc * padded_cols);
+    }
+}
+
 // C = A B (gemm's problem with both operands of bf16, a_bf16 and b_bf16, at any strides; B's
-// panels packed once are not read), then the epilogue on each finished region. Each thread
-// takes whole tasks (an item's rows x columns), packs its own operands and configures its own
-// kernel (AMX: its own tiles).
+// pairs read where packed once, its float panels never), then the epilogue on each finished
+// region. Each thread takes whole tasks (an item's rows x columns), packs its own operands
+// and configures its own kernel (AMX: its own tiles).
 template <class Kernel>
 void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue) {
     constexpr std::size_t tile_rows = Kernel::rows, tile_cols = bf16_blocking::cols;
@@ -360,7 +379,12 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     const std::size_t tasks = items * col_blocks * row_groups;
     const std::size_t dp = std::max<std::size_t>(
         1, std::min(bf16_blocking::kc, (k + bf16_blocking::depth_step - 1) / bf16_blocking::depth_step * bf16_blocking::depth_step));
-    const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = block_cols * dp;
+    // B's pairs packed once are the same for every item (gemm's check_packed) and of B's extents
+    const bf16* const pairs = problem.packed_b ? problem.packed_b->pairs : nullptr;
+    if (pairs && (problem.packed_b->rows != k || problem.packed_b->cols != n)) {
+        throw std::logic_error("dimsum: gemm: an operand packed once does not fit this product");
+    }
+    const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = pairs ? 0 : block_cols * dp;
     auto prepare = [&] {
         scratch<bf16>(scratch_use::packed_a, packed_a_size);
         scratch<bf16>(scratch_use::packed_b, packed_b_size);
@@ -398,7 +422,7 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
                 epilogue(item, row_first, col_first, row_last - row_first, col_last - col_first);
                 continue;
             }
-            detail::bf16_task(kernel, a, b, c, item, row_first, row_last, col_first, col_last, epilogue, packed_a, packed_b);
+            detail::bf16_task(kernel, a, b, pairs, c, item, row_first, row_last, col_first, col_last, epilogue, packed_a, packed_b);
         }
     });
 }

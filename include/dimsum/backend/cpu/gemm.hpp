@@ -57,10 +57,6 @@ struct gemm_tiling {
 
 namespace detail {
 
-constexpr std::size_t round_up(std::size_t value, std::size_t multiple) {
-    return (value + multiple - 1) / multiple * multiple;
-}
-
 #if defined(__AVX512F__)
 // Transposes the 16 x 16 floats held in r[0..15] (r[i] = row i) in 4 rounds of shuffles.
 inline void transpose_16x16(__m512 r[16]) {

@@ -55,6 +55,13 @@ matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col, std::size_t 
     return part;
 }
 
+namespace detail {
+// value rounded up to a multiple of `multiple` (a panel's width, a block's depth)
+constexpr std::size_t round_up(std::size_t value, std::size_t multiple) {
+    return (value + multiple - 1) / multiple * multiple;
+}
+}  // namespace detail
+
 inline constexpr std::size_t max_batch_rank = max_rank - 2;
 
 // The leading (batch) axes of a problem on N operands, and each operand's strides along
@@ -84,11 +91,14 @@ struct batch_layout {
 
 // The right operand of products packed once (ds::prepack): every panel gemm would pack from
 // it, in the order gemm reads them, for the tiling (nr, kc, nc) it was packed for.
+// A matrix of bf16 may also hold `pairs`: its panels for the bf16 instructions (bf16_gemm.hpp),
+// which the amx and avx512_bf16 paths read instead (null: they pack B at each call).
 template <class T>
 struct packed_operand {
     const T* panels = nullptr;
     std::size_t rows = 0, cols = 0;
     std::size_t nr = 0, kc = 0, nc = 0;
+    const bf16* pairs = nullptr;
 };
 
 // The elements of a packed_operand of rows x cols, and the packing of m into `panels` of that
@@ -97,6 +107,11 @@ template <class T>
 std::size_t packed_elements(std::size_t rows, std::size_t cols);
 template <class T, class U>
 packed_operand<T> pack_operand(const matrix<const U>& m, T* panels);
+// Likewise for a bf16 matrix's pairs (packed_operand::pairs): their elements, and m packed.
+template <class = void>
+std::size_t pair_elements(std::size_t rows, std::size_t cols);
+template <class = void>
+void pack_pairs(const matrix<const bf16>& m, bf16* pairs);
 
 // C = A B for each item of the batch; A, B and C hold item 0.
 template <class T>

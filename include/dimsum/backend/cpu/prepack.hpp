@@ -11,12 +11,16 @@
 //
 // Memory: the panels hold rows x cols rounded up to the micro-kernel's width (16 floats with
 // AVX2, 32 with AVX-512), in the compute type: the size of w for float and double, twice its
-// size for bf16. `bytes()` tells.
+// size for bf16. A bf16 w packed where the bf16 path in use is amx or avx512_bf16 also holds
+// its pairs for those instructions (bf16_gemm.hpp; rows rounded up to 32, columns to 32):
+// once more its size, three times in all, since products of a float A by w (a layer's
+// intermediate values) still read the float panels. `bytes()` tells.
 
 #include <cstddef>
 #include <memory>
 #include <type_traits>
 
+#include "dimsum/backend/cpu/bf16_paths.hpp"
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/core/bf16.hpp"
 #include "dimsum/core/element_type.hpp"
@@ -34,8 +38,9 @@ namespace dimsum {
 template <class C>
 struct matrix_panels {
     detail::aligned_buffer<C> memory;
+    detail::aligned_buffer<bf16> pairs;  // a bf16 matrix's, for the bf16 instructions; else empty
     backend::cpu::packed_operand<C> operand;
-    std::size_t bytes() const { return memory.size() * sizeof(C); }
+    std::size_t bytes() const { return memory.size() * sizeof(C) + pairs.size() * sizeof(bf16); }
 };
 
 // The panels of w, in its compute type (float for bf16), shared by whoever reads them.
@@ -47,6 +52,13 @@ std::shared_ptr<const matrix_panels<compute_type_t<T>>> pack_panels(const tensor
     auto panels = std::make_shared<matrix_panels<C>>();
     panels->memory = detail::aligned_buffer<C>(backend::cpu::packed_elements<C>(m.rows, m.cols));
     panels->operand = backend::cpu::pack_operand<C, T>(m, panels->memory.data());
+    if constexpr (std::is_same_v<T, bf16>) {
+        if (backend::cpu::current_bf16_path() != backend::cpu::bf16_path::widen) {
+            panels->pairs = detail::aligned_buffer<bf16>(backend::cpu::pair_elements(m.rows, m.cols));
+            backend::cpu::pack_pairs(m, panels->pairs.data());
+            panels->operand.pairs = panels->pairs.data();
+        }
+    }
     return panels;
 }
 
