@@ -146,9 +146,11 @@ void check_case(const product_case& p) {
     problem.batch.strides[1][0] = p.b_packed_once ? 0 : std::ptrdiff_t(p.k * p.n);
     problem.batch.strides[2][0] = std::ptrdiff_t(c_item);
     // B's pairs, packed after NaN everywhere: any element the packing failed to write shows
-    std::vector<bf16> pairs(cpu::pair_elements(p.k, p.n), std::numeric_limits<bf16>::quiet_NaN());
-    cpu::packed_operand<float> packed_b{nullptr, p.k, p.n, 0, 0, 0, pairs.data()};
+    std::vector<bf16> pairs;
+    cpu::packed_operand<float> packed_b{nullptr, p.k, p.n, 0, 0, 0, nullptr};
     if (p.b_packed_once) {
+        pairs.assign(cpu::pair_elements(p.k, p.n), std::numeric_limits<bf16>::quiet_NaN());
+        packed_b.pairs = pairs.data();
         cpu::pack_pairs({b.data(), p.k, p.n, problem.b.row_stride, problem.b.col_stride}, pairs.data());
         problem.packed_b = &packed_b;
         problem.b_bf16 = nullptr;  // the kernel must read the pairs alone

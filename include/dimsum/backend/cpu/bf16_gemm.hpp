@@ -297,6 +297,13 @@ inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size
 template <class Kernel>
 inline constexpr std::size_t bf16_mc = bf16_blocking::mc / Kernel::rows * Kernel::rows;
 
+// Where, in a bf16 matrix's pairs (pack_pairs) of `cols` columns, the depth block starting
+// at pc (of dp depths, padded) holds column col: the blocks before it hold kc depths each, a
+// multiple of 32, across all columns rounded up to 32.
+inline std::size_t pair_block_offset(std::size_t cols, std::size_t pc, std::size_t col, std::size_t dp) {
+    return pc * round_up(cols, bf16_blocking::cols) + col * dp;
+}
+
 // One task of bf16_gemm: rows [row_first, row_last) x columns [col_first, col_last) of C,
 // every depth. The depths outermost, so that a B block is packed once for all the task's rows
 // (or, with B's pairs packed once, read from them); C holds the partial sums in between,
@@ -310,9 +317,9 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
     const std::size_t k = a.cols, cols = col_last - col_first;
     for (std::size_t pc = 0; pc < k; pc += bf16_blocking::kc) {
         const std::size_t depth = std::min(bf16_blocking::kc, k - pc);
-        const std::size_t dp = (depth + bf16_blocking::depth_step - 1) / bf16_blocking::depth_step * bf16_blocking::depth_step;
-        // pass 1: this block of B, in panels of 32 columns (pack_pairs's block pc, from column col_first)
-        const bf16* const block_b = pairs ? pairs + pc * round_up(b.cols, cols_per_tile) + col_first * dp : packed_b;
+        const std::size_t dp = round_up(depth, bf16_blocking::depth_step);
+        // pass 1: this block of B, in panels of 32 columns (or its pairs packed once)
+        const bf16* const block_b = pairs ? pairs + pair_block_offset(b.cols, pc, col_first, dp) : packed_b;
         if (!pairs) pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_b);
         for (std::size_t ic = row_first; ic < row_last; ic += mc) {
             const std::size_t rows = std::min(mc, row_last - ic);
@@ -334,19 +341,17 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
 }  // namespace detail
 
 // (kernels.hpp) The pairs of a bf16 matrix (k x n): each block of kc depths after the other,
-// each as pack_bf16_b lays out all n columns, so that block pc starts at pc x n rounded up to
-// 32 (every block before it holds kc depths, a multiple of 32).
+// each as pack_bf16_b lays out all n columns (detail::pair_block_offset).
 template <class>
 std::size_t pair_elements(std::size_t rows, std::size_t cols) {
     return detail::round_up(cols, bf16_blocking::cols) * detail::round_up(rows, bf16_blocking::depth_step);
 }
 template <class>
 void pack_pairs(const matrix<const bf16>& m, bf16* pairs) {
-    const std::size_t padded_cols = detail::round_up(m.cols, bf16_blocking::cols);
     for (std::size_t pc = 0; pc < m.rows; pc += bf16_blocking::kc) {
         const std::size_t depth = std::min(bf16_blocking::kc, m.rows - pc);
         const std::size_t dp = detail::round_up(depth, bf16_blocking::depth_step);
-        detail::pack_bf16_b(sub(m, pc, 0, depth, m.cols), m.cols, depth, dp, pairs + pc * padded_cols);
+        detail::pack_bf16_b(sub(m, pc, 0, depth, m.cols), m.cols, depth, dp, pairs + detail::pair_block_offset(m.cols, pc, 0, dp));
     }
 }
 
@@ -377,8 +382,7 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     const std::size_t wanted_groups = (std::size_t(threads) + items * col_blocks - 1) / (items * col_blocks);
     const std::size_t row_groups = std::max<std::size_t>(1, std::min(wanted_groups, row_tiles));
     const std::size_t tasks = items * col_blocks * row_groups;
-    const std::size_t dp = std::max<std::size_t>(
-        1, std::min(bf16_blocking::kc, (k + bf16_blocking::depth_step - 1) / bf16_blocking::depth_step * bf16_blocking::depth_step));
+    const std::size_t dp = std::max<std::size_t>(1, std::min(bf16_blocking::kc, detail::round_up(k, bf16_blocking::depth_step)));
     // B's pairs packed once are the same for every item (gemm's check_packed) and of B's extents
     const bf16* const pairs = problem.packed_b ? problem.packed_b->pairs : nullptr;
     if (pairs && (problem.packed_b->rows != k || problem.packed_b->cols != n)) {
