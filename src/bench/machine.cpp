@@ -131,17 +131,24 @@ double busy_cores() {
     return (1.0 - (idle1 - idle0) / (total1 - total0)) * omp_get_num_procs();
 }
 
-}  // namespace
-
-double fma_peak_gflops(const options& opt, int threads) {
+// GFLOP/s of `chains_run` (fma_chains_run, pair_chains_run) on every thread, each with its
+// own seed, at flops_per_step for each of the fma_chains chains per iteration.
+template <class Run>
+double chains_gflops(const options& opt, int threads, Run chains_run, double flops_per_step) {
     std::int64_t iterations = opt.quick ? 400'000 : 4'000'000;  // 4M: about 10 ms a call
     std::vector<float> results(threads);
     double seconds = best_seconds(yardstick_timing(opt), [&] {
 #pragma omp parallel num_threads(threads)
-        results[omp_get_thread_num()] = fma_chains_run(iterations, 1.0f + float(omp_get_thread_num()));
+        results[omp_get_thread_num()] = chains_run(iterations, 1.0f + float(omp_get_thread_num()));
     });
     for (float r : results) fma_sink = r;
-    return 2.0 * fma_chains * double(simd::size) * double(iterations) * threads / seconds * 1e-9;
+    return flops_per_step * fma_chains * double(iterations) * threads / seconds * 1e-9;
+}
+
+}  // namespace
+
+double fma_peak_gflops(const options& opt, int threads) {
+    return chains_gflops(opt, threads, fma_chains_run, 2.0 * double(simd::size));  // a multiply and an add per lane
 }
 
 double amx_peak_gflops(const options& opt, int threads) {
@@ -164,15 +171,7 @@ double amx_peak_gflops(const options& opt, int threads) {
 double pair_peak_gflops(const options& opt, int threads) {
 #if defined(__AVX512F__)
     if (!ds::backend::cpu::support_of(ds::backend::cpu::bf16_path::avx512_bf16).usable) return 0;
-    std::int64_t iterations = opt.quick ? 400'000 : 4'000'000;
-    std::vector<float> results(threads);
-    double seconds = best_seconds(yardstick_timing(opt), [&] {
-#pragma omp parallel num_threads(threads)
-        results[omp_get_thread_num()] = pair_chains_run(iterations, 1.0f + float(omp_get_thread_num()));
-    });
-    for (float r : results) fma_sink = r;
-    constexpr double flops_per_dot = 2.0 * 16 * 2;  // 16 sums, each += two products
-    return flops_per_dot * fma_chains * double(iterations) * threads / seconds * 1e-9;
+    return chains_gflops(opt, threads, pair_chains_run, 2.0 * 16 * 2);  // 16 sums, each += two products
 #else
     (void)opt;
     (void)threads;
