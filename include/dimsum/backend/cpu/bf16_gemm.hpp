@@ -30,7 +30,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
+#include "dimsum/backend/cpu/bf16_paths.hpp"
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
@@ -233,6 +236,17 @@ struct pair_kernel {
     }
 };
 
+// A kernel configured from construction to destruction (AMX: the calling thread's tiles),
+// released however the work in between ends.
+template <class Kernel>
+struct configured_kernel {
+    Kernel kernel;
+    configured_kernel() { kernel.configure(); }
+    ~configured_kernel() { kernel.release(); }
+    configured_kernel(const configured_kernel&) = delete;
+    configured_kernel& operator=(const configured_kernel&) = delete;
+};
+
 namespace detail {
 
 // Packs rows [0, rows) and depths [0, depth) of a into panels of R rows, dp depths each.
@@ -399,11 +413,7 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
         bf16* const packed_b = scratch<bf16>(scratch_use::packed_b, packed_b_size);
         // configured for this thread's tasks, released however they end (an epilogue is a fused
         // elementwise pass: it never multiplies, so never reconfigures the tiles under us)
-        struct configured_kernel {
-            Kernel kernel;
-            configured_kernel() { kernel.configure(); }
-            ~configured_kernel() { kernel.release(); }
-        } configured;
+        configured_kernel<Kernel> configured;
         Kernel& kernel = configured.kernel;
         for (std::size_t task = first; task < last; ++task) {
             const std::size_t group = task % row_groups, block = task / row_groups % col_blocks;
@@ -429,6 +439,31 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
             detail::bf16_task(kernel, a, b, pairs, c, item, row_first, row_last, col_first, col_last, epilogue, packed_a, packed_b);
         }
     });
+}
+
+// run.template operator()<Kernel>() with the kernel of `path` on the instructions: true for
+// amx and avx512_bf16; false for widen, which has none (the float kernels). `who` names the
+// caller in the error of a path this build cannot issue (bf16_paths.hpp never picks one).
+template <class Run>
+bool with_bf16_kernel(bf16_path path, const char* who, Run&& run) {
+    switch (path) {
+        case bf16_path::amx:
+#if defined(__x86_64__)
+            run.template operator()<tile_kernel<amx_tiles>>();
+            return true;
+#else
+            throw std::logic_error(std::string("dimsum: ") + who + ": the amx path needs an x86-64 build");
+#endif
+        case bf16_path::avx512_bf16:
+#if defined(__AVX512F__)
+            run.template operator()<pair_kernel<avx512_pairs>>();
+            return true;
+#else
+            throw std::logic_error(std::string("dimsum: ") + who + ": the avx512_bf16 path needs kernels compiled for AVX-512");
+#endif
+        case bf16_path::widen: return false;
+    }
+    return false;
 }
 
 }  // namespace dimsum::backend::cpu

@@ -652,21 +652,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
         if (problem.a_bf16 && problem.b_bf16) {
             const bf16_path path = few_rows_of_b ? bf16_path::widen : current_bf16_path();
             detail::products_on(path).fetch_add(1, std::memory_order_relaxed);
-            switch (path) {
-                case bf16_path::amx:
-#if defined(__x86_64__)
-                    return bf16_gemm<tile_kernel<amx_tiles>>(problem, epilogue);
-#else
-                    throw std::logic_error("dimsum: gemm: the amx path needs an x86-64 build");
-#endif
-                case bf16_path::avx512_bf16:
-#if defined(__AVX512F__)
-                    return bf16_gemm<pair_kernel<avx512_pairs>>(problem, epilogue);
-#else
-                    throw std::logic_error("dimsum: gemm: the avx512_bf16 path needs kernels compiled for AVX-512");
-#endif
-                case bf16_path::widen: break;
-            }
+            if (with_bf16_kernel(path, "gemm", [&]<class Kernel>() { bf16_gemm<Kernel>(problem, epilogue); })) return;
         }
     }
     if (few_rows_of_b) {
