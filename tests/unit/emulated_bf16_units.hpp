@@ -1,11 +1,15 @@
 // Stand-ins for the bf16 dot-product instructions of backend/cpu/bf16_gemm.hpp (amx_tiles,
 // avx512_pairs): each instruction computed from its definition in Intel's manual, in plain
-// C++, so that bf16_gemm's packing, blocking, edges and epilogue are tested on any CPU. The
-// tiles also check how a kernel uses them: no tile instruction before configure() or after
-// release(), and every unit released.
+// C++, so that the packing, blocking, edges and epilogue of bf16_gemm, and the blocks of
+// attention's bf16 path (attention.hpp), are tested on any CPU. The tiles also check how a
+// kernel uses them: no tile instruction before configure() or after release(), and every unit
+// released.
 #pragma once
 
+#include <catch2/catch.hpp>
 #include <dimsum/backend/cpu/bf16_gemm.hpp>
+#include <dimsum/backend/cpu/bf16_paths.hpp>
+#include <dimsum/runtime/threads.hpp>
 
 #include <atomic>
 #include <bit>
@@ -141,5 +145,38 @@ struct emulated_pairs {
         return s;
     }
 };
+
+// body.template operator()<Kernel>(name) for each kernel under test: both on the stand-ins;
+// or, built with DIMSUM_TEST_BF16_HARDWARE, each whose instructions this process may use.
+template <class Body>
+void for_each_kernel(Body&& body) {
+    namespace cpu = dimsum::backend::cpu;
+#if defined(DIMSUM_TEST_BF16_HARDWARE)
+#if defined(__x86_64__)
+    if (cpu::support_of(cpu::bf16_path::amx).usable) body.template operator()<cpu::tile_kernel<cpu::amx_tiles>>("amx");
+#endif
+#if defined(__AVX512F__)
+    if (cpu::support_of(cpu::bf16_path::avx512_bf16).usable) {
+        body.template operator()<cpu::pair_kernel<cpu::avx512_pairs>>("avx512_bf16");
+    }
+#endif
+#else
+    body.template operator()<cpu::tile_kernel<emulated_tiles>>("amx, emulated");
+    body.template operator()<cpu::pair_kernel<emulated_pairs>>("avx512_bf16, emulated");
+#endif
+}
+
+// body.template operator()<Kernel>() for each kernel under test, on 1 and 2 threads.
+template <class Body>
+void for_kernels_and_threads(Body&& body) {
+    for_each_kernel([&]<class Kernel>(const char* name) {
+        for (const int threads : {1, 2}) {
+            INFO(name << ", " << threads << " threads");
+            dimsum::set_num_threads(threads);
+            body.template operator()<Kernel>();
+        }
+        dimsum::set_num_threads(0);
+    });
+}
 
 }  // namespace test

@@ -1,6 +1,6 @@
-// The main of bf16_instructions_on_this_cpu: the bf16 products' tests on the instructions
-// themselves (AMX, AVX512-BF16) where this process may use them; where it may use neither,
-// ctest's skip code (77), with the reasons.
+// The main of bf16_instructions_on_this_cpu: the tests of the bf16 products and of attention
+// of bf16 on the instructions themselves (AMX, AVX512-BF16) where this process may use them;
+// where it may use neither, ctest's skip code (77), with the reasons.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 

@@ -26,24 +26,6 @@ using ds::bf16;
 
 namespace {
 
-// body.template operator()<Kernel>(name) for each kernel under test.
-template <class Body>
-void for_each_kernel(Body&& body) {
-#if defined(DIMSUM_TEST_BF16_HARDWARE)
-#if defined(__x86_64__)
-    if (cpu::support_of(cpu::bf16_path::amx).usable) body.template operator()<cpu::tile_kernel<cpu::amx_tiles>>("amx");
-#endif
-#if defined(__AVX512F__)
-    if (cpu::support_of(cpu::bf16_path::avx512_bf16).usable) {
-        body.template operator()<cpu::pair_kernel<cpu::avx512_pairs>>("avx512_bf16");
-    }
-#endif
-#else
-    body.template operator()<cpu::tile_kernel<test::emulated_tiles>>("amx, emulated");
-    body.template operator()<cpu::pair_kernel<test::emulated_pairs>>("avx512_bf16, emulated");
-#endif
-}
-
 // The instructions a kernel issues per micro-tile and 32 depths, counted by the stand-ins.
 template <class Kernel>
 long dots_per_step() {
@@ -213,23 +195,10 @@ const extents sizes[] = {{1, 1, 1},     {5, 31, 17},   {12, 32, 16},  {13, 33, 3
                          {32, 65, 31},  {33, 100, 47}, {70, 255, 64}, {64, 256, 96},  {97, 257, 65},  {252, 40, 33},
                          {253, 40, 33}, {257, 300, 40}, {40, 520, 545}};
 
-// body.template operator()<Kernel>() for each kernel under test, on 1 and 2 threads.
-template <class Body>
-void for_kernels_and_threads(Body&& body) {
-    for_each_kernel([&]<class Kernel>(const char* name) {
-        for (const int threads : {1, 2}) {
-            INFO(name << ", " << threads << " threads");
-            ds::set_num_threads(threads);
-            body.template operator()<Kernel>();
-        }
-        ds::set_num_threads(0);
-    });
-}
-
 }  // namespace
 
 TEST_CASE("bf16 products of small integers are exact, through every edge of the tiles and blocks") {
-    for_kernels_and_threads([]<class Kernel>() {
+    test::for_kernels_and_threads([]<class Kernel>() {
         for (const auto [m, k, n] : sizes) {
             INFO(m << " x " << k << " x " << n);
             check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .kind = values::small_integers, .seed = m * 7 + k});
@@ -238,7 +207,7 @@ TEST_CASE("bf16 products of small integers are exact, through every edge of the 
 }
 
 TEST_CASE("bf16 products read transposed operands and write strided and column-major C") {
-    for_kernels_and_threads([]<class Kernel>() {
+    test::for_kernels_and_threads([]<class Kernel>() {
         for (const auto [m, k, n] : {extents{33, 70, 47}, extents{70, 300, 33}}) {
             for (const bool a_transposed : {false, true}) {
                 for (const bool b_transposed : {false, true}) {
@@ -256,7 +225,7 @@ TEST_CASE("bf16 products read transposed operands and write strided and column-m
 }
 
 TEST_CASE("bf16 products of normal values are within float's bound of the double product, through batches") {
-    for_kernels_and_threads([]<class Kernel>() {
+    test::for_kernels_and_threads([]<class Kernel>() {
         for (const auto [m, k, n] : sizes) {
             INFO(m << " x " << k << " x " << n);
             check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .kind = values::normal, .seed = k});
@@ -269,7 +238,7 @@ TEST_CASE("bf16 products of normal values are within float's bound of the double
 }
 
 TEST_CASE("bf16 products read B's pairs packed once, B row-major or transposed, for every item") {
-    for_kernels_and_threads([]<class Kernel>() {
+    test::for_kernels_and_threads([]<class Kernel>() {
         for (const auto [m, k, n] : sizes) {
             for (const bool b_transposed : {false, true}) {
                 for (const values kind : {values::small_integers, values::specials}) {
@@ -283,7 +252,7 @@ TEST_CASE("bf16 products read B's pairs packed once, B row-major or transposed, 
 }
 
 TEST_CASE("bf16 products carry NaN and infinities from every lane, and padding never leaks into C") {
-    for_kernels_and_threads([]<class Kernel>() {
+    test::for_kernels_and_threads([]<class Kernel>() {
         // first a product all of NaN, which leaves NaN in every thread's packing buffers: the
         // padding of the next products must be written, not found
         std::vector<bf16> nan(300 * 300, std::numeric_limits<bf16>::quiet_NaN());

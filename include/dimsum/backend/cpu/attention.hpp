@@ -16,13 +16,22 @@
 // see the most keys), handed out one at a time so that the threads finish together; and when
 // there are fewer of those than threads (decoding one sequence), each task's keys are split
 // too, and the partial results (O, m, l) merged.
+//
+// Q, K and V all stored as bf16, on the amx or avx512_bf16 path (bf16_paths.hpp), take the
+// same steps on the bf16 dot-product kernels (bf16_gemm.hpp) instead: Q's rows and K's pairs
+// give S in float, the online softmax runs in float, and P, rounded to bf16 (as
+// FlashAttention rounds it on tensor cores), times V's pairs adds to O in float. Only the
+// products differ: the tasks, the masks, the softmax and the merging are the float kernel's.
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <stdexcept>
 
+#include "dimsum/backend/cpu/bf16_gemm.hpp"
+#include "dimsum/backend/cpu/bf16_paths.hpp"
 #include "dimsum/backend/cpu/gemm.hpp"
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/rowwise.hpp"
@@ -153,10 +162,68 @@ void pack_keys(const source<T>& k, std::size_t first, std::size_t count, T* out)
     });
 }
 
-// One task: queries [first_query, first_query + queries) of batch item `item`, against keys
-// [first_key, last_key). Writes O to the problem's output, or, when `partial` is given, the
-// unnormalised result there. `item_keys`, if given, holds the item's K^T already packed in
-// column panels (pack_keys), shared by its blocks of queries.
+// pass 2 of a block of keys, whichever kernel multiplies: the score function, the masks, the
+// online softmax. scores (queries, cols_pad), `ld` apart: S in, P out (0 past the live keys);
+// out (queries, ld_out): O, rescaled where a row's maximum grew.
+template <class T>
+void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
+                    std::size_t key, std::size_t cols, std::size_t cols_pad, T* scores, std::size_t ld, T* row_max,
+                    T* row_sum, T* out, std::size_t ld_out) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+    const std::size_t m = p.q.rows, n = p.k.rows;
+    if (p.scores.apply) p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, ld);
+    for (std::size_t i = 0; i < queries; ++i) {
+        T* row = scores + i * ld;
+        std::size_t live = cols;
+        if (p.causal) {
+            std::size_t visible = visible_keys(first_query + i, m, n);
+            live = visible <= key ? 0 : std::min(cols, visible - key);
+        }
+        std::fill(row + live, row + cols_pad, minus_infinity);  // masked, and the padding
+        const T top = fn::maximum{}(row_max[i], line_max(row, cols_pad));
+        if (top == minus_infinity) {  // nothing visible yet: weights 0, m and l unchanged
+            std::fill(row, row + cols_pad, T(0));
+            continue;
+        }
+        const T rescale = std::exp(row_max[i] - top);  // 0 when m was -infinity
+        row_max[i] = top;
+        batch total(T(0));
+        for (std::size_t j = 0; j < cols_pad; j += width) {
+            batch e = xsimd::exp(batch::load_aligned(row + j) - batch(top));
+            e.store_aligned(row + j);
+            total += e;
+        }
+        row_sum[i] = row_sum[i] * rescale + xsimd::hadd(total);
+        if (rescale != T(1)) scale_line(out + i * ld_out, ld_out, rescale);
+    }
+}
+
+// The end of a task, whichever kernel multiplied: O / l into the problem's output, or, with
+// `partial`, O, m and l as they are, for merge_partials. out (queries, ld_out).
+template <class T>
+void finish_block(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
+                  const partial_result<T>* partial, T* out, std::size_t ld_out, const T* row_max, const T* row_sum) {
+    if (partial) {
+        std::copy(out, out + queries * ld_out, partial->out);
+        std::copy(row_max, row_max + queries, partial->max);
+        std::copy(row_sum, row_sum + queries, partial->sum);
+        return;
+    }
+    const std::size_t dv = p.v.cols;
+    const matrix<T> o = sub(matrix<T>{p.o.data + p.batch.offsets(item)[o_operand], p.q.rows, dv, p.o.row_stride, p.o.col_stride},
+                            first_query, 0);
+    for (std::size_t i = 0; i < queries; ++i) {
+        const T inverse = row_sum[i] == T(0) ? T(0) : T(1) / row_sum[i];  // 0: every key masked
+        T* row = out + i * ld_out;
+        scale_line(row, dv, inverse);
+        T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
+        if (o.col_stride == 1) std::copy(row, row + dv, target);
+        else for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = row[c];
+    }
+}
+
 // The sizes of attend_block's tiles for a block of `queries` queries, each rounded to whole
 // cache lines (the row passes use aligned loads).
 struct block_tiles {
@@ -172,18 +239,18 @@ block_tiles tiles_for(const attention_problem<T>& p, std::size_t queries) {
             rows * dv_pad, rows};
 }
 
+// One task on the float micro-kernel: queries [first_query, first_query + queries) of batch
+// item `item`, against keys [first_key, last_key). Writes O to the problem's output, or, when
+// `partial` is given, the unnormalised result there. `item_keys`, if given, holds the item's
+// K^T already packed in column panels (pack_keys), shared by its blocks of queries.
 template <class T>
 void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
                   std::size_t first_key, std::size_t last_key, const partial_result<T>* partial, const T* item_keys) {
-    using batch = simd<T>;
-    constexpr std::size_t width = batch::size, mr = gemm_tiling<T>::mr, nr = gemm_tiling<T>::nr;
-    constexpr std::size_t block_keys = attention_tiling<T>::keys;
-    constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
+    constexpr std::size_t nr = gemm_tiling<T>::nr, block_keys = attention_tiling<T>::keys;
     const std::size_t d = p.q.cols, dv = p.v.cols, m = p.q.rows, n = p.k.rows;
-    const std::size_t rows = round_up(queries, mr), dv_pad = round_up(dv, nr);
+    const std::size_t rows = round_up(queries, gemm_tiling<T>::mr), dv_pad = round_up(dv, nr);
 
     // this item's operands: q (queries, d), k (keys, d), v (keys, dv)
-    const auto at = p.batch.offsets(item);
     const item_inputs<T> in = inputs_of(p, item);
 
     // this thread's tiles, taken before the team's work began (attention's prepare)
@@ -204,7 +271,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     });
     if (p.scale != T(1)) scale_line(packed_q, rows * d, p.scale);  // (scale Q) K^T: once per query, not per score
     std::fill(out, out + rows * dv_pad, T(0));
-    std::fill(row_max, row_max + rows, minus_infinity);
+    std::fill(row_max, row_max + rows, -std::numeric_limits<T>::infinity());
     std::fill(row_sum, row_sum + rows, T(0));
 
     // With a causal mask, no query of the block sees past what its last query sees.
@@ -228,32 +295,8 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
                              .c = matrix<T>{scores, rows, cols_pad, static_cast<std::ptrdiff_t>(block_keys), 1}});
         }
 
-        // pass 2: the score function, the masks, the online softmax; P replaces S
-        if (p.scores.apply) p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, block_keys);
-        for (std::size_t i = 0; i < queries; ++i) {
-            T* row = scores + i * block_keys;
-            std::size_t live = cols;
-            if (p.causal) {
-                std::size_t visible = visible_keys(first_query + i, m, n);
-                live = visible <= key ? 0 : std::min(cols, visible - key);
-            }
-            std::fill(row + live, row + cols_pad, minus_infinity);  // masked, and the padding
-            const T top = fn::maximum{}(row_max[i], line_max(row, cols_pad));
-            if (top == minus_infinity) {  // nothing visible yet: weights 0, m and l unchanged
-                std::fill(row, row + cols_pad, T(0));
-                continue;
-            }
-            const T rescale = std::exp(row_max[i] - top);  // 0 when m was -infinity
-            row_max[i] = top;
-            batch total(T(0));
-            for (std::size_t j = 0; j < cols_pad; j += width) {
-                batch e = xsimd::exp(batch::load_aligned(row + j) - batch(top));
-                e.store_aligned(row + j);
-                total += e;
-            }
-            row_sum[i] = row_sum[i] * rescale + xsimd::hadd(total);
-            if (rescale != T(1)) scale_line(out + i * dv_pad, dv_pad, rescale);
-        }
+        // pass 2: P replaces S
+        online_softmax(p, item, first_query, queries, key, cols, cols_pad, scores, block_keys, row_max, row_sum, out, dv_pad);
 
         // pass 3: O += P V_block, V read in place when its rows are whole panels (and of T)
         if (by_rows) {
@@ -274,30 +317,132 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
                          .c = matrix<T>{out, rows, dv_pad, static_cast<std::ptrdiff_t>(dv_pad), 1},
                          .accumulate = true});
     }
+    finish_block(p, item, first_query, queries, partial, out, dv_pad, row_max, row_sum);
+}
 
-    if (partial) {
-        std::copy(out, out + queries * dv_pad, partial->out);
-        std::copy(row_max, row_max + queries, partial->max);
-        std::copy(row_sum, row_sum + queries, partial->sum);
-        return;
-    }
-    matrix<T> o = sub(matrix<T>{p.o.data + at[o_operand], m, dv, p.o.row_stride, p.o.col_stride}, first_query, 0);
+// ---- the blocks on the bf16 dot-product kernels (Q, K and V stored as bf16)
+
+// bf16 operand `s` (of a problem over float) as a matrix of its own elements.
+inline matrix<const bf16> stored_bf16(const source<float>& s) { return {s.narrow, s.m.rows, s.m.cols, s.m.row_stride, s.m.col_stride}; }
+
+// P (`queries` rows of `cols` floats, `ld` apart) rounded to bf16 into `rows` rows of `cols`
+// (the kernels' A panels, R rows each, are rows one after another); rows past `queries` zero.
+inline void round_rows(const float* p, std::size_t ld, std::size_t queries, std::size_t rows, std::size_t cols, bf16* out) {
     for (std::size_t i = 0; i < queries; ++i) {
-        const T inverse = row_sum[i] == T(0) ? T(0) : T(1) / row_sum[i];  // 0: every key masked
-        T* row = out + i * dv_pad;
-        scale_line(row, dv, inverse);
-        T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
-        if (o.col_stride == 1) std::copy(row, row + dv, target);
-        else for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = row[c];
+        const float* row = p + i * ld;
+        bf16* to = out + i * cols;
+        for (std::size_t j = 0; j < cols; ++j) to[j] = bf16(row[j]);
     }
+    std::fill(out + queries * cols, out + rows * cols, bf16{});
+}
+
+// The tiles of attend_pairs for a block of `queries` queries, in bytes from the start, each
+// at a cache line: Q's rows, a block of K's pairs, of V's pairs and of P in bf16; S (then P),
+// O, m and l in float.
+struct pair_tiles {
+    std::size_t q, k, v, p, s, o, max, sum, total;
+};
+template <class Kernel>
+pair_tiles pair_tiles_for(const attention_problem<float>& p, std::size_t queries, std::size_t block_keys) {
+    constexpr std::size_t line = 64, step = bf16_blocking::depth_step, cols = bf16_blocking::cols;
+    const std::size_t rows = round_up(queries, Kernel::rows), dp = round_up(p.q.cols, step);
+    const std::size_t dv_pad = round_up(p.v.cols, cols);
+    pair_tiles t{};
+    std::size_t at = 0;
+    auto take = [&](std::size_t bytes) {
+        const std::size_t here = at;
+        at += round_up(bytes, line);
+        return here;
+    };
+    t.q = take(rows * dp * sizeof(bf16));
+    t.k = take(block_keys * dp * sizeof(bf16));
+    t.v = take(dv_pad * block_keys * sizeof(bf16));
+    t.p = take(rows * block_keys * sizeof(bf16));
+    t.s = take(rows * block_keys * sizeof(float));
+    t.o = take(rows * dv_pad * sizeof(float));
+    t.max = take(rows * sizeof(float));
+    t.sum = take(rows * sizeof(float));
+    t.total = at;
+    return t;
+}
+
+// One task as attend_block's, on a bf16 kernel (bf16_gemm.hpp): Q in panels of the kernel's
+// rows, K^T and each block of V in pairs (32 columns a panel), all depths padded with zero to
+// 32; S and O in float. `item_keys`, if given, holds the item's K^T in pairs
+// (pack_bf16_b over every key, one depth block of d).
+template <class Kernel>
+void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size_t first_query, std::size_t queries,
+                  std::size_t first_key, std::size_t last_key, const partial_result<float>* partial, const bf16* item_keys,
+                  std::size_t block_keys) {
+    constexpr std::size_t tile_rows = Kernel::rows, tile_cols = bf16_blocking::cols;
+    const std::size_t d = p.q.cols, dv = p.v.cols, m = p.q.rows, n = p.k.rows;
+    const std::size_t rows = round_up(queries, tile_rows), dp = round_up(d, bf16_blocking::depth_step);
+    const std::size_t dv_pad = round_up(dv, tile_cols);
+
+    // this item's operands: q (queries, d), k (keys, d), v (keys, dv), each of bf16
+    const item_inputs<float> in = inputs_of(p, item);
+    const matrix<const bf16> q = stored_bf16(in.q), k = stored_bf16(in.k), v = stored_bf16(in.v);
+
+    // this thread's tiles, taken before the team's work began (attention's prepare)
+    const pair_tiles at = pair_tiles_for<Kernel>(p, queries, block_keys);
+    unsigned char* base = scratch<unsigned char>(scratch_use::attention, at.total);
+    bf16* packed_q = reinterpret_cast<bf16*>(base + at.q);   // (rows, dp)
+    bf16* packed_k = reinterpret_cast<bf16*>(base + at.k);   // (dp, block_keys) in pairs
+    bf16* packed_v = reinterpret_cast<bf16*>(base + at.v);   // (block_keys, dv_pad) in pairs
+    bf16* packed_p = reinterpret_cast<bf16*>(base + at.p);   // (rows, cols_pad)
+    float* scores = reinterpret_cast<float*>(base + at.s);   // (rows, block_keys): S, then P
+    float* out = reinterpret_cast<float*>(base + at.o);      // (rows, dv_pad): O
+    float* row_max = reinterpret_cast<float*>(base + at.max);
+    float* row_sum = reinterpret_cast<float*>(base + at.sum);
+    pack_bf16_a<tile_rows>(sub(q, first_query, 0, queries, d), queries, d, dp, packed_q);
+    std::fill(out, out + rows * dv_pad, 0.0f);
+    std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
+    std::fill(row_sum, row_sum + rows, 0.0f);
+
+    // the kernel configured for this task, released however it ends (AMX: this thread's tiles;
+    // the score function is an elementwise pass and never touches them)
+    configured_kernel<Kernel> configured;
+    Kernel& kernel = configured.kernel;
+
+    std::size_t end = last_key;
+    if (p.causal) end = std::min(end, visible_keys(first_query + queries - 1, m, n));
+    for (std::size_t key = first_key; key < end; key += block_keys) {
+        const std::size_t cols = std::min(block_keys, end - key), cols_pad = round_up(cols, tile_cols);
+        // pass 1: S = Q K^T, then scaled in float (Q scaled first would round again in bf16)
+        const bf16* panels = item_keys ? item_keys + key * dp : packed_k;
+        if (!item_keys) pack_bf16_b(transposed(sub(k, key, 0, cols, d)), cols, d, dp, packed_k);
+        for (std::size_t jr = 0; jr < cols_pad; jr += tile_cols) {
+            for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
+                const matrix<float> tile{scores + ir * block_keys + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(block_keys), 1};
+                kernel.block(packed_q + ir * dp, panels + jr * dp, dp, tile, false);
+            }
+        }
+        if (p.scale != 1.0f) {
+            for (std::size_t i = 0; i < queries; ++i) scale_line(scores + i * block_keys, cols_pad, p.scale);
+        }
+
+        // pass 2: P replaces S
+        online_softmax(p, item, first_query, queries, key, cols, cols_pad, scores, block_keys, row_max, row_sum, out, dv_pad);
+
+        // pass 3: O += P V_block, P rounded to bf16, V's block (cols, dv) in pairs of keys
+        round_rows(scores, block_keys, queries, rows, cols_pad, packed_p);
+        pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);
+        for (std::size_t jr = 0; jr < dv_pad; jr += tile_cols) {
+            for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
+                const matrix<float> tile{out + ir * dv_pad + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(dv_pad), 1};
+                kernel.block(packed_p + ir * cols_pad, packed_v + jr * cols_pad, cols_pad, tile, true);
+            }
+        }
+    }
+    finish_block(p, item, first_query, queries, partial, out, dv_pad, row_max, row_sum);
 }
 
 // O for queries [first_query, first_query + queries) of `item` from the partial results of
-// `splits` tasks over consecutive ranges of keys.
+// `splits` tasks over consecutive ranges of keys, each row of O `ld` apart in them.
 template <class T>
 void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
-                    const partial_result<T>* parts, std::size_t splits) {
-    const std::size_t dv = p.v.cols, dv_pad = round_up(dv, gemm_tiling<T>::nr);
+                    const partial_result<T>* parts, std::size_t splits, std::size_t ld) {
+    const std::size_t dv = p.v.cols;
     matrix<T> o = sub(matrix<T>{p.o.data + p.batch.offsets(item)[o_operand], p.q.rows, dv, p.o.row_stride, p.o.col_stride},
                       first_query, 0);
     for (std::size_t i = 0; i < queries; ++i) {
@@ -311,23 +456,83 @@ void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t
             T value = 0;
             for (std::size_t s = 0; s < splits; ++s) {
                 T weight = parts[s].max[i] == top ? T(1) : std::exp(parts[s].max[i] - top);
-                value += weight * parts[s].out[i * dv_pad + c];
+                value += weight * parts[s].out[i * ld + c];
             }
             target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = value * inverse;
         }
     }
 }
 
-}  // namespace detail
+// The two kinds of task run_attention hands out. Each says its block sizes, the width its O
+// rows are padded to, and how it packs an item's keys once and takes its tiles.
 
-// (kernels.hpp)
+// On the float micro-kernel (gemm.hpp), Q, K and V of T or widened from bf16.
 template <class T>
-void attention(const attention_problem<T>& p) {
+struct float_blocks {
     using tiling = attention_tiling<T>;
+    using packed_keys = const T*;
+    static constexpr std::size_t queries = tiling::queries, keys = tiling::keys, row_step = gemm_tiling<T>::mr;
+    const attention_problem<T>& p;
+
+    std::size_t out_columns() const { return round_up(p.v.cols, gemm_tiling<T>::nr); }
+    std::size_t keys_size() const { return round_up(p.k.rows, gemm_tiling<T>::nr) * p.q.cols; }
+    void take_tiles(std::size_t block_queries) const { scratch<T>(scratch_use::attention, tiles_for(p, block_queries).total()); }
+    void take_keys() const { scratch<T>(scratch_use::attention_keys, keys_size()); }
+    packed_keys pack_item_keys(std::size_t item) const {
+        T* keys = scratch<T>(scratch_use::attention_keys, keys_size());
+        pack_keys(inputs_of(p, item).k, 0, p.k.rows, keys);
+        return keys;
+    }
+    void attend(std::size_t item, std::size_t first_query, std::size_t block_queries, std::size_t first_key, std::size_t last_key,
+                const partial_result<T>* partial, packed_keys item_keys) const {
+        attend_block<T>(p, item, first_query, block_queries, first_key, last_key, partial, item_keys);
+    }
+};
+
+// On a bf16 kernel (bf16_gemm.hpp), Q, K and V stored as bf16.
+struct bf16_attention_tiling {
+    // Queries per block: a whole number of both kernels' rows (12 on pairs, 32 on tiles), as
+    // many as the float kernel's on AVX-512.
+    static constexpr std::size_t queries = 96;
+    // Keys per block: whole 32-column panels of S and 32-depth steps of P V.
+    static constexpr std::size_t keys = 256;
+};
+template <class Kernel>
+struct pair_blocks {
+    using packed_keys = const bf16*;
+    static constexpr std::size_t queries = bf16_attention_tiling::queries, keys = bf16_attention_tiling::keys;
+    static constexpr std::size_t row_step = Kernel::rows;
+    static_assert(queries % Kernel::rows == 0 && keys % bf16_blocking::cols == 0);
+    const attention_problem<float>& p;
+
+    std::size_t depth() const { return round_up(p.q.cols, bf16_blocking::depth_step); }
+    std::size_t out_columns() const { return round_up(p.v.cols, bf16_blocking::cols); }
+    std::size_t keys_size() const { return round_up(p.k.rows, bf16_blocking::cols) * depth(); }
+    void take_tiles(std::size_t block_queries) const {
+        scratch<unsigned char>(scratch_use::attention, pair_tiles_for<Kernel>(p, block_queries, keys).total);
+    }
+    void take_keys() const { scratch<bf16>(scratch_use::attention_keys, keys_size()); }
+    packed_keys pack_item_keys(std::size_t item) const {
+        bf16* packed = scratch<bf16>(scratch_use::attention_keys, keys_size());
+        const matrix<const bf16> k = stored_bf16(inputs_of(p, item).k);  // (keys, d)
+        pack_bf16_b(transposed(k), k.rows, k.cols, depth(), packed);
+        return packed;
+    }
+    void attend(std::size_t item, std::size_t first_query, std::size_t block_queries, std::size_t first_key, std::size_t last_key,
+                const partial_result<float>* partial, packed_keys item_keys) const {
+        attend_pairs<Kernel>(p, item, first_query, block_queries, first_key, last_key, partial, item_keys, keys);
+    }
+};
+
+// The tasks of one attention problem, on the threads, each run by `blocks` (float_blocks or
+// pair_blocks): see the top of this file.
+template <class T, class Blocks>
+void run_attention(const attention_problem<T>& p, const Blocks& blocks) {
+    using tiling = attention_tiling<T>;
+    constexpr std::size_t block_queries = Blocks::queries, block_keys = Blocks::keys;
     const std::size_t m = p.q.rows, n = p.k.rows, d = p.q.cols, dv = p.v.cols, items = p.batch.count();
-    if (m == 0 || dv == 0 || items == 0) return;
-    const std::size_t query_blocks = (m + tiling::queries - 1) / tiling::queries;
-    const std::size_t key_blocks = (n + tiling::keys - 1) / tiling::keys;
+    const std::size_t query_blocks = (m + block_queries - 1) / block_queries;
+    const std::size_t key_blocks = (n + block_keys - 1) / block_keys;
     const std::size_t units = items * query_blocks;
     const double work = double(items) * double(m) * double(n) * double(d + dv);
     const int threads = work < tiling::parallel_work ? 1 : num_threads();
@@ -341,20 +546,20 @@ void attention(const attention_problem<T>& p) {
     const std::size_t blocks_per_split = (key_blocks + splits - 1) / splits;
 
     // The partial results live in the caller's scratch, shared by the team.
-    const std::size_t rows = detail::round_up(tiling::queries, gemm_tiling<T>::mr);
-    const std::size_t dv_pad = detail::round_up(dv, gemm_tiling<T>::nr), part_size = rows * (dv_pad + 2);
+    const std::size_t rows = round_up(block_queries, Blocks::row_step), ld = blocks.out_columns();
+    const std::size_t part_size = rows * (ld + 2);
     T* parts = splits > 1 ? scratch<T>(scratch_use::attention_partials, units * splits * part_size) : nullptr;
     auto part = [&](std::size_t task) {
         T* base = parts + task * part_size;
-        return detail::partial_result<T>{base, base + rows * dv_pad, base + rows * dv_pad + rows};
+        return partial_result<T>{base, base + rows * ld, base + rows * ld + rows};
     };
 
     // Task t: the query blocks from the last (the most keys under a causal mask) to the first.
     auto unit_of = [&](std::size_t unit, std::size_t& item, std::size_t& first_query, std::size_t& queries) {
         std::size_t block = query_blocks - 1 - unit / items;
         item = unit % items;
-        first_query = block * tiling::queries;
-        queries = std::min(tiling::queries, m - first_query);
+        first_query = block * block_queries;
+        queries = std::min(block_queries, m - first_query);
     };
     // With items enough for every thread, a task is a whole item: its K packed once for all
     // its blocks of queries.
@@ -362,30 +567,28 @@ void attention(const attention_problem<T>& p) {
     // What a thread needs before it writes anything (threads.hpp): its tiles for the largest
     // block, an item's packed K, the score function's memory. A failed allocation then leaves O
     // untouched.
-    const std::size_t keys_size = detail::round_up(n, gemm_tiling<T>::nr) * d;
     auto prepare = [&] {
-        scratch<T>(scratch_use::attention, detail::tiles_for(p, std::min(tiling::queries, m)).total());
-        if (whole_items) scratch<T>(scratch_use::attention_keys, keys_size);
+        blocks.take_tiles(std::min(block_queries, m));
+        if (whole_items) blocks.take_keys();
         p.scores.prepare();
     };
     auto run_task = [&](std::size_t task) {
         if (whole_items) {
-            T* keys = scratch<T>(scratch_use::attention_keys, keys_size);
-            detail::pack_keys(detail::inputs_of(p, task).k, 0, n, keys);
+            const auto keys = blocks.pack_item_keys(task);
             for (std::size_t block = query_blocks; block-- > 0;) {
-                std::size_t first_query = block * tiling::queries;
-                detail::attend_block<T>(p, task, first_query, std::min(tiling::queries, m - first_query), 0, n, nullptr, keys);
+                std::size_t first_query = block * block_queries;
+                blocks.attend(task, first_query, std::min(block_queries, m - first_query), 0, n, nullptr, keys);
             }
             return;
         }
         std::size_t item, first_query, queries;
         unit_of(task / splits, item, first_query, queries);
         std::size_t split = task % splits;
-        std::size_t first_key = std::min(n, split * blocks_per_split * tiling::keys);
-        std::size_t last_key = std::min(n, (split + 1) * blocks_per_split * tiling::keys);
-        if (splits == 1) return detail::attend_block<T>(p, item, first_query, queries, 0, n, nullptr, nullptr);
+        std::size_t first_key = std::min(n, split * blocks_per_split * block_keys);
+        std::size_t last_key = std::min(n, (split + 1) * blocks_per_split * block_keys);
+        if (splits == 1) return blocks.attend(item, first_query, queries, 0, n, nullptr, nullptr);
         auto partial = part(task);
-        detail::attend_block<T>(p, item, first_query, queries, first_key, last_key, &partial, nullptr);
+        blocks.attend(item, first_query, queries, first_key, last_key, &partial, nullptr);
     };
     const std::size_t tasks = whole_items ? items : units * splits;
     if (threads == 1) {
@@ -402,10 +605,37 @@ void attention(const attention_problem<T>& p) {
     for (std::size_t unit = 0; unit < units; ++unit) {
         std::size_t item, first_query, queries;
         unit_of(unit, item, first_query, queries);
-        detail::partial_result<T> split_parts[tiling::max_splits];
+        partial_result<T> split_parts[tiling::max_splits];
         for (std::size_t s = 0; s < splits; ++s) split_parts[s] = part(unit * splits + s);
-        detail::merge_partials(p, item, first_query, queries, split_parts, splits);
+        merge_partials(p, item, first_query, queries, split_parts, splits, ld);
     }
+}
+
+}  // namespace detail
+
+// Attention with Q, K and V of bf16 on `Kernel` (bf16_gemm.hpp's tile_kernel or pair_kernel,
+// over the instructions or the tests' stand-ins), whatever the path in use.
+template <class Kernel>
+void bf16_attention(const attention_problem<float>& p) {
+    if (!p.q_bf16 || !p.k_bf16 || !p.v_bf16) throw std::logic_error("dimsum: bf16_attention: Q, K and V must all be of bf16");
+    if (p.q.rows == 0 || p.v.cols == 0 || p.batch.count() == 0) return;
+    detail::run_attention(p, detail::pair_blocks<Kernel>{p});
+}
+
+// (kernels.hpp) Q, K and V all of bf16 go to the bf16 kernels where the path in use has them
+// (bf16_paths.hpp), unless the queries are so few that their products are dot products
+// (decoding): those stay on the float kernel, bound by reading K and V.
+template <class T>
+void attention(const attention_problem<T>& p) {
+    if (p.q.rows == 0 || p.v.cols == 0 || p.batch.count() == 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+        if (p.q_bf16 && p.k_bf16 && p.v_bf16) {
+            const bf16_path path = p.q.rows <= attention_tiling<T>::few_queries ? bf16_path::widen : current_bf16_path();
+            detail::attentions_on(path).fetch_add(1, std::memory_order_relaxed);
+            if (with_bf16_kernel(path, "attention", [&]<class Kernel>() { bf16_attention<Kernel>(p); })) return;
+        }
+    }
+    detail::run_attention(p, detail::float_blocks<T>{p});
 }
 
 }  // namespace dimsum::backend::cpu

@@ -177,15 +177,21 @@ inline bf16_path current_bf16_path() {
 }
 
 // How many products of two bf16 operands gemm has run on `path` in this process (a product
-// of a few rows, which streams B whatever the path, counts as widen): how a test or a user
-// sees which kernels ran.
+// of a few rows, which streams B whatever the path, counts as widen), and how many attentions
+// of bf16 Q, K and V (one of one or two queries counts as widen): how a test or a user sees
+// which kernels ran.
 namespace detail {
 inline std::atomic<std::size_t>& products_on(bf16_path path) {
     static std::atomic<std::size_t> counts[bf16_paths.size()] = {};
     return counts[static_cast<std::size_t>(path)];
 }
+inline std::atomic<std::size_t>& attentions_on(bf16_path path) {
+    static std::atomic<std::size_t> counts[bf16_paths.size()] = {};
+    return counts[static_cast<std::size_t>(path)];
+}
 }  // namespace detail
 inline std::size_t bf16_products(bf16_path path) { return detail::products_on(path).load(); }
+inline std::size_t bf16_attentions(bf16_path path) { return detail::attentions_on(path).load(); }
 
 // Forgets set_bf16_path's choice: the next product reads DIMSUM_BF16_PATH again.
 inline void reset_bf16_path() { detail::chosen_path().store(detail::path_unset); }

@@ -1,0 +1,297 @@
+// Attention of bf16 Q, K and V on the bf16 dot-product kernels (backend/cpu/attention.hpp's
+// bf16 blocks), against the same bf16 values in double.
+//
+// Built twice, as test_bf16_gemm is: as test_bf16_attention, both kernels on the
+// instructions' stand-ins (emulated_bf16_units.hpp), on every CPU; and into
+// bf16_instructions_on_this_cpu, each kernel whose instructions this CPU runs.
+#include "support.hpp"
+
+#include "emulated_bf16_units.hpp"
+
+#include <dimsum/backend/cpu/attention.hpp>
+#include <dimsum/evaluation/codes.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace ds = dimsum;
+namespace cpu = ds::backend::cpu;
+using ds::bf16;
+
+namespace {
+
+enum class poison { none, nan_q, nan_k, nan_v };
+
+struct attention_case {
+    std::size_t items = 1, queries = 1, keys = 1, d = 1, dv = 1;
+    float scale = 1;
+    bool causal = false;
+    bool shared_kv = false;     // one K and V for every item (stride 0, as heads sharing them)
+    bool k_transposed = false;  // K stored (d, keys)
+    bool v_transposed = false;  // V stored (dv, keys)
+    bool o_columns = false;     // each item's O stored column-major
+    bool score_bias = false;    // a score function that adds bias(query, key) after the scale
+    bool zero_queries = false;  // Q = 0: every weight exactly 1 / keys seen, O their mean
+    poison nan = poison::none;
+    std::uint64_t seed = 1;
+};
+
+// The score function of a case with score_bias, as the kernel and the reference apply it.
+double bias(std::size_t query, std::size_t key) { return 0.25 * double((query + 2 * key) % 5); }
+void add_bias(const void*, std::size_t, std::size_t query, std::size_t key, std::size_t queries, std::size_t keys, float* tile,
+              std::ptrdiff_t query_stride) {
+    for (std::size_t i = 0; i < queries; ++i) {
+        for (std::size_t j = 0; j < keys; ++j) tile[std::ptrdiff_t(i) * query_stride + std::ptrdiff_t(j)] += float(bias(query + i, key + j));
+    }
+}
+
+// A row of the expected O in double, and how far the kernel's may lie from it.
+struct expected_row {
+    std::vector<double> o, bound;
+};
+
+// Query i of one item, from the bf16 values in double. The bound, per element, adds up the
+// roundings the bf16 path makes:
+//  - S: each score a float sum of d exact products (bf16 times bf16 fits in float), within
+//    d 2^-24 sum |q k| (and d 2^-126, sums flushed), times the scale, then 2^-24 |s| for the
+//    scaling itself. An error e in every score moves each weight p_j / l by at most a factor
+//    e^(2e): O by 2e sum_j w_j |v_j|.
+//  - P: rounded to bf16 before P V, each weight by at most 2^-8 of itself (8 significant bits,
+//    to nearest): O by 2^-8 sum_j w_j |v_j|; nothing when Q = 0, every weight then exp(0) = 1.
+//  - the float sums of P V and of l over n keys, the rescaling by each key block and the
+//    final division: (2n + 64) 2^-24 sum_j w_j |v_j|; weights flushed to zero as denormals:
+//    n 2^-126 max |v|.
+template <class Q, class K, class V>
+expected_row expected(const attention_case& c, std::size_t i, Q q, K k, V v) {
+    const std::size_t n = c.keys;
+    std::vector<std::size_t> visible;
+    for (std::size_t j = 0; j < n; ++j) {
+        if (!c.causal || !ds::evaluation::in_future(i, j, c.queries, n)) visible.push_back(j);
+    }
+    expected_row row{std::vector<double>(c.dv, 0.0), std::vector<double>(c.dv, 0.0)};
+    if (visible.empty()) return row;  // every key masked: O = 0
+    std::vector<double> s(n);
+    double top = -std::numeric_limits<double>::infinity(), score_error = 0;
+    for (std::size_t j : visible) {
+        double sum = 0, magnitude = 0;
+        for (std::size_t p = 0; p < c.d; ++p) {
+            sum += double(q(i, p)) * double(k(j, p));
+            magnitude += std::fabs(double(q(i, p)) * double(k(j, p)));
+        }
+        s[j] = double(c.scale) * sum + (c.score_bias ? bias(i, j) : 0.0);
+        if (std::isnan(s[j])) {
+            std::fill(row.o.begin(), row.o.end(), std::numeric_limits<double>::quiet_NaN());
+            return row;
+        }
+        top = std::max(top, s[j]);
+        const double sum_error = double(c.d) * (std::ldexp(magnitude, -24) + std::ldexp(1.0, -126));
+        score_error = std::max(score_error, double(c.scale) * sum_error + std::ldexp(std::fabs(s[j]), -24));
+    }
+    double l = 0;
+    for (std::size_t j : visible) l += std::exp(s[j] - top);
+    const double rounded_p = c.zero_queries ? 0.0 : std::ldexp(1.0, -8);
+    const double relative = rounded_p + 2 * score_error + (2.0 * double(n) + 64) * std::ldexp(1.0, -24);
+    for (std::size_t col = 0; col < c.dv; ++col) {
+        double sum = 0, weighted_magnitude = 0, largest = 0;
+        for (std::size_t j : visible) {
+            const double w = std::exp(s[j] - top) / l, value = double(v(j, col));
+            sum += w * value;
+            weighted_magnitude += w * std::fabs(value);
+            largest = std::max(largest, std::fabs(value));
+        }
+        row.o[col] = sum;
+        row.bound[col] = relative * weighted_magnitude + double(n) * std::ldexp(largest, -126);
+    }
+    return row;
+}
+
+// Runs one case on a kernel and checks every element of O.
+template <class Kernel>
+void check_case(const attention_case& c) {
+    const std::size_t kv_items = c.shared_kv ? 1 : c.items;
+    std::mt19937_64 random(c.seed);
+    auto normal = [&] { return bf16(float(std::normal_distribution<double>(0.0, 1.0)(random))); };
+    std::vector<bf16> q(c.items * c.queries * c.d), k(kv_items * c.keys * c.d), v(kv_items * c.keys * c.dv);
+    for (auto* data : {&q, &k, &v}) std::generate(data->begin(), data->end(), normal);
+    if (c.zero_queries) std::fill(q.begin(), q.end(), bf16{});
+    const bf16 nan = std::numeric_limits<bf16>::quiet_NaN();
+    // NaN in one element, at a lane that moves with the case: a query's row, a key's, a value's
+    if (c.nan == poison::nan_q) q[(c.seed * 7) % q.size()] = nan;
+    if (c.nan == poison::nan_k) k[(c.seed * 11) % k.size()] = nan;
+    if (c.nan == poison::nan_v) v[(c.seed * 13) % v.size()] = nan;
+
+    const std::size_t q_item = c.queries * c.d, k_item = c.shared_kv ? 0 : c.keys * c.d, v_item = c.shared_kv ? 0 : c.keys * c.dv;
+    const std::size_t o_item = c.queries * c.dv;
+    std::vector<float> o(c.items * o_item, std::numeric_limits<float>::quiet_NaN());  // every element written
+    cpu::attention_problem<float> problem;
+    problem.q = {nullptr, c.queries, c.d, std::ptrdiff_t(c.d), 1};
+    problem.k = c.k_transposed ? cpu::matrix<const float>{nullptr, c.keys, c.d, 1, std::ptrdiff_t(c.keys)}
+                               : cpu::matrix<const float>{nullptr, c.keys, c.d, std::ptrdiff_t(c.d), 1};
+    problem.v = c.v_transposed ? cpu::matrix<const float>{nullptr, c.keys, c.dv, 1, std::ptrdiff_t(c.keys)}
+                               : cpu::matrix<const float>{nullptr, c.keys, c.dv, std::ptrdiff_t(c.dv), 1};
+    problem.o = c.o_columns ? cpu::matrix<float>{o.data(), c.queries, c.dv, 1, std::ptrdiff_t(c.queries)}
+                            : cpu::matrix<float>{o.data(), c.queries, c.dv, std::ptrdiff_t(c.dv), 1};
+    problem.q_bf16 = q.data();
+    problem.k_bf16 = k.data();
+    problem.v_bf16 = v.data();
+    problem.batch.rank = 1;
+    problem.batch.extents[0] = c.items;
+    problem.batch.strides[0][0] = std::ptrdiff_t(q_item);
+    problem.batch.strides[1][0] = std::ptrdiff_t(k_item);
+    problem.batch.strides[2][0] = std::ptrdiff_t(v_item);
+    problem.batch.strides[3][0] = std::ptrdiff_t(o_item);
+    problem.scale = c.scale;
+    problem.causal = c.causal;
+    if (c.score_bias) problem.scores.apply = &add_bias;
+
+    const int unreleased = test::emulated_tiles::unreleased().load();
+    cpu::bf16_attention<Kernel>(problem);
+    REQUIRE(test::emulated_tiles::unreleased().load() == unreleased);
+
+    std::size_t bad = 0;
+    for (std::size_t t = 0; t < c.items; ++t) {
+        const bf16* qt = q.data() + t * q_item;
+        const bf16* kt = k.data() + t * k_item;
+        const bf16* vt = v.data() + t * v_item;
+        auto q_at = [&](std::size_t i, std::size_t p) { return float(qt[i * c.d + p]); };
+        auto k_at = [&](std::size_t j, std::size_t p) { return float(c.k_transposed ? kt[p * c.keys + j] : kt[j * c.d + p]); };
+        auto v_at = [&](std::size_t j, std::size_t col) { return float(c.v_transposed ? vt[col * c.keys + j] : vt[j * c.dv + col]); };
+        for (std::size_t i = 0; i < c.queries; ++i) {
+            const expected_row want = expected(c, i, q_at, k_at, v_at);
+            for (std::size_t col = 0; col < c.dv; ++col) {
+                const float got = o[t * o_item + (c.o_columns ? col * c.queries + i : i * c.dv + col)];
+                const bool ok = std::isnan(want.o[col]) ? std::isnan(got) : std::fabs(double(got) - want.o[col]) <= want.bound[col];
+                if (!ok && bad++ == 0) {
+                    UNSCOPED_INFO("first wrong: item " << t << " (" << i << ", " << col << "): got " << got << ", want "
+                                                      << want.o[col] << " within " << want.bound[col]);
+                }
+            }
+        }
+    }
+    REQUIRE(bad == 0);
+}
+
+// Extents under, at and over the blocks' (96 queries, 256 keys), the micro-tiles' (12 or 32
+// rows, 32 columns, 32 depths) and the few queries of the float kernel's dot products.
+struct extents {
+    std::size_t queries, keys, d, dv;
+};
+const extents sizes[] = {{1, 1, 1, 1},     {3, 31, 3, 17},   {13, 33, 32, 32},  {33, 64, 33, 31}, {96, 256, 64, 64},
+                         {97, 257, 20, 24}, {70, 300, 80, 40}, {200, 520, 16, 65}};
+
+}  // namespace
+
+TEST_CASE("bf16 attention on the bf16 kernels, within the bound of its roundings, through every edge of the blocks") {
+    test::for_kernels_and_threads([]<class Kernel>() {
+        for (const auto [queries, keys, d, dv] : sizes) {
+            for (const bool causal : {false, true}) {
+                INFO(queries << " queries, " << keys << " keys, d " << d << ", dv " << dv << (causal ? ", causal" : ""));
+                check_case<Kernel>({.queries = queries, .keys = keys, .d = d, .dv = dv, .scale = 0.3f, .causal = causal,
+                                    .seed = queries + keys});
+            }
+        }
+    });
+}
+
+TEST_CASE("bf16 attention reads K and V transposed, writes O column-major, and takes batches") {
+    test::for_kernels_and_threads([]<class Kernel>() {
+        for (const bool k_transposed : {false, true}) {
+            for (const bool v_transposed : {false, true}) {
+                INFO("K transposed " << k_transposed << ", V transposed " << v_transposed);
+                check_case<Kernel>({.queries = 40, .keys = 300, .d = 24, .dv = 40, .scale = 0.125f, .k_transposed = k_transposed,
+                                    .v_transposed = v_transposed, .o_columns = k_transposed});
+            }
+        }
+        // items enough for every thread, each of two query blocks: K packed once per item
+        check_case<Kernel>({.items = 5, .queries = 100, .keys = 270, .d = 40, .dv = 33, .scale = 0.2f, .causal = true, .seed = 5});
+        // heads sharing one K and V
+        check_case<Kernel>({.items = 3, .queries = 20, .keys = 90, .d = 16, .dv = 8, .shared_kv = true, .seed = 6});
+        // one block of queries and many keys: the keys split between the threads, then merged
+        check_case<Kernel>({.queries = 30, .keys = 1100, .d = 32, .dv = 20, .scale = 0.18f, .seed = 7});
+        check_case<Kernel>({.queries = 5, .keys = 800, .d = 64, .dv = 40, .causal = true, .seed = 8});
+    });
+}
+
+TEST_CASE("bf16 attention: masked queries give 0, a score function applies after the scale, equal weights average") {
+    test::for_kernels_and_threads([]<class Kernel>() {
+        // causal with more queries than keys: the first 30 queries see no key at all
+        check_case<Kernel>({.queries = 40, .keys = 10, .d = 16, .dv = 24, .causal = true, .seed = 9});
+        check_case<Kernel>({.queries = 130, .keys = 300, .d = 40, .dv = 33, .scale = 0.2f, .causal = true, .score_bias = true});
+        check_case<Kernel>({.items = 2, .queries = 97, .keys = 520, .d = 33, .dv = 40, .scale = 0.5f, .score_bias = true});
+        // every weight 1 / n exactly (Q = 0): no rounding of P, O within float's sums of the mean
+        check_case<Kernel>({.queries = 50, .keys = 700, .d = 20, .dv = 35, .zero_queries = true});
+        check_case<Kernel>({.queries = 100, .keys = 300, .d = 20, .dv = 35, .causal = true, .zero_queries = true});
+    });
+}
+
+TEST_CASE("bf16 attention carries NaN from a query, a key or a value, and finds no NaN in its scratch") {
+    test::for_kernels_and_threads([]<class Kernel>() {
+        // first a problem all of NaN, which leaves NaN in every thread's tiles: padding must be
+        // written, not found
+        std::vector<bf16> nan(128 * 300, std::numeric_limits<bf16>::quiet_NaN());
+        std::vector<float> o(128 * 64);
+        cpu::attention_problem<float> poisoned;
+        poisoned.q = {nullptr, 128, 64, 64, 1};
+        poisoned.k = {nullptr, 300, 64, 64, 1};
+        poisoned.v = {nullptr, 300, 64, 64, 1};
+        poisoned.o = {o.data(), 128, 64, 64, 1};
+        poisoned.q_bf16 = poisoned.k_bf16 = poisoned.v_bf16 = nan.data();
+        poisoned.batch.rank = 1;
+        poisoned.batch.extents[0] = 1;
+        cpu::bf16_attention<Kernel>(poisoned);
+        for (const auto [queries, keys, d, dv] : {extents{17, 33, 33, 31}, extents{97, 257, 20, 24}}) {
+            for (const poison where : {poison::none, poison::nan_q, poison::nan_k, poison::nan_v}) {
+                for (std::uint64_t seed : {1, 2, 3}) {
+                    INFO(queries << " queries, " << keys << " keys, NaN in " << int(where) << ", seed " << seed);
+                    check_case<Kernel>({.queries = queries, .keys = keys, .d = d, .dv = dv, .scale = 0.25f, .nan = where, .seed = seed});
+                }
+            }
+        }
+    });
+}
+
+#if defined(DIMSUM_TEST_BF16_HARDWARE)
+// The whole way from a formula: attention of bf16 tensors, plain and causal, on each path this
+// CPU runs, against the reference backend; and decoding (one query), which stays on widen.
+TEST_CASE("attention formulas over bf16 on each bf16 path this CPU runs, against the reference backend") {
+    using Heads = ds::axis<"heads">;
+    using Query = ds::axis<"query">;
+    using Key = ds::axis<"key">;
+    using D = ds::axis<"d">;
+    for (const cpu::bf16_path path : {cpu::bf16_path::amx, cpu::bf16_path::avx512_bf16}) {
+        if (!cpu::support_of(path).usable) continue;
+        const cpu::scoped_bf16_path chosen(path);
+        for (const int threads : {1, 2}) {
+            ds::set_num_threads(threads);
+            for (const auto [queries, keys, d, dv] : {extents{1, 300, 64, 64}, extents{97, 257, 20, 20}, extents{300, 600, 64, 64}}) {
+                INFO(cpu::name(path) << ", " << threads << " threads, " << queries << " queries, " << keys << " keys, d " << d);
+                ds::tensor<bf16, Heads, Query, D> q(Heads{3}, Query{queries}, D{d});
+                ds::tensor<bf16, Heads, Key, D> k(Heads{3}, Key{keys}, D{d});
+                ds::tensor<bf16, Heads, Key, D> v(Heads{3}, Key{keys}, D{dv});
+                ds::fill_uniform(q, 1);
+                ds::fill_uniform(k, 2);
+                ds::fill_uniform(v, 3);
+                auto scores = ds::matmul(ds::cast<float>(q), ds::transpose(ds::cast<float>(k))) * 0.125f;
+                const auto plain = ds::matmul(ds::softmax<Key>(scores), ds::cast<float>(v));
+                const auto causal = ds::matmul(ds::softmax<Key>(ds::nn::causal(scores)), ds::cast<float>(v));
+                const std::size_t before = cpu::bf16_attentions(path), widened = cpu::bf16_attentions(cpu::bf16_path::widen);
+                // values of magnitude below 1: P's rounding to bf16 moves O by at most 2^-8; the
+                // scores' float sums of d exact products, by less than 2^-12
+                const double bound = 1.0 / 128;
+                test::require_close(ds::tensor<float, Heads, Query, D>(plain),
+                                    test::to_xt(ds::eval(plain, ds::backend::reference::evaluator{})), 0, bound);
+                test::require_close(ds::tensor<float, Heads, Query, D>(causal),
+                                    test::to_xt(ds::eval(causal, ds::backend::reference::evaluator{})), 0, bound);
+                const bool decoding = queries <= cpu::attention_tiling<float>::few_queries;
+                CHECK(cpu::bf16_attentions(path) - before == (decoding ? 0u : 2u));
+                CHECK(cpu::bf16_attentions(cpu::bf16_path::widen) - widened == (decoding ? 2u : 0u));
+            }
+        }
+        ds::set_num_threads(0);
+    }
+}
+#endif
