@@ -408,6 +408,71 @@ void bench_bf16_kv_cache(bench& s) {
     }
 }
 
+// Attention of Q, K and V stored in bf16 (the attention alone, as a model that keeps them in
+// bf16 runs it), on each bf16 path this CPU runs, next to the same values in float in the
+// same rounds: on widen the kernel reads bf16 where it lies (the float kernel's sums: the same
+// bits); on avx512_bf16 and amx its products run on those instructions, P rounded to bf16,
+// which moves an output by at most 2^-8 of the largest |v| (the scores' float sums, far less).
+void bench_bf16_attention_core(bench& s) {
+    namespace cpu = ds::backend::cpu;
+    using B = ds::axis<"batch">;
+    using Heads = ds::axis<"heads">;
+    using Seq = ds::axis<"seq">;
+    using Head = ds::axis<"head">;
+    struct core_case {
+        std::size_t batch, heads, seq;
+        bool causal;
+    };
+    const std::vector<core_case> cases = s.opt.small ? std::vector<core_case>{{1, 4, 300, true}}
+                                                     : std::vector<core_case>{{8, 12, 128, false}, {1, 16, 2048, true}, {1, 16, 4096, true}};
+    const std::size_t head = 64;
+    for (const core_case& c : cases) {
+        const std::string shape = std::to_string(c.batch) + "x" + std::to_string(c.heads) + "x" + std::to_string(c.seq) + "x" +
+                                  std::to_string(head);
+        const std::string base = std::string("bf16_attention_core_") + (c.causal ? "causal_" : "") + shape;
+        ds::tensor<ds::bf16, B, Heads, Seq, Head> q16(B{c.batch}, Heads{c.heads}, Seq{c.seq}, Head{head}), k16(q16.shape()), v16(q16.shape());
+        ds::fill_normal(q16, 1);
+        ds::fill_normal(k16, 2);
+        ds::fill_normal(v16, 3);
+        const ds::tensor<float, B, Heads, Seq, Head> q = ds::cast<float>(q16), k = ds::cast<float>(k16), v = ds::cast<float>(v16);
+        ds::tensor<float, B, Heads, Seq, Head> z(q.shape()), z16(q.shape());
+        double largest_value = 0;
+        for (std::size_t i = 0; i < v.size(); ++i) largest_value = std::max(largest_value, std::abs(double(v.data()[i])));
+        const double flops = 4.0 * double(c.batch * c.heads) * double(c.seq) * double(c.seq) * double(head) * (c.causal ? 0.5 : 1.0);
+        auto attend = [&](const auto& qq, const auto& kk, const auto& vv, auto& out) {
+            if (c.causal) ds::assign(out, ds::nn::causal_attention(qq, kk, vv));
+            else ds::assign(out, ds::nn::attention(qq, kk, vv));
+        };
+        for (const cpu::bf16_path path : cpu::bf16_paths) {
+            const std::string name = path == cpu::bf16_path::widen ? base : base + "_" + std::string(cpu::name(path));
+            if (!s.selected(name) || !cpu::support_of(path).usable) continue;
+            const cpu::scoped_bf16_path on_this_path(path);
+            for (int threads : s.opt.threads) {
+                fastest bf16_time, float_time;
+                for (int round = 0; round < rounds(s.opt); ++round) {
+                    ds::set_num_threads(threads);
+                    settle(s.opt);
+                    bf16_time.keep(best_seconds(s.opt, [&] { attend(ds::cast<float>(q16), ds::cast<float>(k16), ds::cast<float>(v16), z16); }), "");
+                    settle(s.opt);
+                    float_time.keep(best_seconds(s.opt, [&] { attend(q, k, v, z); }), "");
+                    double worst = 0;
+                    for (std::size_t i = 0; i < z.size(); ++i) {
+                        const double d = std::abs(double(z16.data()[i]) - double(z.data()[i]));
+                        worst = std::isnan(d) ? d : std::max(worst, d);
+                    }
+                    s.out.check(name + " (" + std::to_string(threads) + " threads): against float", worst,
+                                path == cpu::bf16_path::widen ? 0.0 : largest_value / 256 + 1e-4);
+                }
+                const char* how = path == cpu::bf16_path::widen ? "Q K V in bf16 read where they lie, float kernel"
+                                  : path == cpu::bf16_path::amx ? "Q K V in bf16, products on AMX tiles, P in bf16"
+                                                                : "Q K V in bf16, products on vdpbf16ps, P in bf16";
+                s.out.add({name, threads, flops / bf16_time.seconds * 1e-9, "dimsum_float", flops / float_time.seconds * 1e-9,
+                           "GFLOP/s", how});
+            }
+        }
+    }
+}
+
 // Memory against sequence length (causal, model 1024, 16 heads): it grows like seq, where
 // the scores alone would grow like seq^2.
 void bench_attention_memory(bench& s) {

@@ -288,6 +288,7 @@ void bench_gather(bench& s, std::size_t rows, std::size_t cols);
 void bench_attention(bench& s);
 void bench_attention_memory(bench& s);
 void bench_bf16_kv_cache(bench& s);
+void bench_bf16_attention_core(bench& s);
 void bench_decoder(bench& s);
 // --attention-memory=[core:]SPEC: run in a fresh process by bench_attention's cases.
 int measure_attention_memory(const options& opt, std::string spec);

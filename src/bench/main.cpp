@@ -93,6 +93,7 @@ int run(const options& opt) {
     bench_attention(s);
     bench_attention_memory(s);
     bench_bf16_kv_cache(s);
+    bench_bf16_attention_core(s);
     bench_decoder(s);
     return out.failed ? 1 : 0;
 }
