@@ -27,7 +27,8 @@ import os
 import resource
 import subprocess
 import sys
-import time
+
+from torch_timing import add_timing_options, best_seconds, parse_timing_options, torch_missing
 
 IMPLS = ("module", "manual")
 
@@ -224,19 +225,9 @@ def child(args):
             fn = lambda: manual.forward(x)
         rss0 = rss_bytes()
         reset_peak_rss()
-        for _ in range(2):
-            fn()
-        t0 = time.perf_counter()
-        fn()
-        reps = max(1, math.ceil(args.min_time / max(time.perf_counter() - t0, 1e-9)))
-        per_call = []
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            per_call.append((time.perf_counter() - t0) / reps)
+        seconds = best_seconds(fn, args.rounds, args.min_time)
         peak = peak_rss_bytes()
-    print(f"{min(per_call) * 1e3:.4f},{(peak - rss0) / 1e6:.2f}")
+    print(f"{seconds * 1e3:.4f},{(peak - rss0) / 1e6:.2f}")
 
 
 def main():
@@ -245,25 +236,17 @@ def main():
                                  epilog="Case modes: full (default), causal, decode.")
     ap.add_argument("--case", type=parse_case, action="append", required=True,
                     help="NAME:batch,seq,model,heads[,causal|decode] (repeatable)")
-    ap.add_argument("--rounds", type=int, default=5, help="timed batches (the fastest reported)")
-    ap.add_argument("--min-time", type=float, default=0.2, help="seconds per timed batch")
-    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    ap.add_argument("--quick", action="store_true", help="smoke test: 1 round, 0.05 s batches")
+    add_timing_options(ap)
     ap.add_argument("--no-verify", action="store_true",
                     help="skip checking module against manual (a caller's later turns)")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.quick:
-        args.rounds, args.min_time = 1, 0.05
-    args.rounds = max(1, args.rounds)
+    args = parse_timing_options(ap)
 
-    try:
-        import torch
-    except Exception as e:  # ImportError, or a broken install raising something else
-        reason = str(e).replace(",", ";").replace("\n", " ") or type(e).__name__
-        print(f"torch_attention_unavailable,{reason}")
+    missing = torch_missing()
+    if missing:
+        print(f"torch_attention_unavailable,{missing}")
         return 0
+    import torch
     if args.child:
         args.threads = int(args.threads)
         child(args)

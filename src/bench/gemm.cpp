@@ -1,12 +1,15 @@
 // dimsum_bench's matrix product cases: plain products of a transformer's sizes and the two
 // batched products of attention, against OpenBLAS, oneDNN and the FMA peak.
 
+#include <unistd.h>
+
 #include <dimsum/dimsum.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -137,12 +140,45 @@ bool bf16_selected(const bench& s, const gemm_case& g) {
     return false;
 }
 
+// PyTorch's torch.matmul in bf16 on the same extents (scripts/matmul_torch.py, each thread
+// count in a fresh process, its result checked there against float64): seconds per call by
+// thread count; empty, with `why`, when it cannot run.
+std::map<int, double> torch_bf16_matmul(const options& opt, const gemm_case& g, std::string& why) {
+    std::map<int, double> seconds;
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        why = "/usr/bin/python3 is missing";
+        return seconds;
+    }
+    std::string threads;
+    for (int t : opt.threads) threads += (threads.empty() ? "" : ",") + std::to_string(t);
+    const std::string command = std::string("/usr/bin/python3 '" DIMSUM_MATMUL_TORCH_SCRIPT "' --shape ") + std::to_string(g.m) +
+                                "," + std::to_string(g.k) + "," + std::to_string(g.n) + " --threads " + threads +
+                                (opt.quick ? " --quick" : "");
+    std::FILE* child = popen(command.c_str(), "r");
+    if (!child) {
+        why = "cannot run " + command;
+        return seconds;
+    }
+    char line[512];
+    while (std::fgets(line, sizeof line, child)) {
+        const std::string text = line;
+        if (text.starts_with("torch_matmul_unavailable,")) why = text.substr(25, text.find('\n') - 25);
+        int t = 0;
+        double s = 0;
+        if (std::sscanf(line, "torch_matmul,%d,%lf", &t, &s) == 2) seconds[t] = s;
+    }
+    if (pclose(child) != 0 && why.empty()) why = "matmul_torch.py failed";
+    if (seconds.empty() && why.empty()) why = "matmul_torch.py gave no result";
+    return seconds;
+}
+
 // The same product of bf16 operands (rounded from a and b), written in bf16, next to the float
 // product of the same values, on each bf16 path this CPU runs: on widen, its operands read
 // where they lie and widened as the float GEMM packs (or, for a few rows, loads) them; on amx
 // and avx512_bf16, multiplied in pairs by the bf16 instructions. The result rounded after.
-// In the same rounds, oneDNN's bf16 matmul primitive writes the same bf16 result, and the
-// rows of amx and avx512_bf16 also compare with their instruction's peak.
+// In the same rounds, oneDNN's bf16 matmul primitive writes the same bf16 result; before
+// them, PyTorch's torch.matmul in bf16 is timed once; the rows of amx and avx512_bf16 also
+// compare with their instruction's peak.
 void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands) {
     namespace cpu = ds::backend::cpu;
     const auto& a16 = operands.a16;  // not a structured binding: clang 14 cannot capture those
@@ -154,6 +190,9 @@ void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands
     ds::tensor<float, M, N> c(M{g.m}, N{g.n}), c_wide(M{g.m}, N{g.n});
     // rounding c to bf16 adds at most 2^-9 |c| <= 2^-9 sum |a b| to float's error
     const double tolerance = gemm_tolerance + std::ldexp(1.0, -9);
+    std::string torch_why = s.opt.small ? "--small" : "";
+    const std::map<int, double> torch_seconds = s.opt.small ? std::map<int, double>{} : torch_bf16_matmul(s.opt, g, torch_why);
+    if (torch_seconds.empty()) std::fprintf(s.out.table, "skipped: pytorch bf16 for %s: %s\n", g.name.c_str(), torch_why.c_str());
     for (const cpu::bf16_path path : cpu::bf16_paths) {
         const std::string name = bf16_row(g, path);
         if (!s.selected(name) || !cpu::support_of(path).usable) continue;
@@ -198,6 +237,10 @@ void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands
             if (dnnl) {
                 s.out.add({name, threads, gflops, "onednn_bf16", g.flops() / dnnl_time.seconds * 1e-9, "GFLOP/s",
                            "matmul primitive, bf16 out: " + dnnl_time.how});
+            }
+            if (auto torch = torch_seconds.find(threads); torch != torch_seconds.end()) {
+                s.out.add({name, threads, gflops, "pytorch_bf16", g.flops() / torch->second * 1e-9, "GFLOP/s",
+                           "torch.matmul in bf16, bf16 out"});
             }
             if (path == cpu::bf16_path::amx) {
                 s.out.add({name, threads, gflops, "amx_peak", s.limits.amx_peak[t], "GFLOP/s", "tdpbf16ps on 4 tiles"});

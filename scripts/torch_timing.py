@@ -1,0 +1,51 @@
+"""What the PyTorch baselines of dimsum_bench (attention_torch.py, matmul_torch.py) share: how
+a call is timed, and how a missing torch is reported."""
+import argparse
+import math
+import time
+
+
+def add_timing_options(ap):
+    """The options every baseline takes: how long to time, on which thread counts; and the
+    hidden --child of the process that measures one configuration."""
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--rounds", type=int, default=5, help="timed batches (the fastest reported)")
+    ap.add_argument("--min-time", type=float, default=0.2, help="seconds per timed batch")
+    ap.add_argument("--quick", action="store_true", help="smoke test: 1 round, 0.05 s batches")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+
+
+def parse_timing_options(ap):
+    """ap's arguments, with --quick applied."""
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.min_time = 1, 0.05
+    args.rounds = max(1, args.rounds)
+    return args
+
+
+def best_seconds(fn, rounds, min_time):
+    """The time of one call of fn: after two calls to warm up, the mean over a batch of calls
+    lasting about min_time seconds; the fastest of `rounds` batches (as dimsum_bench times
+    dimsum)."""
+    for _ in range(2):
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    reps = max(1, math.ceil(min_time / max(time.perf_counter() - t0, 1e-9)))
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        per_call.append((time.perf_counter() - t0) / reps)
+    return min(per_call)
+
+
+def torch_missing():
+    """None if torch imports, else why not, fit for a CSV field."""
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install raising something else
+        return str(e).replace(",", ";").replace("\n", " ") or type(e).__name__
+    return None
