@@ -6,11 +6,13 @@ researcher running bf16 calls it, on each thread count given, each in a fresh ch
   matmul_torch.py --shape m,k,n [--threads 1,2] [--rounds 5] [--min-time 0.2] [--quick]
 
 stdout, one line per thread count:
-  torch_matmul,<threads>,<seconds per call>
+  torch_matmul,<threads>,<seconds per call>,<error>
 or `torch_matmul_unavailable,<reason>` if torch cannot be imported. The time is that of the
-fastest timed batch (as dimsum_bench times dimsum). Before timing, each child checks its
-product against float64 on the same bf16 values (within float's bound for the sum and one
-bf16 rounding of the result) and fails if it is wrong. Exit code 1 if any child failed.
+fastest timed batch (as dimsum_bench times dimsum). The error is the product's largest
+distance from float64 on the same bf16 values, in units of what float sums and one bf16
+rounding of the result allow (k 2^-24 sum |a b| + 2^-8 |c|): at most 1 for a product summed
+in float. PyTorch 1.13 on a CPU without AVX512-BF16 exceeds it many times over (its sums
+are not float's), which is reported, not hidden. Exit code 1 if any child failed.
 
 PyTorch runs as attention_torch.py runs it: OMP_WAIT_POLICY=PASSIVE and huge-page malloc.
 """
@@ -34,11 +36,9 @@ def child(args):
         torch.matmul(a, b, out=c)
         exact = torch.matmul(a.double(), b.double())
         bound = k * 2.0 ** -24 * torch.matmul(a.double().abs(), b.double().abs()) + 2.0 ** -8 * exact.abs() + 1e-30
-        if not bool(((c.double() - exact).abs() <= bound).all()):
-            print(f"[matmul_torch] {m}x{k}x{n}: torch.matmul in bf16 is wrong", file=sys.stderr)
-            return 1
+        error = float(((c.double() - exact).abs() / bound).max())
         seconds = best_seconds(lambda: torch.matmul(a, b, out=c), args.rounds, args.min_time)
-    print(f"{seconds:.9f}")
+    print(f"{seconds:.9f},{error:.3g}")
     return 0
 
 
@@ -74,13 +74,13 @@ def main():
                "--threads", str(t), "--rounds", str(args.rounds), "--min-time", str(args.min_time)]
         p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         try:
-            seconds = float(p.stdout.strip().splitlines()[-1])
+            seconds, error = (float(x) for x in p.stdout.strip().splitlines()[-1].split(","))
             assert p.returncode == 0
         except Exception:
             print(f"warning: matmul {args.shape} threads={t} failed (rc {p.returncode})", file=sys.stderr)
             failed = True
             continue
-        print(f"torch_matmul,{t},{seconds:.9g}", flush=True)
+        print(f"torch_matmul,{t},{seconds:.9g},{error:.3g}", flush=True)
     return 1 if failed else 0
 
 

@@ -141,10 +141,14 @@ bool bf16_selected(const bench& s, const gemm_case& g) {
 }
 
 // PyTorch's torch.matmul in bf16 on the same extents (scripts/matmul_torch.py, each thread
-// count in a fresh process, its result checked there against float64): seconds per call by
-// thread count; empty, with `why`, when it cannot run.
-std::map<int, double> torch_bf16_matmul(const options& opt, const gemm_case& g, std::string& why) {
-    std::map<int, double> seconds;
+// count in a fresh process), by thread count: seconds per call, and its largest error against
+// float64 in units of float's bound (more than 1: its sums are not float's); empty, with
+// `why`, when it cannot run.
+struct torch_matmul_result {
+    double seconds = 0, error = 0;
+};
+std::map<int, torch_matmul_result> torch_bf16_matmul(const options& opt, const gemm_case& g, std::string& why) {
+    std::map<int, torch_matmul_result> seconds;
     if (access("/usr/bin/python3", X_OK) != 0) {
         why = "/usr/bin/python3 is missing";
         return seconds;
@@ -164,8 +168,8 @@ std::map<int, double> torch_bf16_matmul(const options& opt, const gemm_case& g, 
         const std::string text = line;
         if (text.starts_with("torch_matmul_unavailable,")) why = text.substr(25, text.find('\n') - 25);
         int t = 0;
-        double s = 0;
-        if (std::sscanf(line, "torch_matmul,%d,%lf", &t, &s) == 2) seconds[t] = s;
+        torch_matmul_result r;
+        if (std::sscanf(line, "torch_matmul,%d,%lf,%lf", &t, &r.seconds, &r.error) == 3) seconds[t] = r;
     }
     if (pclose(child) != 0 && why.empty()) why = "matmul_torch.py failed";
     if (seconds.empty() && why.empty()) why = "matmul_torch.py gave no result";
@@ -191,7 +195,8 @@ void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands
     // rounding c to bf16 adds at most 2^-9 |c| <= 2^-9 sum |a b| to float's error
     const double tolerance = gemm_tolerance + std::ldexp(1.0, -9);
     std::string torch_why = s.opt.small ? "--small" : "";
-    const std::map<int, double> torch_seconds = s.opt.small ? std::map<int, double>{} : torch_bf16_matmul(s.opt, g, torch_why);
+    const std::map<int, torch_matmul_result> torch_seconds =
+        s.opt.small ? std::map<int, torch_matmul_result>{} : torch_bf16_matmul(s.opt, g, torch_why);
     if (torch_seconds.empty()) std::fprintf(s.out.table, "skipped: pytorch bf16 for %s: %s\n", g.name.c_str(), torch_why.c_str());
     for (const cpu::bf16_path path : cpu::bf16_paths) {
         const std::string name = bf16_row(g, path);
@@ -239,8 +244,9 @@ void bench_bf16_gemm(bench& s, const gemm_case& g, const bf16_operands& operands
                            "matmul primitive, bf16 out: " + dnnl_time.how});
             }
             if (auto torch = torch_seconds.find(threads); torch != torch_seconds.end()) {
-                s.out.add({name, threads, gflops, "pytorch_bf16", g.flops() / torch->second * 1e-9, "GFLOP/s",
-                           "torch.matmul in bf16, bf16 out"});
+                char how[96];
+                std::snprintf(how, sizeof how, "torch.matmul in bf16: error %.3g x float's bound", torch->second.error);
+                s.out.add({name, threads, gflops, "pytorch_bf16", g.flops() / torch->second.seconds * 1e-9, "GFLOP/s", how});
             }
             if (path == cpu::bf16_path::amx) {
                 s.out.add({name, threads, gflops, "amx_peak", s.limits.amx_peak[t], "GFLOP/s", "tdpbf16ps on 4 tiles"});
