@@ -22,7 +22,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 threaded_tests=(test_parity_gemm test_parity_kernels test_parity_attention test_bf16_gemm test_bf16_attention)
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
     -DDIMSUM_SANITIZE=thread -DDIMSUM_CUDA=OFF >/dev/null
-cmake --build build-tsan -j2 --target "${threaded_tests[@]}"
+# one make for all of them, two at a time (cmake --build --target builds the targets one after
+# another, each alone on the two cores)
+cmake --build build-tsan -- -j2 "${threaded_tests[@]}"
 archer=$(clang++ -print-resource-dir)/../../libarcher.so
 [ -f "$archer" ] || archer=/usr/lib/llvm-14/lib/libarcher.so
 pattern=$(IFS='|'; echo "^(${threaded_tests[*]}):")
