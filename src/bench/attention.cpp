@@ -260,23 +260,10 @@ struct torch_result {
 std::map<std::string, torch_result> torch_attention(const options& opt, const std::vector<attention_case>& cases,
                                                     bool verify, std::string& why) {
     std::map<std::string, torch_result> results;
-    if (access("/usr/bin/python3", X_OK) != 0) {
-        why = "/usr/bin/python3 is missing";
-        return results;
-    }
-    std::string command = std::string("/usr/bin/python3 '" DIMSUM_TORCH_SCRIPT "' --rounds=1") +
-                          (opt.quick ? " --quick" : "") + (verify ? "" : " --no-verify");
-    for (const attention_case& c : cases) command += " --case " + c.name + ":" + c.spec();
-    std::FILE* child = popen(command.c_str(), "r");
-    if (!child) {
-        why = "cannot run " + command;
-        return results;
-    }
-    char line[512];
-    while (std::fgets(line, sizeof line, child)) {
-        std::string text = line;
-        if (text.starts_with("torch_attention_unavailable,")) why = text.substr(28, text.find('\n') - 28);
-        if (!text.starts_with("torch_attention_best,")) continue;
+    std::string arguments = std::string("'" DIMSUM_TORCH_SCRIPT "' --rounds=1") + (opt.quick ? " --quick" : "") +
+                            (verify ? "" : " --no-verify");
+    for (const attention_case& c : cases) arguments += " --case " + c.name + ":" + c.spec();
+    read_torch_script(arguments, "torch_attention", why, [&](const char* line) {
         char name[128], impl[32];
         int threads;
         torch_result r;
@@ -284,8 +271,7 @@ std::map<std::string, torch_result> torch_attention(const options& opt, const st
             r.how = std::string(impl) + " on " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");  // no comma: a CSV field
             results[name] = r;
         }
-    }
-    if (pclose(child) != 0 && why.empty()) why = "attention_torch.py failed";
+    });
     if (results.empty() && why.empty()) why = "attention_torch.py gave no result";
     return results;
 }

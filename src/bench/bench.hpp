@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -132,6 +133,12 @@ struct fastest {
 // for about 0.1 s after a call (sched_yield, then sleep) and OpenMP's spin briefly; on 2
 // cores a spinning pool slows whoever runs next.
 void settle(const options& opt);
+
+// Runs a PyTorch baseline, `/usr/bin/python3 SCRIPT_AND_ARGUMENTS`, and hands `each` every
+// line it prints. Sets `why` where it gives no figures: python3 missing, the script not
+// started, a line `TAG_unavailable,REASON` (torch missing), or the script failing.
+void read_torch_script(const std::string& script_and_arguments, const std::string& tag, std::string& why,
+                       const std::function<void(const char* line)>& each);
 
 // A tiny deterministic generator for choosing which entries to check.
 struct sampler {

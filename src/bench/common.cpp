@@ -1,5 +1,7 @@
 // dimsum_bench's options, its report (the table and the CSV) and its timing rules.
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -122,6 +124,28 @@ timing case_timing(const options& opt) { return opt.quick ? timing{0.0, 1} : tim
 timing yardstick_timing(const options& opt) { return opt.quick ? timing{0.02, 5} : timing{0.2, 5}; }
 
 int rounds(const options& opt) { return opt.quick ? 1 : opt.rounds; }
+
+void read_torch_script(const std::string& script_and_arguments, const std::string& tag, std::string& why,
+                       const std::function<void(const char* line)>& each) {
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        why = "/usr/bin/python3 is missing";
+        return;
+    }
+    const std::string command = "/usr/bin/python3 " + script_and_arguments;
+    std::FILE* child = popen(command.c_str(), "r");
+    if (!child) {
+        why = "cannot run " + command;
+        return;
+    }
+    const std::string unavailable = tag + "_unavailable,";
+    char line[512];
+    while (std::fgets(line, sizeof line, child)) {
+        const std::string_view text = line;
+        if (text.starts_with(unavailable)) why = text.substr(unavailable.size(), text.find('\n') - unavailable.size());
+        each(line);
+    }
+    if (pclose(child) != 0 && why.empty()) why = "the PyTorch script failed: " + command;
+}
 
 void settle(const options& opt) {
     if (!opt.quick) std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -4,7 +4,6 @@
 
 #include <dimsum/dimsum.hpp>
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -52,31 +51,17 @@ std::map<std::pair<std::string, int>, double> torch_decoder(const options& opt,
                                                             const std::vector<std::pair<std::string, std::string>>& cases,
                                                             std::string& why) {
     std::map<std::pair<std::string, int>, double> results;
-    if (access("/usr/bin/python3", X_OK) != 0) {
-        why = "/usr/bin/python3 is missing";
-        return results;
-    }
     std::string threads;
     for (int t : opt.threads) threads += (threads.empty() ? "" : ",") + std::to_string(t);
-    std::string command = std::string("/usr/bin/python3 '" DIMSUM_DECODER_TORCH_SCRIPT "' --verify '" DIMSUM_DECODER_DATA
-                                      "' --threads ") +
-                          threads + (opt.quick ? " --seconds 0.01" : "");
-    for (const auto& [name, c] : cases) command += " --case " + name + ":" + c;
-    std::FILE* child = popen(command.c_str(), "r");
-    if (!child) {
-        why = "cannot run " + command;
-        return results;
-    }
-    char line[512];
-    while (std::fgets(line, sizeof line, child)) {
-        std::string text = line;
-        if (text.starts_with("torch_decoder_unavailable,")) why = text.substr(26, text.find('\n') - 26);
+    std::string arguments = std::string("'" DIMSUM_DECODER_TORCH_SCRIPT "' --verify '" DIMSUM_DECODER_DATA "' --threads ") +
+                            threads + (opt.quick ? " --seconds 0.01" : "");
+    for (const auto& [name, c] : cases) arguments += " --case " + name + ":" + c;
+    read_torch_script(arguments, "torch_decoder", why, [&](const char* line) {
         char name[128];
         int t;
         double ms;
         if (std::sscanf(line, "torch_decoder,%127[^,],%d,%lf", name, &t, &ms) == 3) results[{name, t}] = ms;
-    }
-    if (pclose(child) != 0 && why.empty()) why = "decoder_torch.py failed";
+    });
     if (results.empty() && why.empty()) why = "decoder_torch.py gave no result";
     return results;
 }

@@ -1,8 +1,6 @@
 // dimsum_bench's matrix product cases: plain products of a transformer's sizes and the two
 // batched products of attention, against OpenBLAS, oneDNN and the FMA peak.
 
-#include <unistd.h>
-
 #include <dimsum/dimsum.hpp>
 
 #include <cmath>
@@ -149,29 +147,16 @@ struct torch_matmul_result {
 };
 std::map<int, torch_matmul_result> torch_bf16_matmul(const options& opt, const gemm_case& g, std::string& why) {
     std::map<int, torch_matmul_result> seconds;
-    if (access("/usr/bin/python3", X_OK) != 0) {
-        why = "/usr/bin/python3 is missing";
-        return seconds;
-    }
     std::string threads;
     for (int t : opt.threads) threads += (threads.empty() ? "" : ",") + std::to_string(t);
-    const std::string command = std::string("/usr/bin/python3 '" DIMSUM_MATMUL_TORCH_SCRIPT "' --shape ") + std::to_string(g.m) +
-                                "," + std::to_string(g.k) + "," + std::to_string(g.n) + " --threads " + threads +
-                                (opt.quick ? " --quick" : "");
-    std::FILE* child = popen(command.c_str(), "r");
-    if (!child) {
-        why = "cannot run " + command;
-        return seconds;
-    }
-    char line[512];
-    while (std::fgets(line, sizeof line, child)) {
-        const std::string text = line;
-        if (text.starts_with("torch_matmul_unavailable,")) why = text.substr(25, text.find('\n') - 25);
+    const std::string arguments = std::string("'" DIMSUM_MATMUL_TORCH_SCRIPT "' --shape ") + std::to_string(g.m) + "," +
+                                  std::to_string(g.k) + "," + std::to_string(g.n) + " --threads " + threads +
+                                  (opt.quick ? " --quick" : "");
+    read_torch_script(arguments, "torch_matmul", why, [&](const char* line) {
         int t = 0;
         torch_matmul_result r;
         if (std::sscanf(line, "torch_matmul,%d,%lf,%lf", &t, &r.seconds, &r.error) == 3) seconds[t] = r;
-    }
-    if (pclose(child) != 0 && why.empty()) why = "matmul_torch.py failed";
+    });
     if (seconds.empty() && why.empty()) why = "matmul_torch.py gave no result";
     return seconds;
 }
