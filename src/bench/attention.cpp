@@ -430,7 +430,7 @@ void bench_bf16_attention_core(bench& s) {
             else ds::assign(out, ds::nn::attention(qq, kk, vv));
         };
         for (const cpu::bf16_path path : cpu::bf16_paths) {
-            const std::string name = path == cpu::bf16_path::widen ? base : base + "_" + std::string(cpu::name(path));
+            const std::string name = bf16_path_row(base, path);
             if (!s.selected(name) || !cpu::support_of(path).usable) continue;
             const cpu::scoped_bf16_path on_this_path(path);
             for (int threads : s.opt.threads) {

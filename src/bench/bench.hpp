@@ -11,6 +11,8 @@
 
 #include <omp.h>
 
+#include <dimsum/backend/cpu/bf16_paths.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -133,6 +135,12 @@ struct fastest {
 // for about 0.1 s after a call (sched_yield, then sleep) and OpenMP's spin briefly; on 2
 // cores a spinning pool slows whoever runs next.
 void settle(const options& opt);
+
+// The thread counts to run, "1,2", as the PyTorch scripts take them.
+std::string thread_list(const options& opt);
+
+// The row of a bf16 case on one bf16 path: BASE on the widen path, BASE_PATH on the others.
+std::string bf16_path_row(const std::string& base, dimsum::backend::cpu::bf16_path path);
 
 // Runs a PyTorch baseline, `/usr/bin/python3 SCRIPT_AND_ARGUMENTS`, and hands `each` every
 // line it prints. Sets `why` where it gives no figures: python3 missing, the script not

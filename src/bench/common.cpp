@@ -125,6 +125,16 @@ timing yardstick_timing(const options& opt) { return opt.quick ? timing{0.02, 5}
 
 int rounds(const options& opt) { return opt.quick ? 1 : opt.rounds; }
 
+std::string thread_list(const options& opt) {
+    std::string list;
+    for (int t : opt.threads) list += (list.empty() ? "" : ",") + std::to_string(t);
+    return list;
+}
+
+std::string bf16_path_row(const std::string& base, dimsum::backend::cpu::bf16_path path) {
+    return path == dimsum::backend::cpu::bf16_path::widen ? base : base + "_" + std::string(dimsum::backend::cpu::name(path));
+}
+
 void read_torch_script(const std::string& script_and_arguments, const std::string& tag, std::string& why,
                        const std::function<void(const char* line)>& each) {
     if (access("/usr/bin/python3", X_OK) != 0) {

@@ -51,10 +51,8 @@ std::map<std::pair<std::string, int>, double> torch_decoder(const options& opt,
                                                             const std::vector<std::pair<std::string, std::string>>& cases,
                                                             std::string& why) {
     std::map<std::pair<std::string, int>, double> results;
-    std::string threads;
-    for (int t : opt.threads) threads += (threads.empty() ? "" : ",") + std::to_string(t);
     std::string arguments = std::string("'" DIMSUM_DECODER_TORCH_SCRIPT "' --verify '" DIMSUM_DECODER_DATA "' --threads ") +
-                            threads + (opt.quick ? " --seconds 0.01" : "");
+                            thread_list(opt) + (opt.quick ? " --seconds 0.01" : "");
     for (const auto& [name, c] : cases) arguments += " --case " + name + ":" + c;
     read_torch_script(arguments, "torch_decoder", why, [&](const char* line) {
         char name[128];

@@ -127,10 +127,7 @@ bf16_operands rounded_to_bf16(const ds::tensor<float, M, K>& a, const ds::tensor
 
 // The row of a bf16 product on one bf16 path: bf16_NAME on the widen path (the float GEMM),
 // bf16_NAME_PATH on the others.
-std::string bf16_row(const gemm_case& g, ds::backend::cpu::bf16_path path) {
-    const std::string name = "bf16_" + g.name;
-    return path == ds::backend::cpu::bf16_path::widen ? name : name + "_" + std::string(ds::backend::cpu::name(path));
-}
+std::string bf16_row(const gemm_case& g, ds::backend::cpu::bf16_path path) { return bf16_path_row("bf16_" + g.name, path); }
 bool bf16_selected(const bench& s, const gemm_case& g) {
     for (const auto path : ds::backend::cpu::bf16_paths) {
         if (s.selected(bf16_row(g, path))) return true;
@@ -147,10 +144,8 @@ struct torch_matmul_result {
 };
 std::map<int, torch_matmul_result> torch_bf16_matmul(const options& opt, const gemm_case& g, std::string& why) {
     std::map<int, torch_matmul_result> seconds;
-    std::string threads;
-    for (int t : opt.threads) threads += (threads.empty() ? "" : ",") + std::to_string(t);
     const std::string arguments = std::string("'" DIMSUM_MATMUL_TORCH_SCRIPT "' --shape ") + std::to_string(g.m) + "," +
-                                  std::to_string(g.k) + "," + std::to_string(g.n) + " --threads " + threads +
+                                  std::to_string(g.k) + "," + std::to_string(g.n) + " --threads " + thread_list(opt) +
                                   (opt.quick ? " --quick" : "");
     read_torch_script(arguments, "torch_matmul", why, [&](const char* line) {
         int t = 0;
