@@ -390,6 +390,91 @@ TEST_CASE("cast<bf16> inside a formula rounds there, cast<float> widens exactly"
     for (std::size_t i = 0; i < 19; ++i) REQUIRE(wide(i) == double(ids(i)));
 }
 
+// cast<bf16> of a formula that a product or the fused attention reads: the planner computes
+// the formula, rounds it into a bf16 temporary (by the gemm that computes it, block by block,
+// or by a `narrow` entry) and the kernel reads that as it reads a bf16 tensor. So one formula gives, bit for bit, what the same steps give through
+// bf16 tensors the caller stores between them: here a multi-head attention with its Q, K, V
+// and heads' output held in bf16 (as nn::multi_head_attention<bf16> holds them), the heads'
+// output stored permuted so that merging them is a view. Odd extents, NaN and infinities in
+// x, x given as bf16 or as cast<bf16> of its float values, 1 and 2 threads.
+TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary: the stored steps' result, bit for bit") {
+    using Batch = ds::axis<"batch">;
+    using Seq = ds::axis<"seq">;
+    using Key = ds::axis<"key">;
+    using Model = ds::axis<"model", 24>;
+    using Heads = ds::axis<"heads", 3>;
+    using Head = ds::axis<"head", 8>;
+    using Inner = ds::axis<"heads*head", 24>;
+    auto heads = [](auto&& f) { return ds::permute<Batch, Heads, Seq, Head>(ds::view<Batch, Seq, Heads, Head>(f)); };
+    auto keys = [](auto&& f) { return ds::permute<Batch, Heads, Key, Head>(ds::view<Batch, Key, Heads, Head>(f)); };
+    auto merged = [](auto&& z) { return ds::view<Batch, Seq, Inner>(ds::permute<Batch, Seq, Heads, Head>(z)); };
+    auto attention = [](auto&& q, auto&& k, auto&& v) {
+        return ds::matmul(ds::softmax<Key>(ds::nn::causal(ds::matmul(q, ds::transpose(k)) * 0.35f)), v);
+    };
+    const auto w_q = random_bf16(61, Model{}, Inner{}), w_k = random_bf16(62, Model{}, Inner{});
+    const auto w_v = random_bf16(63, Model{}, Inner{});
+    const auto w_o = random_bf16(64, Inner{}, Model{});
+    const auto b_q = random_bf16(65, Inner{});
+    for (const int threads : {1, 2}) {
+        ds::set_num_threads(threads);
+        for (const std::size_t seq : {1, 2, 13, 70}) {
+            INFO(threads << " threads, seq " << seq);
+            auto x = random_bf16(66, Batch{2}, Seq{seq}, Model{});
+            poison(x);
+            const ds::tensor<float, Batch, Seq, Model> xf = ds::cast<float>(x);
+            auto one_formula = [&](const auto& x) {
+                auto q = heads(ds::cast<bf16>(ds::matmul(x, w_q) + b_q));
+                auto k = keys(ds::cast<bf16>(ds::matmul(x, w_k)));
+                auto v = keys(ds::cast<bf16>(ds::matmul(x, w_v) * 0.5f));
+                return ds::matmul(merged(ds::cast<bf16>(attention(q, k, v))), w_o);
+            };
+            const ds::tensor<bf16, Batch, Seq, Model> got = one_formula(x), got_from_float = one_formula(ds::cast<bf16>(xf));
+            using Stored = ds::tensor<bf16, Batch, Seq, Inner>;
+            const Stored q = ds::matmul(x, w_q) + b_q, k = ds::matmul(x, w_k), v = ds::matmul(x, w_v) * 0.5f;
+            const ds::tensor<bf16, Batch, Heads, Seq, Head> z = attention(heads(q), keys(k), keys(v));
+            const ds::tensor<bf16, Batch, Seq, Model> want = ds::matmul(merged(z), w_o);
+            REQUIRE(bits_of(got) == bits_of(want));
+            REQUIRE(bits_of(got_from_float) == bits_of(want));
+        }
+    }
+    ds::set_num_threads(0);
+
+    auto x = random_bf16(67, Batch{2}, Seq{5}, Model{});
+    const std::string plan = ds::backend::cpu::evaluator{}.explain(ds::matmul(
+        merged(ds::cast<bf16>(attention(heads(ds::cast<bf16>(ds::matmul(x, w_q))), keys(ds::cast<bf16>(ds::matmul(x, w_k))),
+                                        keys(ds::cast<bf16>(ds::matmul(x, w_v)))))),
+        w_o));
+    INFO(plan);
+    auto count = [&](std::string_view what) {
+        std::size_t n = 0;
+        for (std::size_t at = plan.find(what); at != std::string::npos; at = plan.find(what, at + 1)) ++n;
+        return n;
+    };
+    CHECK(count("elements, bf16") == 4);     // Q, K, V and the heads' output, each in a bf16 temporary,
+    CHECK(count("block by block]") == 3);    // rounded by the projections that compute Q, K and V
+    CHECK(count("narrow ") == 1);            // and after the attention
+    CHECK(count("[bf16 read where it lies]") == 5);  // by the three projections, the attention and W_O's product
+    CHECK(count("convert") == 0);
+}
+
+// convert_each takes one flat loop where source and destination are laid out alike and
+// densely in some order of their axes, never where strides alias or leave gaps.
+TEST_CASE("a narrow entry's flat loop is taken only over dense layouts") {
+    using ds::evaluation::alike_and_dense;
+    using S = ds::evaluation::strided<float>;
+    const S permuted{nullptr, 3, {2, 3, 4}, {4, 8, 1}};       // a permutation of row-major
+    const S aliased{nullptr, 3, {2, 2, 2}, {1, 1, 5}};        // offsets 1 and 6 twice, 3 and 4 never
+    const S gaps{nullptr, 2, {3, 4}, {8, 1}};                 // rows with gaps between them
+    const S broadcast{nullptr, 2, {3, 4}, {0, 1}};
+    const S singleton{nullptr, 3, {1, 3, 1}, {99, 1, 7}};     // extents of 1 step nowhere
+    CHECK(alike_and_dense(permuted, permuted));
+    CHECK(alike_and_dense(singleton, singleton));
+    CHECK_FALSE(alike_and_dense(aliased, aliased));
+    CHECK_FALSE(alike_and_dense(gaps, gaps));
+    CHECK_FALSE(alike_and_dense(broadcast, broadcast));
+    CHECK_FALSE(alike_and_dense(permuted, S{nullptr, 3, {2, 3, 4}, {12, 4, 1}}));  // laid out otherwise
+}
+
 TEST_CASE("a bf16 formula reading its own destination goes through a copy") {
     using D = ds::dim<9>;
     auto x = random_bf16(11, D{}, D{});

@@ -185,7 +185,7 @@ TEST_CASE("a reshape the layout cannot express is planned as one copy") {
     auto flattened = plan_of(ds::view<Flat>(ds::transpose<Query, Batch>(y)) + 1.0f);
     CHECK(flattened.kinds() == kinds{ev::entry_kind::copy, ev::entry_kind::fused});
     REQUIRE(flattened.plan.temporaries.size() == 1);
-    CHECK(flattened.plan.temporaries[0] == 60);
+    CHECK(flattened.plan.temporaries[0].size == 60);
 
     // a product's heads merged back into rows: the product is written through the inverse
     // permutation into the copy, so there is no copy entry at all
@@ -194,6 +194,57 @@ TEST_CASE("a reshape the layout cannot express is planned as one copy") {
     auto merged = plan_of(ds::view<Flat>(ds::transpose<Key, Batch>(ds::matmul(a, w))) + 1.0f);
     CHECK(merged.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::fused});
     CHECK(!(merged.plan.entries[0].out.where == ev::row_major(3, {2, 7, 6})));  // written transposed
+}
+
+TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the backend reads bf16") {
+    using Rows = ds::axis<"rows">;
+    ds::tensor<ds::bf16, Batch, Key, Head> a(Batch{2}, Key{7});
+    ds::tensor<ds::bf16, Head, Model> w;
+    ds::tensor<ds::bf16, Model, Model> w2;
+    const ev::planner_options reads_bf16{.read_bf16 = true};
+    auto bf16_temporaries = [](const planned& p) {
+        std::size_t n = 0;
+        for (const ev::temporary& t : p.plan.temporaries) n += t.bf16;
+        return n;
+    };
+
+    // computed by a gemm: rounded by it, block by block, into a bf16 temporary of its layout,
+    // which the next gemm reads as bf16
+    auto projected = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), w2), reads_bf16);
+    REQUIRE(projected.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::gemm});
+    const ev::entry& first = projected.plan.entries[0];
+    const ev::entry& second = projected.plan.entries[1];
+    REQUIRE(first.bf16_out);
+    CHECK(projected.plan.temporaries[first.bf16_out->index].bf16);
+    CHECK(!projected.plan.temporaries[first.out.index].bf16);
+    CHECK(first.bf16_out->where == first.out.where);
+    REQUIRE(second.bf16_operands[0]);
+    CHECK(second.bf16_operands[0]->memory == ev::memory_kind::temporary);
+    CHECK(second.bf16_operands[0]->index == first.bf16_out->index);
+    CHECK(!second.bf16_out);
+
+    // computed by another entry: a narrow entry after it (a, read by a pass, is widened first)
+    auto passed = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::exp(a)), w), reads_bf16);
+    CHECK(passed.kinds() == kinds{ev::entry_kind::convert, ev::entry_kind::fused, ev::entry_kind::narrow, ev::entry_kind::gemm});
+    CHECK(bf16_temporaries(passed) == 1);
+
+    // heads merged back into rows: the rounded values stored transposed, so the reshape is a
+    // view of the bf16 temporary and there is no copy
+    auto merged = plan_of(ds::matmul(ds::view<Rows, Model>(ds::transpose<Key, Batch>(ds::cast<ds::bf16>(ds::matmul(a, w)))), w2),
+                          reads_bf16);
+    REQUIRE(merged.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::gemm});
+    REQUIRE(merged.plan.entries[0].bf16_out);
+    CHECK(!(merged.plan.entries[0].out.where == ev::row_major(3, {2, 7, 6})));  // written transposed
+    CHECK(merged.plan.entries[1].bf16_operands[0]);
+
+    // read by no product, or planned for a backend that reads no bf16 (the reference's): the
+    // cast is an elementwise step like any other
+    auto alone = plan_of(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), reads_bf16);
+    CHECK(alone.kinds() == kinds{ev::entry_kind::gemm});
+    CHECK(bf16_temporaries(alone) == 0);
+    auto reference = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), w2), {false, false});
+    for (const ev::entry& e : reference.plan.entries) CHECK(e.kind != ev::entry_kind::narrow);
+    CHECK(bf16_temporaries(reference) == 0);
 }
 
 TEST_CASE("the same tensor read twice is one binding") {

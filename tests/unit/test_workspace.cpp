@@ -55,6 +55,34 @@ TEST_CASE("a bf16 formula allocates nothing after its first evaluation: its floa
     REQUIRE(allocations.load() - before == 0);
 }
 
+TEST_CASE("a bf16 attention layer allocates nothing after its first call: its bf16 temporaries live in the workspace") {
+    using Batch = ds::axis<"batch">;
+    using Seq = ds::axis<"seq">;
+    using Model = ds::axis<"model", 48>;
+    ds::nn::multi_head_attention<ds::bf16, Model, ds::axis<"heads", 3>, ds::axis<"head", 16>> layer;
+    layer.w_q.emplace();
+    layer.w_k.emplace();
+    layer.w_v.emplace();
+    ds::fill_normal(*layer.w_q, 1);
+    ds::fill_normal(*layer.w_k, 2);
+    ds::fill_normal(*layer.w_v, 3);
+    ds::fill_normal(layer.w_o, 4);
+    ds::tensor<ds::bf16, Batch, Seq, Model> x(Batch{2}, Seq{37}), y(Batch{2}, Seq{37});
+    ds::fill_normal(x, 5);
+    for (int threads : {1, 2}) {
+        INFO("threads: " << threads);
+        ds::set_num_threads(threads);
+        layer.forward(x, x, y.view(), {.causal = true});
+        const std::size_t before = allocations.load();
+        for (int repeat = 0; repeat < 3; ++repeat) layer.forward(x, x, y.view(), {.causal = true});
+        REQUIRE(allocations.load() - before == 0);
+        // Q, K, V and the heads' output were held in bf16 besides their float values
+        const std::size_t floats = 4 * 2 * 37 * 48 * sizeof(float), narrow = 4 * 2 * 37 * 48 * sizeof(ds::bf16);
+        REQUIRE(ds::backend::cpu::last_temporary_bytes<float>() >= floats + narrow);
+    }
+    ds::set_num_threads(0);
+}
+
 TEST_CASE("a product with weights packed once allocates nothing after the first, nor packs again") {
     using Rows = ds::axis<"rows">;
     using Inner = ds::axis<"inner">;

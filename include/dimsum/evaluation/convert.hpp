@@ -31,11 +31,37 @@ bool is_row_major(const strided<U>& s) {
     return true;
 }
 
+// Whether a and b lay their elements out alike and densely: the same extents and strides,
+// which are row-major strides of some order of the axes (e.g. a narrow entry's value and its
+// bf16 temporary, both seen through a permutation), so one flat loop visits each element once.
+template <class U, class V>
+bool alike_and_dense(const strided<U>& a, const strided<V>& b) {
+    if (a.rank != b.rank) return false;
+    for (std::size_t i = 0; i < a.rank; ++i) {
+        if (a.extents[i] != b.extents[i] || a.strides[i] != b.strides[i]) return false;
+    }
+    // the axes from the smallest stride up: each must step over exactly the ones before it
+    std::ptrdiff_t expected = 1;
+    std::size_t placed = 0;
+    for (std::size_t i = 0; i < a.rank; ++i) placed += a.extents[i] == 1;
+    while (placed < a.rank) {
+        std::size_t next = a.rank;
+        for (std::size_t i = 0; i < a.rank; ++i) {
+            if (a.extents[i] != 1 && a.strides[i] == expected) next = i;
+        }
+        if (next == a.rank) return false;
+        expected *= static_cast<std::ptrdiff_t>(a.extents[next]);
+        ++placed;
+    }
+    return true;
+}
+
 // dst[i] = convert(from[i]) for every index: one flat loop, which the compiler vectorises,
-// where both are row-major (the common case: a tensor into a temporary), else index by index.
+// where both are row-major (the common case: a tensor into a temporary) or laid out alike and
+// densely, else index by index.
 template <class To, class From, class F>
 void convert_each(const strided<From>& from, const strided<To>& dst, F convert) {
-    if (is_row_major(from) && is_row_major(dst)) {
+    if ((is_row_major(from) && is_row_major(dst)) || alike_and_dense(from, dst)) {
         const std::size_t n = dst.size();
         From* in = from.data;
         To* out = dst.data;

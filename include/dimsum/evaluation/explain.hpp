@@ -10,8 +10,10 @@
 // An operand written `transpose(view(t0))` is t0 read through new strides: no copy. A formula
 // of bf16 computes in float (double on the reference backend), its tensors read through
 // `convert` entries (or by the products and the fused attention themselves, where the
-// backend's widen bf16: marked `[bf16 read where it lies]`), and its value is rounded into
-// the bf16 destination at the end.
+// backend's read bf16: marked `[bf16 read where it lies]`), and its value is rounded into
+// the bf16 destination at the end. cast<bf16>(x) that such a kernel reads is a `narrow` entry:
+// x's value rounded into a bf16 temporary (`t3 ..., bf16`), which the kernel reads; where a
+// gemm computes x, it rounds each block as it finishes: `[rounded into t3 block by block]`.
 
 #include <cstddef>
 #include <optional>
@@ -34,6 +36,7 @@ public:
         std::size_t next = 0;
         for (const entry& e : plan_.entries) {
             if (e.out.memory == memory_kind::temporary && number_[e.out.index] == no_step) number_[e.out.index] = next++;
+            if (e.bf16_out && number_[e.bf16_out->index] == no_step) number_[e.bf16_out->index] = next++;
         }
         for (std::size_t& n : number_) n = n == no_step ? next++ : n;
     }
@@ -42,7 +45,7 @@ public:
         const element_type computes_in = steps_.empty() ? stored : steps_[0].computes_in;
         const std::size_t size = size_of(computes_in);
         std::size_t bytes = 0;
-        for (std::size_t count : plan_.temporaries) bytes += count * size;
+        for (const temporary& t : plan_.temporaries) bytes += bytes_of(t, size);
         out_ << backend << " plan, " << name_of(computes_in);
         if (stored != computes_in) out_ << " stored as " << name_of(stored);
         out_ << ": " << plan_.entries.size() << (plan_.entries.size() == 1 ? " entry, " : " entries, ")
@@ -60,13 +63,16 @@ public:
         std::vector<std::size_t> by_number(number_.size());
         for (std::size_t t = 0; t < number_.size(); ++t) by_number[number_[t]] = t;
         for (std::size_t n = 0; n < by_number.size(); ++n) {
-            const std::size_t count = plan_.temporaries[by_number[n]];
-            out_ << "  t" << n << ' ' << count << " elements, " << human_bytes(count * size) << '\n';
+            const temporary& t = plan_.temporaries[by_number[n]];
+            out_ << "  t" << n << ' ' << t.size << " elements, " << (t.bf16 ? "bf16, " : "") << human_bytes(bytes_of(t, size)) << '\n';
         }
         return out_.str();
     }
 
 private:
+    static std::size_t bytes_of(const temporary& t, std::size_t element_size) {
+        return t.size * (t.bf16 ? size_of(element_type::bf16) : element_size);
+    }
     static std::string human_bytes(std::size_t bytes) {
         std::ostringstream s;
         s.precision(1);
@@ -104,6 +110,7 @@ private:
             out_ << inner;
             return;
         }
+        if (as_stored_ && plan_.bf16_placed[id]) return memory(plan_.bf16_values[id]);  // rounded by a narrow entry
         const bool converted = s.kind == step_kind::tensor && s.type != s.computes_in;  // into a temporary
         if (plan_.placed[id] && (!is_view(s.kind) || converted) && !as_stored_) return memory(plan_.values[id]);
         formula(id, product, inner);
@@ -160,6 +167,7 @@ private:
             case entry_kind::rowwise: kind = "rowwise"; break;
             case entry_kind::indices: kind = "indices"; break;
             case entry_kind::convert: kind = "convert"; break;
+            case entry_kind::narrow: kind = "narrow"; break;
             case entry_kind::gather: kind = "gather"; break;
         }
         out_ << kind << std::string(kind.size() < 11 ? 11 - kind.size() : 1, ' ');
@@ -185,6 +193,11 @@ private:
                 }
                 if (e.packed_right) out_ << "  [right operand packed once]";
                 stored_mark(e);
+                if (e.bf16_out) {
+                    out_ << "  [rounded into ";
+                    memory(*e.bf16_out);
+                    out_ << " block by block]";
+                }
                 break;
             case entry_kind::attention: attention(e); break;
             case entry_kind::fused: formula(e.step); break;
@@ -196,6 +209,7 @@ private:
                 break;
             case entry_kind::indices: out_ << name_of(steps_[e.step].kind); break;
             case entry_kind::convert: out_ << name_of(own.computes_in) << '('; formula(e.step); out_ << ')'; break;
+            case entry_kind::narrow: formula(e.step); break;
             case entry_kind::gather:
                 out_ << "gather<" << axis_name(steps_[own.operands[0]], own.axis) << ">(";
                 operand(own.operands[0]);

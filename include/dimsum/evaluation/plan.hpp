@@ -16,7 +16,12 @@
 //                                          -> a `convert` into a temporary of the formula's type;
 //   a tensor of bf16 (or a view of one), an operand of a product or of attention
 //                                          -> read by the `gemm` or `attention` where it lies,
-//                                             where the backend's kernels widen bf16 themselves;
+//                                             where the backend's kernels read bf16 themselves;
+//   cast<bf16>(x) (or a view of it), an operand of a product or of attention, there
+//                                          -> x computed into a temporary, then rounded into a
+//                                             bf16 temporary, which the `gemm` or `attention`
+//                                             reads as bf16: by the gemm that computes x, each
+//                                             block as it finishes, else by a `narrow` entry;
 //   a matrix packed once (ds::prepack), a product's right operand
 //                                          -> read by the `gemm` from its packing, where the
 //                                             backend reads such packing (not even converted);
@@ -56,29 +61,42 @@ struct place {
     layout where{};
 };
 
-enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, gather };
+enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, narrow, gather };
 
-// The operands an entry reads as bf16 where they lie in their bindings, for kernels that widen
-// them themselves (planner_options::read_bf16): gemm's left and right, attention's Q, K^T and
-// V; an operand without a place here is read from its own place, plan::values, as usual.
+// The operands an entry reads as bf16, for kernels that read bf16 themselves
+// (planner_options::read_bf16): gemm's left and right, attention's Q, K^T and V, each where it
+// lies in its binding or in a bf16 temporary that a `narrow` entry wrote; an operand without a
+// place here is read from its own place, plan::values, as usual.
 using stored_operands = std::array<std::optional<place>, 3>;
 
 struct entry {
     entry_kind kind;
     // gemm, attention: the matmul step; fused, copy: the root of the pass; the others: the step
-    std::size_t step = 0;
+    std::size_t step = 0;  // narrow: the cast<bf16> step, whose operand's value it rounds
     place out{};  // what the entry writes: the value of `step`, or of `epilogue` if there is one
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention: what the matcher found
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
     stored_operands bf16_operands{};  // gemm, attention
+    // gemm: a bf16 temporary that each finished block of `out` is also rounded into, laid out
+    // as `out` (a narrow entry fused into the product)
+    std::optional<place> bf16_out{};
+};
+
+// Memory a plan needs for one evaluation: `size` elements of the program's type, or of bf16
+// (a `narrow` entry's, which kernels read as bf16).
+struct temporary {
+    std::size_t size = 0;
+    bool bf16 = false;
 };
 
 struct plan {
     std::vector<entry> entries;
-    std::vector<std::size_t> temporaries;  // their sizes, in elements of the program's type
+    std::vector<temporary> temporaries;
     std::vector<place> values;             // of each step whose value some entry reads
     std::vector<char> placed;              // whether values[step] is set
+    std::vector<place> bf16_values;        // of each cast<bf16> step that a narrow entry rounded
+    std::vector<char> bf16_placed;         // whether bf16_values[step] is set
     // the planner's scratch, kept for its capacity
     std::vector<std::size_t> leaves;
     std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
@@ -91,6 +109,8 @@ struct plan {
         temporaries.clear();
         if (values.size() < steps) values.resize(steps);
         placed.assign(steps, 0);
+        if (bf16_values.size() < steps) bf16_values.resize(steps);
+        bf16_placed.assign(steps, 0);
         leaves.clear();
         readers.assign(steps, 0);
         seen.assign(steps, 0);
@@ -101,8 +121,8 @@ struct planner_options {
     bool fuse_attention = true;  // attention as one entry (else matmul, softmax, matmul)
     bool fuse_epilogues = true;  // elementwise formulas of a product into its gemm
     bool read_packed = false;    // a product's right operand packed once is read from its packing
-    bool read_bf16 = false;      // an operand of bf16 (a tensor or a view of one) of a product or of
-                                 // attention is read where it lies, with no convert: its kernel widens it
+    bool read_bf16 = false;      // an operand of bf16 of a product or of attention (a tensor, cast<bf16>
+                                 // of a formula, or a view of either) is read as bf16, with no convert
 };
 
 // The layout of view step s (permute, select, slice, reshape) of a value laid out as `from`, if the
@@ -179,9 +199,11 @@ private:
         __builtin_unreachable();  // every kind is handled above
     }
 
-    place temporary(std::size_t rank, const extents_t& extents) {
-        place t{memory_kind::temporary, plan_.temporaries.size(), row_major(rank, extents)};
-        plan_.temporaries.push_back(t.where.size());
+    place temporary(std::size_t rank, const extents_t& extents) { return temporary(row_major(rank, extents)); }
+    // A temporary seen through `where`, a layout over where.size() elements from 0.
+    place temporary(const layout& where, bool bf16 = false) {
+        place t{memory_kind::temporary, plan_.temporaries.size(), where};
+        plan_.temporaries.push_back({where.size(), bf16});
         return t;
     }
 
@@ -210,21 +232,63 @@ private:
         }
         return how;
     }
-    // Where step `id` lies in its binding of bf16, if a kernel may read it there
-    // (planner_options::read_bf16): a bf16 tensor, or views of one that a layout expresses.
-    std::optional<place> stored_bf16(std::size_t id) const {
+    // Where a kernel may read step `id` as bf16 (planner_options::read_bf16): a bf16 tensor
+    // where it lies; cast<bf16> of a formula, rounded into a bf16 temporary (narrowed); or views
+    // of either that a layout expresses.
+    std::optional<place> stored_bf16(std::size_t id) {
         if (!options_.read_bf16) return std::nullopt;
         const step& s = steps_[id];
         if (s.kind == step_kind::tensor) {
             if (s.type != element_type::bf16) return std::nullopt;
             return place{memory_kind::binding, s.binding, bindings_[s.binding].where};
         }
+        if (rounds_to_bf16(s)) return narrowed(id, row_major(s.rank, s.extents));
         if (!is_view(s.kind)) return std::nullopt;
+        if (s.kind == step_kind::reshape) {
+            // A reshape of a permutation of cast<bf16> (attention's heads merged back into
+            // rows, rounded): the rounded values stored in the permuted order, rows a reshape reads.
+            const step& permutation = steps_[s.operands[0]];
+            const std::size_t rounded = permutation.operands[0];
+            if (permutation.kind == step_kind::permute && rounds_to_bf16(steps_[rounded]) && !plan_.bf16_placed[rounded]) {
+                narrowed(rounded, unpermute(row_major(permutation.rank, permutation.extents), permutation.order));
+            }
+        }
         const std::optional<place> from = stored_bf16(s.operands[0]);
         if (!from) return std::nullopt;
         const std::optional<layout> view = view_layout(s, from->where);
         if (!view) return std::nullopt;
         return place{from->memory, from->index, *view};
+    }
+    static bool rounds_to_bf16(const step& s) {
+        return s.kind == step_kind::elementwise && s.op == op_code::round_bf16;
+    }
+    // The bf16 temporary that cast<bf16> step `id` is rounded into, laid out as `where`, planned
+    // the first time: the operand is computed in that same layout (unless another entry placed
+    // it first), then rounded by the gemm that computes it, block by block, or else by a narrow
+    // entry, one flat pass.
+    place narrowed(std::size_t id, const layout& where) {
+        if (!plan_.bf16_placed[id]) {
+            const std::size_t operand = steps_[id].operands[0];
+            bool by_product = false;
+            if (!plan_.placed[operand] && !is_view(steps_[operand].kind)) {
+                const place wide = temporary(where);
+                write(operand, wide);
+                plan_.values[operand] = wide;
+                plan_.placed[operand] = 1;
+                const entry& last = plan_.entries.back();  // write() added at least one entry
+                by_product = options_.fuse_epilogues && last.kind == entry_kind::gemm &&
+                             (last.epilogue == operand || (last.epilogue == no_step && last.step == operand)) &&
+                             last.out.memory == wide.memory && last.out.index == wide.index && last.out.where == wide.where;
+            } else {
+                value(operand);
+            }
+            const place bf16 = temporary(where, true);
+            if (by_product) plan_.entries.back().bf16_out = bf16;
+            else add(entry_kind::narrow, id, bf16);
+            plan_.bf16_values[id] = bf16;
+            plan_.bf16_placed[id] = 1;
+        }
+        return plan_.bf16_values[id];
     }
     void add_product(std::size_t id, const place& dst, std::size_t epilogue, const product_operands& how) {
         add(entry_kind::gemm, id, dst, epilogue);

@@ -19,6 +19,7 @@
 #include "dimsum/core/message.hpp"
 #include "dimsum/core/shape_error.hpp"
 #include "dimsum/evaluation/assign.hpp"
+#include "dimsum/ops/cast.hpp"
 #include "dimsum/ops/elementwise.hpp"
 #include "dimsum/ops/mask.hpp"
 #include "dimsum/ops/matmul.hpp"
@@ -220,14 +221,19 @@ struct multi_head_attention {
         };
         const projection_views p = projections();
         // the heads, query head h as (h / group, h % group): (batch, kv_heads, group, query, head),
-        // and (batch, kv_heads, group=1, key, head or value_head), broadcast over the group
-        auto q = permute<Batch, KvHeads, Group, Query, Head>(view<Batch, Query, KvHeads, Group, Head>(matmul(x, p.w_q) + p.b_q));
-        auto k = permute<Batch, KvHeads, OneGroup, Key, Head>(view<Batch, Key, KvHeads, OneGroup, Head>(matmul(c, p.w_k) + p.b_k));
+        // and (batch, kv_heads, group=1, key, head or value_head), broadcast over the group.
+        // In bf16, Q, K, V and the heads' output are held in bf16 (cast<T> rounds them; in
+        // float it is nothing), as PyTorch's bf16 holds them, so that the attention and the
+        // output projection run on the bf16 kernels where the CPU has them.
+        auto q = permute<Batch, KvHeads, Group, Query, Head>(
+            view<Batch, Query, KvHeads, Group, Head>(cast<T>(matmul(x, p.w_q) + p.b_q)));
+        auto k = permute<Batch, KvHeads, OneGroup, Key, Head>(
+            view<Batch, Key, KvHeads, OneGroup, Head>(cast<T>(matmul(c, p.w_k) + p.b_k)));
         auto v = permute<Batch, KvHeads, OneGroup, Key, ValueHead>(
-            view<Batch, Key, KvHeads, OneGroup, ValueHead>(matmul(c, p.w_v) + p.b_v));
+            view<Batch, Key, KvHeads, OneGroup, ValueHead>(cast<T>(matmul(c, p.w_v) + p.b_v)));
         // concat(heads) W_O + b_O, for z (batch, kv_heads, group, query, value_head)
         auto output = [&](auto&& z) {
-            store(y, matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(z)),
+            store(y, matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(cast<T>(z))),
                             packed_view<T, ValueInner, Model>(w_o.view(), panels::of(panels_, &panels::w_o))) +
                          bias_or_zero(b_o, w_o.shape().extent(1)));
         };

@@ -1,7 +1,10 @@
 #pragma once
 // cast<To>(x): a formula's values as another element type, a node that fuses like any other.
 //   cast<bf16>(x)    x of float: each value rounded to the nearest bf16 (ties to even), the
-//                    formula going on in float; stored into a bf16 tensor it loses nothing more;
+//                    formula going on in float; stored into a bf16 tensor it loses nothing more.
+//                    x a formula of bf16 (computed in float): rounded there in the same way, an
+//                    intermediate value held in bf16, as PyTorch's bf16 holds each; a kernel
+//                    that reads bf16 reads it so. x a bf16 tensor or view: x itself;
 //   cast<float>(x)   x of bf16, int32 or int64 (also cast<double>): the same values, exactly
 //                    (integers up to 2^24 in float, 2^53 in double).
 // Mixing element types without a cast is a compile error naming both.
@@ -36,7 +39,7 @@ auto cast(E&& e) {
         return invalid_expression{};
     } else if constexpr (constexpr message error = detail::cast_error<To, From>(); error.length != 0) {
         return fail<error>();
-    } else if constexpr (std::is_same_v<To, From>) {
+    } else if constexpr (std::is_same_v<To, From> && !(std::is_same_v<To, bf16> && !detail::is_strided_leaf<E>)) {
         return expr::hold(std::forward<E>(e));
     } else {
         return expr::cast<To, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}};

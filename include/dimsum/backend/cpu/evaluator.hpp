@@ -4,13 +4,15 @@
 // run(formula, destination) lowers the formula (evaluation/lower.hpp), plans it
 // (evaluation/plan.hpp) and maps each entry of the plan to a kernel:
 //   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C,
-//                 its operands of bf16 read where they lie and widened as they are packed;
+//                 then, if the plan asks, the block rounded into a bf16 temporary; its
+//                 operands of bf16 read where they lie;
 //   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
 //                 a fused pass over each tile of scores, its inputs of bf16 read where they lie;
 //   fused, copy -> one fused elementwise pass (fused.hpp);
 //   rowwise    -> the line kernels (rowwise.hpp);
 //   indices    -> a loop (causal_mask, arange: small, read broadcast);
 //   convert    -> a loop (bf16 values, lengths and positions to the formula's type);
+//   narrow     -> a loop (a value rounded into a bf16 temporary, which products read as bf16);
 //   gather     -> gather.hpp, once every id has been checked (evaluation/integers.hpp).
 // The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
 // one evaluation to the next, so a formula evaluated in a loop allocates nothing after its
@@ -79,7 +81,7 @@ struct state {
     std::vector<evaluation::binding> bindings;
     evaluation::plan plan;
     block_table<T> blocks{};
-    std::vector<T*> temporaries;  // the plan's, in this evaluation's memory
+    std::vector<void*> temporaries;  // the plan's, in this evaluation's memory: T, or bf16
     fused_program<T> fused;
     std::vector<std::size_t> fused_steps;  // the step of each of fused.nodes
     std::size_t in_place_input = 0;  // which of fused.inputs reads the destination (or the scores tile)
@@ -99,13 +101,23 @@ public:
     void run() {
         evaluation::check_before_running<T>(s_.program, s_.bindings, s_.plan);
         s_.temporaries.clear();
-        for (std::size_t size : s_.plan.temporaries) s_.temporaries.push_back(thread_temporaries().template allocate<T>(size));
+        temporaries& memory = thread_temporaries();
+        for (const evaluation::temporary& t : s_.plan.temporaries) {
+            s_.temporaries.push_back(t.bf16 ? static_cast<void*>(memory.allocate<bf16>(t.size)) : memory.allocate<T>(t.size));
+        }
         for (const entry& e : s_.plan.entries) run(e);
     }
 
 private:
     void run(const entry& e) {
         const step& s = steps_[e.step];
+        if (e.kind == entry_kind::narrow) {  // the only entry that writes bf16
+            if (e.out.memory != evaluation::memory_kind::temporary || !s_.plan.temporaries[e.out.index].bf16) {
+                throw std::logic_error("dimsum: a plan narrows into memory that is not a bf16 temporary");
+            }
+            const strided<bf16> rounded = evaluation::strided_at(static_cast<bf16*>(s_.temporaries[e.out.index]), e.out.where);
+            return evaluation::round_into<T>(value(s.operands[0]), rounded);
+        }
         const strided<T> dst = at(e.out);
         switch (e.kind) {
             case entry_kind::gemm: return multiply(e, dst);
@@ -116,6 +128,7 @@ private:
             case entry_kind::rowwise: return rowwise(s, dst);
             case entry_kind::indices: return indices(s, dst);
             case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[s.binding], dst);
+            case entry_kind::narrow: return;  // above
             case entry_kind::gather:
                 return cpu::gather<T>(value(s.operands[0]), s.axis, evaluation::integers_of(s_.bindings[steps_[s.operands[1]].binding]), dst);
         }
@@ -125,10 +138,12 @@ private:
     strided<T> at(const evaluation::place& p) const {
         switch (p.memory) {
             case evaluation::memory_kind::destination: return evaluation::strided_at(destination_.data, p.where);
-            case evaluation::memory_kind::temporary: return evaluation::strided_at(s_.temporaries[p.index], p.where);
+            case evaluation::memory_kind::temporary:
+                if (s_.plan.temporaries[p.index].bf16) break;  // read by the kernels of bf16 only: input()
+                return evaluation::strided_at(static_cast<T*>(s_.temporaries[p.index]), p.where);
             case evaluation::memory_kind::binding: break;  // read only: value() reads it
         }
-        throw std::logic_error("dimsum: a plan writes to a tensor it reads");
+        throw std::logic_error("dimsum: a plan writes to a tensor it reads, or reads bf16 as its own type");
     }
     // The value of step `id`, which the plan has placed.
     strided<const T> value(std::size_t id) const {
@@ -207,8 +222,9 @@ private:
     }
 
     struct epilogue_context {
-        const fused_program<T>* program;
+        const fused_program<T>* program;  // null: none
         strided<T> dst;
+        bf16* rounded = nullptr;  // where dst's values are also rounded to, in dst's layout (entry::bf16_out)
     };
     // The box of an array of `shape`'s extents that a kernel's tile covers: batch item `item`
     // (numbered in row-major order over the leading axes), rows [row, row + rows) and columns
@@ -233,10 +249,25 @@ private:
                                std::size_t rows, std::size_t cols) {
         const auto& c = *static_cast<const epilogue_context*>(context);
         const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
-        run_fused<T>(*c.program, c.dst, false, &region);
+        if (c.program) run_fused<T>(*c.program, c.dst, false, &region);
+        if (!c.rounded) return;
+        const std::size_t r = c.dst.rank;
+        std::ptrdiff_t first = 0;
+        for (std::size_t axis = 0; axis < r; ++axis) first += static_cast<std::ptrdiff_t>(region.first[axis]) * c.dst.strides[axis];
+        const std::ptrdiff_t row_stride = c.dst.strides[r - 2], col_stride = c.dst.strides[r - 1];
+        for (std::size_t i = 0; i < rows; ++i) {
+            const T* from = c.dst.data + first + static_cast<std::ptrdiff_t>(i) * row_stride;
+            bf16* to = c.rounded + first + static_cast<std::ptrdiff_t>(i) * row_stride;
+            if (col_stride == 1) {
+                for (std::size_t j = 0; j < cols; ++j) to[j] = bf16(from[j]);
+            } else {
+                for (std::size_t j = 0; j < cols; ++j) to[std::ptrdiff_t(j) * col_stride] = bf16(from[std::ptrdiff_t(j) * col_stride]);
+            }
+        }
     }
     static void reserve_epilogue(const void* context) {
-        prepare_fused<T>(*static_cast<const epilogue_context*>(context)->program);
+        const auto& c = *static_cast<const epilogue_context*>(context);
+        if (c.program) prepare_fused<T>(*c.program);
     }
 
     // The score function's fused program, run on one tile of scores (attention.hpp): its
@@ -345,15 +376,23 @@ private:
     static const bf16* bf16_at(const evaluation::binding& b, const evaluation::layout& where) {
         return static_cast<const bf16*>(b.data) + where.offset;
     }
+    // Where the bf16 values of place p (a binding of bf16, or a bf16 temporary) start.
+    const bf16* bf16_at(const evaluation::place& p) const {
+        if (p.memory == evaluation::memory_kind::binding && s_.bindings[p.index].type == evaluation::element_type::bf16) {
+            return bf16_at(s_.bindings[p.index], p.where);
+        }
+        if (p.memory == evaluation::memory_kind::temporary && s_.plan.temporaries[p.index].bf16) {
+            return static_cast<const bf16*>(s_.temporaries[p.index]) + p.where.offset;
+        }
+        throw std::logic_error("dimsum: a plan reads as bf16 what is not");
+    }
     // Step `id`, operand `slot` of entry e: its value, or, where the plan reads it as bf16
     // (entry::bf16_operands), its shape, and `narrow` set to where it lies.
     strided<const T> input(const entry& e, std::size_t slot, std::size_t id, const bf16*& narrow) const {
         narrow = nullptr;
         const std::optional<evaluation::place>& stored = e.bf16_operands[slot];
         if (!stored) return value(id);
-        const evaluation::binding& b = s_.bindings[stored->index];
-        if (b.type != evaluation::element_type::bf16) throw std::logic_error("dimsum: a plan reads as bf16 what is not");
-        narrow = bf16_at(b, stored->where);
+        narrow = bf16_at(*stored);
         return extents_only(stored->where);
     }
     // The shape of product s's right operand, which gemm reads from its panels; `narrow` set to
@@ -385,8 +424,18 @@ private:
         problem.packed_b = packed_b;
         problem.a_bf16 = a_bf16;
         problem.b_bf16 = b_bf16;
-        if (e.epilogue == no_step) return gemm<T>(problem);
-        epilogue_context context{&s_.fused, dst};
+        if (!fused && !e.bf16_out) return gemm<T>(problem);
+        epilogue_context context{fused ? &s_.fused : nullptr, dst};
+        if (e.bf16_out) {
+            // a bf16 temporary of the layout of e.out, a temporary: dst's element offsets (after
+            // folding the batch into rows) are its offsets too
+            const evaluation::place& out = *e.bf16_out;
+            if (out.memory != evaluation::memory_kind::temporary || !s_.plan.temporaries[out.index].bf16 ||
+                e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
+                throw std::logic_error("dimsum: a gemm rounds into memory that is not a bf16 temporary of its layout");
+            }
+            context.rounded = static_cast<bf16*>(s_.temporaries[out.index]) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
+        }
         gemm<T>(problem, gemm_epilogue{&apply_epilogue, &reserve_epilogue, &context});
     }
 

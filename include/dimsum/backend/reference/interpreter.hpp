@@ -32,7 +32,7 @@ public:
 
     void run() {
         evaluation::check_before_running<T>(program_, bindings_, plan_);
-        for (std::size_t size : plan_.temporaries) temporaries_.emplace_back(new T[size]());
+        for (const evaluation::temporary& t : plan_.temporaries) temporaries_.emplace_back(new T[t.size]());
         for (const entry& e : plan_.entries) run(e);
     }
 
@@ -40,6 +40,9 @@ private:
     void run(const entry& e) {
         if (e.kind == entry_kind::attention || e.epilogue != evaluation::no_step) {
             throw std::logic_error("dimsum: the reference backend runs plans without fusion");
+        }
+        if (e.kind == entry_kind::narrow) {
+            throw std::logic_error("dimsum: the reference backend runs plans that read no operand as bf16");
         }
         const step& s = steps_[e.step];
         const strided<T> dst = at(e.out);
@@ -72,7 +75,7 @@ private:
                 });
                 return;
             }
-            case entry_kind::attention: return;  // refused above
+            case entry_kind::attention: case entry_kind::narrow: return;  // refused above
         }
     }
 
