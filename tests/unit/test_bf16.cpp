@@ -391,11 +391,12 @@ TEST_CASE("cast<bf16> inside a formula rounds there, cast<float> widens exactly"
 }
 
 // cast<bf16> of a formula that a product or the fused attention reads: the planner computes
-// the formula, rounds it into a bf16 temporary (by the gemm that computes it, block by block,
-// or by a `narrow` entry) and the kernel reads that as it reads a bf16 tensor. So one formula gives, bit for bit, what the same steps give through
+// the formula, rounds it into a bf16 temporary (by the gemm or attention that computes it,
+// block by block, or by a `narrow` entry) and the kernel reads that as it reads a bf16 tensor. So one formula gives, bit for bit, what the same steps give through
 // bf16 tensors the caller stores between them: here a multi-head attention with its Q, K, V
 // and heads' output held in bf16 (as nn::multi_head_attention<bf16> holds them), the heads'
-// output stored permuted so that merging them is a view. Odd extents, NaN and infinities in
+// output stored permuted so that merging them is a view; and one query over keys that the
+// threads split. Odd extents, NaN and infinities in
 // x, x given as bf16 or as cast<bf16> of its float values, 1 and 2 threads.
 TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary: the stored steps' result, bit for bit") {
     using Batch = ds::axis<"batch">;
@@ -422,20 +423,34 @@ TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary
             auto x = random_bf16(66, Batch{2}, Seq{seq}, Model{});
             poison(x);
             const ds::tensor<float, Batch, Seq, Model> xf = ds::cast<float>(x);
-            auto one_formula = [&](const auto& x) {
+            auto one_formula = [&](const auto& x, float output_scale) {
                 auto q = heads(ds::cast<bf16>(ds::matmul(x, w_q) + b_q));
                 auto k = keys(ds::cast<bf16>(ds::matmul(x, w_k)));
                 auto v = keys(ds::cast<bf16>(ds::matmul(x, w_v) * 0.5f));
-                return ds::matmul(merged(ds::cast<bf16>(attention(q, k, v))), w_o);
+                if (output_scale == 1.0f) return ds::eval(ds::matmul(merged(ds::cast<bf16>(attention(q, k, v))), w_o));
+                return ds::eval(ds::matmul(merged(ds::cast<bf16>(attention(q, k, v) * output_scale)), w_o));
             };
-            const ds::tensor<bf16, Batch, Seq, Model> got = one_formula(x), got_from_float = one_formula(ds::cast<bf16>(xf));
             using Stored = ds::tensor<bf16, Batch, Seq, Inner>;
             const Stored q = ds::matmul(x, w_q) + b_q, k = ds::matmul(x, w_k), v = ds::matmul(x, w_v) * 0.5f;
             const ds::tensor<bf16, Batch, Heads, Seq, Head> z = attention(heads(q), keys(k), keys(v));
             const ds::tensor<bf16, Batch, Seq, Model> want = ds::matmul(merged(z), w_o);
-            REQUIRE(bits_of(got) == bits_of(want));
-            REQUIRE(bits_of(got_from_float) == bits_of(want));
+            // the heads' output rounded by the attention kernel itself, or, scaled by 3 after
+            // it, by a narrow entry over their permuted layout
+            REQUIRE(bits_of(one_formula(x, 1.0f)) == bits_of(want));
+            REQUIRE(bits_of(one_formula(ds::cast<bf16>(xf), 1.0f)) == bits_of(want));
+            const ds::tensor<bf16, Batch, Heads, Seq, Head> z3 = attention(heads(q), keys(k), keys(v)) * 3.0f;
+            const ds::tensor<bf16, Batch, Seq, Model> want3 = ds::matmul(merged(z3), w_o);
+            REQUIRE(bits_of(one_formula(x, 3.0f)) == bits_of(want3));
         }
+        // one query and enough keys that two threads split them and merge (merge_partials)
+        using Wide = ds::axis<"wide", 64>;
+        auto q1 = random_bf16(68, Batch{1}, Seq{1}, Wide{});
+        auto k1 = random_bf16(69, Batch{1}, Key{2500}, Wide{}), v1 = random_bf16(70, Batch{1}, Key{2500}, Wide{});
+        const auto w_head = random_bf16(71, Wide{}, Model{});
+        const ds::tensor<bf16, Batch, Seq, Wide> z1 = attention(q1, k1, v1);
+        const ds::tensor<bf16, Batch, Seq, Model> got1 = ds::matmul(ds::cast<bf16>(attention(q1, k1, v1)), w_head);
+        const ds::tensor<bf16, Batch, Seq, Model> want1 = ds::matmul(z1, w_head);
+        REQUIRE(bits_of(got1) == bits_of(want1));
     }
     ds::set_num_threads(0);
 
@@ -450,9 +465,9 @@ TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary
         for (std::size_t at = plan.find(what); at != std::string::npos; at = plan.find(what, at + 1)) ++n;
         return n;
     };
-    CHECK(count("elements, bf16") == 4);     // Q, K, V and the heads' output, each in a bf16 temporary,
-    CHECK(count("block by block]") == 3);    // rounded by the projections that compute Q, K and V
-    CHECK(count("narrow ") == 1);            // and after the attention
+    CHECK(count("elements, bf16") == 4);  // Q, K, V and the heads' output, each in a bf16 temporary,
+    CHECK(count("block by block]") == 4);  // rounded by the kernels that compute them
+    CHECK(count("narrow ") == 0);
     CHECK(count("[bf16 read where it lies]") == 5);  // by the three projections, the attention and W_O's product
     CHECK(count("convert") == 0);
 }

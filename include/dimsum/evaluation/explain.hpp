@@ -13,7 +13,8 @@
 // backend's read bf16: marked `[bf16 read where it lies]`), and its value is rounded into
 // the bf16 destination at the end. cast<bf16>(x) that such a kernel reads is a `narrow` entry:
 // x's value rounded into a bf16 temporary (`t3 ..., bf16`), which the kernel reads; where a
-// gemm computes x, it rounds each block as it finishes: `[rounded into t3 block by block]`.
+// gemm or attention computes x, it rounds each block as it finishes: `[rounded into t3 block
+// by block]`.
 
 #include <cstddef>
 #include <optional>
@@ -193,13 +194,12 @@ private:
                 }
                 if (e.packed_right) out_ << "  [right operand packed once]";
                 stored_mark(e);
-                if (e.bf16_out) {
-                    out_ << "  [rounded into ";
-                    memory(*e.bf16_out);
-                    out_ << " block by block]";
-                }
+                rounded_mark(e);
                 break;
-            case entry_kind::attention: attention(e); break;
+            case entry_kind::attention:
+                attention(e);
+                rounded_mark(e);
+                break;
             case entry_kind::fused: formula(e.step); break;
             case entry_kind::copy: operand(e.step); break;  // a view, or a value computed before
             case entry_kind::rowwise:
@@ -241,6 +241,12 @@ private:
         as_stored_ = e.bf16_operands[slot].has_value();
         operand(id);
         as_stored_ = false;
+    }
+    void rounded_mark(const entry& e) {
+        if (!e.bf16_out) return;
+        out_ << "  [rounded into ";
+        memory(*e.bf16_out);
+        out_ << " block by block]";
     }
     void stored_mark(const entry& e) {
         for (const std::optional<place>& stored : e.bf16_operands) {

@@ -20,8 +20,9 @@
 //   cast<bf16>(x) (or a view of it), an operand of a product or of attention, there
 //                                          -> x computed into a temporary, then rounded into a
 //                                             bf16 temporary, which the `gemm` or `attention`
-//                                             reads as bf16: by the gemm that computes x, each
-//                                             block as it finishes, else by a `narrow` entry;
+//                                             reads as bf16: by the gemm or attention that
+//                                             computes x, each block as it finishes, else by
+//                                             a `narrow` entry;
 //   a matrix packed once (ds::prepack), a product's right operand
 //                                          -> read by the `gemm` from its packing, where the
 //                                             backend reads such packing (not even converted);
@@ -78,8 +79,8 @@ struct entry {
     attention_match attention{};     // attention: what the matcher found
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
     stored_operands bf16_operands{};  // gemm, attention
-    // gemm: a bf16 temporary that each finished block of `out` is also rounded into, laid out
-    // as `out` (a narrow entry fused into the product)
+    // gemm, attention: a bf16 temporary that each finished block of `out` is also rounded
+    // into, laid out as `out` (a narrow entry fused into the kernel)
     std::optional<place> bf16_out{};
 };
 
@@ -264,26 +265,29 @@ private:
     }
     // The bf16 temporary that cast<bf16> step `id` is rounded into, laid out as `where`, planned
     // the first time: the operand is computed in that same layout (unless another entry placed
-    // it first), then rounded by the gemm that computes it, block by block, or else by a narrow
-    // entry, one flat pass.
+    // it first), then rounded by the gemm or attention that computes it, block by block, or
+    // else by a narrow entry, one flat pass.
     place narrowed(std::size_t id, const layout& where) {
         if (!plan_.bf16_placed[id]) {
             const std::size_t operand = steps_[id].operands[0];
-            bool by_product = false;
+            bool by_kernel = false;
             if (!plan_.placed[operand] && !is_view(steps_[operand].kind)) {
                 const place wide = temporary(where);
                 write(operand, wide);
                 plan_.values[operand] = wide;
                 plan_.placed[operand] = 1;
                 const entry& last = plan_.entries.back();  // write() added at least one entry
-                by_product = options_.fuse_epilogues && last.kind == entry_kind::gemm &&
-                             (last.epilogue == operand || (last.epilogue == no_step && last.step == operand)) &&
-                             last.out.memory == wide.memory && last.out.index == wide.index && last.out.where == wide.where;
+                const bool computes_operand = last.kind == entry_kind::attention
+                                                  ? last.step == operand
+                                                  : last.kind == entry_kind::gemm && options_.fuse_epilogues &&
+                                                        (last.epilogue == operand || (last.epilogue == no_step && last.step == operand));
+                by_kernel = computes_operand && last.out.memory == wide.memory && last.out.index == wide.index &&
+                            last.out.where == wide.where;
             } else {
                 value(operand);
             }
             const place bf16 = temporary(where, true);
-            if (by_product) plan_.entries.back().bf16_out = bf16;
+            if (by_kernel) plan_.entries.back().bf16_out = bf16;
             else add(entry_kind::narrow, id, bf16);
             plan_.bf16_values[id] = bf16;
             plan_.bf16_placed[id] = 1;

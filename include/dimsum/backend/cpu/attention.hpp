@@ -200,6 +200,15 @@ void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t
     }
 }
 
+// Row `row` of O (count values, `stride` apart), just written, rounded into the problem's
+// o_bf16 at the same offsets, if it has one.
+template <class T>
+void round_row_of_o(const attention_problem<T>& p, const T* row, std::size_t count, std::ptrdiff_t stride) {
+    if (!p.o_bf16) return;
+    bf16* to = p.o_bf16 + (row - p.o.data);
+    for (std::size_t c = 0; c < count; ++c) to[static_cast<std::ptrdiff_t>(c) * stride] = bf16(row[static_cast<std::ptrdiff_t>(c) * stride]);
+}
+
 // The end of a task, whichever kernel multiplied: O / l into the problem's output, or, with
 // `partial`, O, m and l as they are, for merge_partials. out (queries, ld_out).
 template <class T>
@@ -221,6 +230,7 @@ void finish_block(const attention_problem<T>& p, std::size_t item, std::size_t f
         T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
         if (o.col_stride == 1) std::copy(row, row + dv, target);
         else for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = row[c];
+        round_row_of_o(p, target, dv, o.col_stride);
     }
 }
 
@@ -460,6 +470,7 @@ void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t
             }
             target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = value * inverse;
         }
+        round_row_of_o(p, target, dv, o.col_stride);
     }
 }
 

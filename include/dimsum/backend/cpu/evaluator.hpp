@@ -348,6 +348,7 @@ private:
         problem.batch = leading_axes(dst, q, kt, v, dst);
         problem.scale = evaluation::scale_of<T>(match);
         problem.causal = match.causal;
+        if (e.bf16_out) problem.o_bf16 = rounded_into(e, dst);
         score_context context{&s_.fused, 0, {nullptr, r, scores.extents, {}}};
         if (match.score_function != match.scores) {  // the rest of the score function, on each tile
             build_fused(match.score_function, match.scores, context.scores);
@@ -403,6 +404,17 @@ private:
         return extents_only(b.where);
     }
 
+    // Where entry e, writing dst (its out, a temporary, seen as the kernel sees it), also rounds
+    // its values (entry::bf16_out): a bf16 temporary of the same layout, so the same offsets.
+    bf16* rounded_into(const entry& e, const strided<T>& dst) const {
+        const evaluation::place& out = *e.bf16_out;
+        if (out.memory != evaluation::memory_kind::temporary || !s_.plan.temporaries[out.index].bf16 ||
+            e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
+            throw std::logic_error("dimsum: a kernel rounds into memory that is not a bf16 temporary of its layout");
+        }
+        return static_cast<bf16*>(s_.temporaries[out.index]) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
+    }
+
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
     void multiply(const entry& e, const strided<T>& destination) {
         const step& s = steps_[e.step];
@@ -427,14 +439,7 @@ private:
         if (!fused && !e.bf16_out) return gemm<T>(problem);
         epilogue_context context{fused ? &s_.fused : nullptr, dst};
         if (e.bf16_out) {
-            // a bf16 temporary of the layout of e.out, a temporary: dst's element offsets (after
-            // folding the batch into rows) are its offsets too
-            const evaluation::place& out = *e.bf16_out;
-            if (out.memory != evaluation::memory_kind::temporary || !s_.plan.temporaries[out.index].bf16 ||
-                e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
-                throw std::logic_error("dimsum: a gemm rounds into memory that is not a bf16 temporary of its layout");
-            }
-            context.rounded = static_cast<bf16*>(s_.temporaries[out.index]) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
+            context.rounded = rounded_into(e, dst);
         }
         gemm<T>(problem, gemm_epilogue{&apply_epilogue, &reserve_epilogue, &context});
     }

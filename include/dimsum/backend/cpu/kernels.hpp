@@ -189,6 +189,9 @@ struct attention_problem {
     const bf16* q_bf16 = nullptr;
     const bf16* k_bf16 = nullptr;
     const bf16* v_bf16 = nullptr;
+    // If set, O is also rounded into this memory, of o's layout (the same offsets from it), as
+    // each row is written: the value a bf16 kernel reads next.
+    bf16* o_bf16 = nullptr;
 };
 
 template <class T>
