@@ -466,8 +466,21 @@ TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary
         return n;
     };
     CHECK(count("elements, bf16") == 4);  // Q, K, V and the heads' output, each in a bf16 temporary,
-    CHECK(count("block by block]") == 4);  // rounded by the kernels that compute them
+    CHECK(count("block by block]") == 4);  // rounded by the kernels that compute them,
+    CHECK(count(" elements, ") - count("elements, bf16") == 1);  // whose float values share one
     CHECK(count("narrow ") == 0);
+
+    // a value the cast shares with another reader keeps its own float temporary; the cast
+    // read as float too is computed again, from the product
+    const auto w_square = random_bf16(72, Inner{}, Inner{});
+    auto p = ds::matmul(x, w_q) + b_q;
+    const ds::tensor<bf16, Batch, Seq, Inner> p_stored = p;
+    const ds::tensor<bf16, Batch, Seq, Inner> shared = ds::matmul(ds::cast<bf16>(p), w_square) + p;
+    const ds::tensor<bf16, Batch, Seq, Inner> shared_want = ds::matmul(p_stored, w_square) + p;
+    REQUIRE(bits_of(shared) == bits_of(shared_want));
+    const ds::tensor<bf16, Batch, Seq, Inner> twice = ds::matmul(ds::cast<bf16>(p), w_square) + ds::cast<bf16>(p);
+    const ds::tensor<bf16, Batch, Seq, Inner> twice_want = ds::matmul(p_stored, w_square) + p_stored;
+    REQUIRE(bits_of(twice) == bits_of(twice_want));
     CHECK(count("[bf16 read where it lies]") == 5);  // by the three projections, the attention and W_O's product
     CHECK(count("convert") == 0);
 }

@@ -39,11 +39,13 @@
 // A plan holds no pointer: each value is a place (a binding, a temporary or the destination,
 // and a layout in it), so that an executor can run it on any memory of the same layouts.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "dimsum/evaluation/attention_pattern.hpp"
@@ -260,6 +262,14 @@ private:
         if (!view) return std::nullopt;
         return place{from->memory, from->index, *view};
     }
+    // The one temporary that values dead once rounded to bf16 share (narrowed), seen as `where`
+    // and grown to hold it.
+    place rounding_scratch(const layout& where) {
+        if (rounding_scratch_ == no_step) rounding_scratch_ = temporary(row_major(0, {})).index;
+        std::size_t& size = plan_.temporaries[rounding_scratch_].size;
+        size = std::max(size, where.size());
+        return {memory_kind::temporary, rounding_scratch_, where};
+    }
     static bool rounds_to_bf16(const step& s) {
         return s.kind == step_kind::elementwise && s.op == op_code::round_bf16;
     }
@@ -270,12 +280,22 @@ private:
     place narrowed(std::size_t id, const layout& where) {
         if (!plan_.bf16_placed[id]) {
             const std::size_t operand = steps_[id].operands[0];
+            const step& computed = steps_[operand];
             bool by_kernel = false;
-            if (!plan_.placed[operand] && !is_view(steps_[operand].kind)) {
-                const place wide = temporary(where);
+            if (!plan_.placed[operand] && !is_view(computed.kind)) {
+                // A value that only this cast reads, computed by one entry (a product or
+                // attention, which then rounds it, or a pass, which a narrow entry follows at
+                // once), is dead once rounded: it goes to the scratch every such value shares.
+                // A product is then not placed for later readers: there are none but the
+                // cast's own float value, which computes it again.
+                const bool product = computed.kind == step_kind::matmul && options_.fuse_epilogues;
+                const bool dead_once_rounded = plan_.readers[operand] == 1 && (product || computed.kind == step_kind::elementwise);
+                const place wide = dead_once_rounded ? rounding_scratch(where) : temporary(where);
                 write(operand, wide);
-                plan_.values[operand] = wide;
-                plan_.placed[operand] = 1;
+                if (!(dead_once_rounded && product)) {
+                    plan_.values[operand] = wide;
+                    plan_.placed[operand] = 1;
+                }
                 const entry& last = plan_.entries.back();  // write() added at least one entry
                 const bool computes_operand = last.kind == entry_kind::attention
                                                   ? last.step == operand
@@ -283,6 +303,9 @@ private:
                                                         (last.epilogue == operand || (last.epilogue == no_step && last.step == operand));
                 by_kernel = computes_operand && last.out.memory == wide.memory && last.out.index == wide.index &&
                             last.out.where == wide.where;
+                if (dead_once_rounded && product && !by_kernel) {
+                    throw std::logic_error("dimsum: planner: a product in the rounding scratch was not rounded by its kernel");
+                }
             } else {
                 value(operand);
             }
@@ -452,6 +475,7 @@ private:
     const std::vector<binding>& bindings_;
     planner_options options_;
     plan& plan_;
+    std::size_t rounding_scratch_ = no_step;  // its index in plan_.temporaries, once there is one
 };
 
 // The plan of program p over memory of these layouts, into `out` (cleared first).
