@@ -68,8 +68,8 @@ enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, in
 
 // The operands an entry reads as bf16, for kernels that read bf16 themselves
 // (planner_options::read_bf16): gemm's left and right, attention's Q, K^T and V, each where it
-// lies in its binding or in a bf16 temporary that a `narrow` entry wrote; an operand without a
-// place here is read from its own place, plan::values, as usual.
+// lies in its binding or in the bf16 temporary a cast<bf16> was rounded into; an operand
+// without a place here is read from its own place, plan::values, as usual.
 using stored_operands = std::array<std::optional<place>, 3>;
 
 struct entry {
@@ -87,7 +87,7 @@ struct entry {
 };
 
 // Memory a plan needs for one evaluation: `size` elements of the program's type, or of bf16
-// (a `narrow` entry's, which kernels read as bf16).
+// (a cast<bf16> rounded for the kernels that read bf16).
 struct temporary {
     std::size_t size = 0;
     bool bf16 = false;
@@ -98,7 +98,7 @@ struct plan {
     std::vector<temporary> temporaries;
     std::vector<place> values;             // of each step whose value some entry reads
     std::vector<char> placed;              // whether values[step] is set
-    std::vector<place> bf16_values;        // of each cast<bf16> step that a narrow entry rounded
+    std::vector<place> bf16_values;        // of each cast<bf16> step rounded into a bf16 temporary
     std::vector<char> bf16_placed;         // whether bf16_values[step] is set
     // the planner's scratch, kept for its capacity
     std::vector<std::size_t> leaves;
