@@ -294,4 +294,49 @@ TEST_CASE("attention formulas over bf16 on each bf16 path this CPU runs, against
         ds::set_num_threads(0);
     }
 }
+
+// A bf16 layer holds its Q, K, V and heads' output in bf16 (cast<bf16>, in bf16 temporaries),
+// so its attention and all four products run on the bf16 path: the counters say so. Its output
+// against the reference backend (double, rounding at the same casts): P rounded to bf16 on the
+// path, and a rounded intermediate that lands on the neighbouring bf16 where float's sums and
+// double's straddle a tie, each move an output by a few 2^-8 of the largest (values below 2
+// here); the bound, 2^-5 of the largest, is loose: what it catches is a wrong or missing value.
+TEST_CASE("a bf16 attention layer runs its attention and its products on each bf16 path this CPU runs") {
+    using Batch = ds::axis<"batch">;
+    using Seq = ds::axis<"seq">;
+    using Model = ds::axis<"model", 48>;
+    ds::nn::multi_head_attention<bf16, Model, ds::axis<"heads", 3>, ds::axis<"head", 16>> layer;
+    const double bound = 1.0 / std::sqrt(48.0);  // as torch.nn.Linear
+    ds::fill_uniform(layer.w_q.emplace(), 1, -bound, bound);
+    ds::fill_uniform(layer.w_k.emplace(), 2, -bound, bound);
+    ds::fill_uniform(layer.w_v.emplace(), 3, -bound, bound);
+    ds::fill_uniform(layer.w_o, 4, -bound, bound);
+    ds::tensor<bf16, Batch, Seq, Model> x(Batch{2}, Seq{97});
+    ds::fill_normal(x, 5);
+    for (const cpu::bf16_path path : {cpu::bf16_path::amx, cpu::bf16_path::avx512_bf16}) {
+        if (!cpu::support_of(path).usable) continue;
+        const cpu::scoped_bf16_path chosen(path);
+        for (const int threads : {1, 2}) {
+            INFO(cpu::name(path) << ", " << threads << " threads");
+            ds::set_num_threads(threads);
+            const std::size_t attentions = cpu::bf16_attentions(path), products = cpu::bf16_products(path);
+            ds::tensor<bf16, Batch, Seq, Model> y(Batch{2}, Seq{97});
+            layer.forward(x, x, y.view(), {.causal = true});
+            CHECK(cpu::bf16_attentions(path) - attentions == 1);
+            CHECK(cpu::bf16_products(path) - products == 4);  // Q, K, V and the output projection
+            ds::tensor<bf16, Batch, Seq, Model> want(Batch{2}, Seq{97});
+            layer.forward_on(ds::backend::reference::evaluator{}, x, x, want.view(), {.causal = true});
+            double largest = 0, worst = 0;
+            for (std::size_t i = 0; i < y.size(); ++i) {
+                largest = std::max(largest, std::abs(double(want.data()[i])));
+                const double difference = std::abs(double(y.data()[i]) - double(want.data()[i]));
+                worst = std::isnan(difference) ? difference : std::max(worst, difference);
+            }
+            INFO("largest difference " << worst << " at outputs up to " << largest);
+            CHECK(largest > 0.1);
+            CHECK(worst <= largest / 32);
+        }
+        ds::set_num_threads(0);
+    }
+}
 #endif
