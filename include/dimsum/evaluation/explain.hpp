@@ -111,7 +111,7 @@ private:
             out_ << inner;
             return;
         }
-        if (as_stored_ && plan_.bf16_placed[id]) return memory(plan_.bf16_values[id]);  // rounded by a narrow entry
+        if (as_stored_ && plan_.bf16_placed[id]) return memory(plan_.bf16_values[id]);  // rounded into a bf16 temporary
         const bool converted = s.kind == step_kind::tensor && s.type != s.computes_in;  // into a temporary
         if (plan_.placed[id] && (!is_view(s.kind) || converted) && !as_stored_) return memory(plan_.values[id]);
         formula(id, product, inner);

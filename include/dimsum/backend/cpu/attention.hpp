@@ -204,9 +204,7 @@ void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t
 // o_bf16 at the same offsets, if it has one.
 template <class T>
 void round_row_of_o(const attention_problem<T>& p, const T* row, std::size_t count, std::ptrdiff_t stride) {
-    if (!p.o_bf16) return;
-    bf16* to = p.o_bf16 + (row - p.o.data);
-    for (std::size_t c = 0; c < count; ++c) to[static_cast<std::ptrdiff_t>(c) * stride] = bf16(row[static_cast<std::ptrdiff_t>(c) * stride]);
+    if (p.o_bf16) round_line(row, p.o_bf16 + (row - p.o.data), count, stride);
 }
 
 // The end of a task, whichever kernel multiplied: O / l into the problem's output, or, with

@@ -112,11 +112,7 @@ private:
     void run(const entry& e) {
         const step& s = steps_[e.step];
         if (e.kind == entry_kind::narrow) {  // the only entry that writes bf16
-            if (e.out.memory != evaluation::memory_kind::temporary || !s_.plan.temporaries[e.out.index].bf16) {
-                throw std::logic_error("dimsum: a plan narrows into memory that is not a bf16 temporary");
-            }
-            const strided<bf16> rounded = evaluation::strided_at(static_cast<bf16*>(s_.temporaries[e.out.index]), e.out.where);
-            return evaluation::round_into<T>(value(s.operands[0]), rounded);
+            return evaluation::round_into<T>(value(s.operands[0]), evaluation::strided_at(bf16_temporary(e.out), e.out.where));
         }
         const strided<T> dst = at(e.out);
         switch (e.kind) {
@@ -254,15 +250,9 @@ private:
         const std::size_t r = c.dst.rank;
         std::ptrdiff_t first = 0;
         for (std::size_t axis = 0; axis < r; ++axis) first += static_cast<std::ptrdiff_t>(region.first[axis]) * c.dst.strides[axis];
-        const std::ptrdiff_t row_stride = c.dst.strides[r - 2], col_stride = c.dst.strides[r - 1];
         for (std::size_t i = 0; i < rows; ++i) {
-            const T* from = c.dst.data + first + static_cast<std::ptrdiff_t>(i) * row_stride;
-            bf16* to = c.rounded + first + static_cast<std::ptrdiff_t>(i) * row_stride;
-            if (col_stride == 1) {
-                for (std::size_t j = 0; j < cols; ++j) to[j] = bf16(from[j]);
-            } else {
-                for (std::size_t j = 0; j < cols; ++j) to[std::ptrdiff_t(j) * col_stride] = bf16(from[std::ptrdiff_t(j) * col_stride]);
-            }
+            const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.dst.strides[r - 2];
+            round_line(c.dst.data + at, c.rounded + at, cols, c.dst.strides[r - 1]);
         }
     }
     static void reserve_epilogue(const void* context) {
@@ -377,15 +367,19 @@ private:
     static const bf16* bf16_at(const evaluation::binding& b, const evaluation::layout& where) {
         return static_cast<const bf16*>(b.data) + where.offset;
     }
+    // The memory of the temporary of place p, from its start, which the plan made bf16.
+    bf16* bf16_temporary(const evaluation::place& p) const {
+        if (p.memory != evaluation::memory_kind::temporary || !s_.plan.temporaries[p.index].bf16) {
+            throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
+        }
+        return static_cast<bf16*>(s_.temporaries[p.index]);
+    }
     // Where the bf16 values of place p (a binding of bf16, or a bf16 temporary) start.
     const bf16* bf16_at(const evaluation::place& p) const {
         if (p.memory == evaluation::memory_kind::binding && s_.bindings[p.index].type == evaluation::element_type::bf16) {
             return bf16_at(s_.bindings[p.index], p.where);
         }
-        if (p.memory == evaluation::memory_kind::temporary && s_.plan.temporaries[p.index].bf16) {
-            return static_cast<const bf16*>(s_.temporaries[p.index]) + p.where.offset;
-        }
-        throw std::logic_error("dimsum: a plan reads as bf16 what is not");
+        return bf16_temporary(p) + p.where.offset;
     }
     // Step `id`, operand `slot` of entry e: its value, or, where the plan reads it as bf16
     // (entry::bf16_operands), its shape, and `narrow` set to where it lies.
@@ -408,11 +402,10 @@ private:
     // its values (entry::bf16_out): a bf16 temporary of the same layout, so the same offsets.
     bf16* rounded_into(const entry& e, const strided<T>& dst) const {
         const evaluation::place& out = *e.bf16_out;
-        if (out.memory != evaluation::memory_kind::temporary || !s_.plan.temporaries[out.index].bf16 ||
-            e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
-            throw std::logic_error("dimsum: a kernel rounds into memory that is not a bf16 temporary of its layout");
+        if (e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
+            throw std::logic_error("dimsum: a kernel rounds into memory that is not laid out as what it writes");
         }
-        return static_cast<bf16*>(s_.temporaries[out.index]) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
+        return bf16_temporary(out) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
     }
 
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
@@ -438,9 +431,7 @@ private:
         problem.b_bf16 = b_bf16;
         if (!fused && !e.bf16_out) return gemm<T>(problem);
         epilogue_context context{fused ? &s_.fused : nullptr, dst};
-        if (e.bf16_out) {
-            context.rounded = rounded_into(e, dst);
-        }
+        if (e.bf16_out) context.rounded = rounded_into(e, dst);
         gemm<T>(problem, gemm_epilogue{&apply_epilogue, &reserve_epilogue, &context});
     }
 

@@ -174,6 +174,18 @@ struct score_epilogue {
 // `scale`, then applies `scores` if given; then, if `causal`, keys in a query's future
 // (evaluation::in_future) get weight 0. A query whose keys are all masked gets O = 0.
 // Operands hold item 0.
+// `count` values `stride` apart from `from`, rounded to the nearest bf16 into `to` at the same
+// offsets: a finished line of a result that a bf16 kernel reads next (gemm's epilogue,
+// attention's rows of O).
+template <class T>
+inline void round_line(const T* from, bf16* to, std::size_t count, std::ptrdiff_t stride) {
+    if (stride == 1) {
+        for (std::size_t c = 0; c < count; ++c) to[c] = bf16(from[c]);
+        return;
+    }
+    for (std::size_t c = 0; c < count; ++c) to[static_cast<std::ptrdiff_t>(c) * stride] = bf16(from[static_cast<std::ptrdiff_t>(c) * stride]);
+}
+
 template <class T>
 struct attention_problem {
     matrix<const T> q;  // (queries, d)
