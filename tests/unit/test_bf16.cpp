@@ -392,12 +392,13 @@ TEST_CASE("cast<bf16> inside a formula rounds there, cast<float> widens exactly"
 
 // cast<bf16> of a formula that a product or the fused attention reads: the planner computes
 // the formula, rounds it into a bf16 temporary (by the gemm or attention that computes it,
-// block by block, or by a `narrow` entry) and the kernel reads that as it reads a bf16 tensor. So one formula gives, bit for bit, what the same steps give through
-// bf16 tensors the caller stores between them: here a multi-head attention with its Q, K, V
-// and heads' output held in bf16 (as nn::multi_head_attention<bf16> holds them), the heads'
-// output stored permuted so that merging them is a view; and one query over keys that the
-// threads split. Odd extents, NaN and infinities in
-// x, x given as bf16 or as cast<bf16> of its float values, 1 and 2 threads.
+// block by block, or by a `narrow` entry) and the kernel reads that as it reads a bf16 tensor.
+// So one formula gives, bit for bit, what the same steps give through bf16 tensors the caller
+// stores between them: here a multi-head attention with its Q, K, V and heads' output held in
+// bf16 (as nn::multi_head_attention<bf16> holds them), the heads' output stored permuted so
+// that merging them is a view; and one query over keys that the threads split. Odd extents,
+// NaN and infinities in x, x given as bf16 or as cast<bf16> of its float values, 1 and 2
+// threads.
 TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary: the stored steps' result, bit for bit") {
     using Batch = ds::axis<"batch">;
     using Seq = ds::axis<"seq">;
@@ -469,6 +470,8 @@ TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary
     CHECK(count("block by block]") == 4);  // rounded by the kernels that compute them,
     CHECK(count(" elements, ") - count("elements, bf16") == 1);  // whose float values share one
     CHECK(count("narrow ") == 0);
+    CHECK(count("[bf16 read where it lies]") == 5);  // by the three projections, the attention and W_O's product
+    CHECK(count("convert") == 0);
 
     // a value the cast shares with another reader keeps its own float temporary; the cast
     // read as float too is computed again, from the product
@@ -481,8 +484,6 @@ TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary
     const ds::tensor<bf16, Batch, Seq, Inner> twice = ds::matmul(ds::cast<bf16>(p), w_square) + ds::cast<bf16>(p);
     const ds::tensor<bf16, Batch, Seq, Inner> twice_want = ds::matmul(p_stored, w_square) + p_stored;
     REQUIRE(bits_of(twice) == bits_of(twice_want));
-    CHECK(count("[bf16 read where it lies]") == 5);  // by the three projections, the attention and W_O's product
-    CHECK(count("convert") == 0);
 }
 
 // convert_each takes one flat loop where source and destination are laid out alike and

@@ -84,9 +84,9 @@ TEST_CASE("a bf16 attention layer allocates nothing after its first call, and ho
         const std::size_t before = allocations.load();
         for (int repeat = 0; repeat < 3; ++repeat) layer.forward(x, x, y.view(), {.causal = true});
         REQUIRE(allocations.load() - before == 0);
-        // Q, K, V and the heads' output held in bf16 and their float values sharing one
-        // temporary (with the float value of y) take no more than float's four arrays; the
-        // bf16 layer also widens its biases (convert entries: here two of 48 floats)
+        // Q, K, V and the heads' output held in bf16, their float values sharing one
+        // temporary, and the float value of y rounded at the end take no more than float's
+        // four arrays; the bf16 layer also widens its biases (convert entries: two of 48 floats)
         const std::size_t held = ds::backend::cpu::last_temporary_bytes<float>();
         wide.forward(xf, xf, yf.view(), {.causal = true});
         const std::size_t held_in_float = ds::backend::cpu::last_temporary_bytes<float>();
