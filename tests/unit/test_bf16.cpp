@@ -467,9 +467,11 @@ TEST_CASE("cast<bf16> read by a product or attention is held in a bf16 temporary
         return n;
     };
     CHECK(count("elements, bf16") == 4);  // Q, K, V and the heads' output, each in a bf16 temporary,
-    CHECK(count("block by block]") == 4);  // rounded by the kernels that compute them,
+    CHECK(count("block by block]") == 5);  // rounded by the kernels that compute them, as is the output
+    CHECK(count("[rounded into out block by block]") == 1);
     CHECK(count(" elements, ") - count("elements, bf16") == 1);  // whose float values share one
     CHECK(count("narrow ") == 0);
+    CHECK(count("then out") == 0);  // no float value of the output rounded after
     CHECK(count("[bf16 read where it lies]") == 5);  // by the three projections, the attention and W_O's product
     CHECK(count("convert") == 0);
 

@@ -37,12 +37,16 @@ struct planned {
     }
 };
 
+// The plan of e into a row-major destination, or one laid out as `destination`; of bf16 if
+// `bf16_destination`.
 template <class E>
-planned plan_of(const E& e, ev::planner_options options = {}) {
+planned plan_of(const E& e, ev::planner_options options = {}, std::optional<ev::layout> destination = std::nullopt,
+                bool bf16_destination = false) {
     planned p;
     ev::lower<float>(e, p.program, p.bindings);
     const ev::step& root = p.program.steps[p.program.root];
-    ev::make_plan(p.program, p.bindings, ev::row_major(root.rank, root.extents), options, p.plan);
+    ev::make_plan(p.program, p.bindings, destination.value_or(ev::row_major(root.rank, root.extents)), options, p.plan,
+                  bf16_destination);
     return p;
 }
 
@@ -245,6 +249,51 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     auto reference = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), w2), {false, false});
     for (const ev::entry& e : reference.plan.entries) CHECK(e.kind != ev::entry_kind::narrow);
     CHECK(bf16_temporaries(reference) == 0);
+}
+
+TEST_CASE("a destination of bf16 is rounded into by the kernel that computes the value, or by a last narrow entry") {
+    using kinds = std::vector<ev::entry_kind>;
+    ds::tensor<ds::bf16, Batch, Key, Head> a(Batch{2}, Key{7});
+    ds::tensor<ds::bf16, Head, Model> w;
+    const ev::planner_options reads_bf16{.read_bf16 = true};
+    const ev::place out{ev::memory_kind::destination, 0, ev::row_major(3, {2, 7, 6})};
+    auto is_out = [&](const ev::place& p) { return p.memory == out.memory && p.where == out.where; };
+
+    // a product: rounded into the destination block by block, its float value in a temporary
+    // of the destination's layout; no narrow entry
+    auto product = plan_of(ds::matmul(a, w) + 1.0f, reads_bf16, out.where, true);
+    CHECK(product.plan.bf16_destination);
+    REQUIRE(product.kinds() == kinds{ev::entry_kind::gemm});
+    const ev::entry& gemm = product.plan.entries[0];
+    CHECK(gemm.out.memory == ev::memory_kind::temporary);
+    CHECK(gemm.out.where == out.where);
+    REQUIRE(gemm.bf16_out);
+    CHECK(is_out(*gemm.bf16_out));
+    CHECK(product.plan.temporaries.size() == 1);  // the float value only
+    CHECK(!product.plan.temporaries[0].bf16);
+
+    // cast<bf16> at the root rounds nothing more: the same plan
+    auto cast = plan_of(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), reads_bf16, out.where, true);
+    REQUIRE(cast.kinds() == kinds{ev::entry_kind::gemm});
+    REQUIRE(cast.plan.entries[0].bf16_out);
+    CHECK(is_out(*cast.plan.entries[0].bf16_out));
+
+    // any other entry: a narrow entry into the destination after it
+    auto passed = plan_of(ds::exp(a), reads_bf16, out.where, true);
+    REQUIRE(passed.kinds() == kinds{ev::entry_kind::convert, ev::entry_kind::fused, ev::entry_kind::narrow});
+    CHECK(is_out(passed.plan.entries[2].out));
+    CHECK(passed.plan.entries[2].step == passed.plan.entries[1].step);  // rounds the pass's value
+
+    // a destination that is not row-major: the value in row-major order, then a narrow entry
+    const ev::layout transposed = ev::permute(ev::row_major(3, {7, 2, 6}), {1, 0, 2});
+    auto strided = plan_of(ds::matmul(a, w), reads_bf16, transposed, true);
+    REQUIRE(strided.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::narrow});
+    CHECK(!strided.plan.entries[0].bf16_out);
+    CHECK(strided.plan.entries[0].out.where == out.where);
+    CHECK(strided.plan.entries[1].out.where == transposed);
+
+    // only where the backend's kernels write bf16
+    CHECK_THROWS_AS(plan_of(ds::exp(a), {}, out.where, true), std::logic_error);
 }
 
 TEST_CASE("the same tensor read twice is one binding") {

@@ -37,7 +37,7 @@ TEST_CASE("a formula evaluated again allocates nothing") {
     ds::set_num_threads(0);
 }
 
-TEST_CASE("a bf16 formula allocates nothing after its first evaluation: its float value lives in the workspace") {
+TEST_CASE("a bf16 formula allocates nothing after its first evaluation: its float values live in the workspace") {
     using Rows = ds::axis<"rows">;
     using Inner = ds::axis<"inner", 48>;
     using Cols = ds::axis<"cols", 40>;
@@ -84,15 +84,16 @@ TEST_CASE("a bf16 attention layer allocates nothing after its first call, and ho
         const std::size_t before = allocations.load();
         for (int repeat = 0; repeat < 3; ++repeat) layer.forward(x, x, y.view(), {.causal = true});
         REQUIRE(allocations.load() - before == 0);
-        // Q, K, V and the heads' output held in bf16, their float values sharing one
-        // temporary, and the float value of y rounded at the end take no more than float's
-        // four arrays; the bf16 layer also widens its biases (convert entries: two of 48 floats)
+        // Q, K, V and the heads' output held in bf16, their float values and y's (rounded into
+        // y by the output projection, block by block) sharing one temporary: one float array and
+        // four of bf16, three quarters of float's four arrays; the bf16 layer also widens its
+        // biases (convert entries: two of 48 floats)
         const std::size_t held = ds::backend::cpu::last_temporary_bytes<float>();
         wide.forward(xf, xf, yf.view(), {.causal = true});
         const std::size_t held_in_float = ds::backend::cpu::last_temporary_bytes<float>();
         INFO("bf16 layer: " << held << " bytes, float layer: " << held_in_float);
         REQUIRE(held_in_float >= 4 * 2 * 37 * 48 * sizeof(float));
-        REQUIRE(held <= held_in_float + 2 * 48 * sizeof(float));
+        REQUIRE(held <= held_in_float * 3 / 4 + 2 * 48 * sizeof(float));
     }
     ds::set_num_threads(0);
 }

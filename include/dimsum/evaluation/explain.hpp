@@ -14,7 +14,7 @@
 // the bf16 destination at the end. cast<bf16>(x) that such a kernel reads is a `narrow` entry:
 // x's value rounded into a bf16 temporary (`t3 ..., bf16`), which the kernel reads; where a
 // gemm or attention computes x, it rounds each block as it finishes: `[rounded into t3 block
-// by block]`.
+// by block]`. On such a backend the formula's own value is rounded into `out` the same way.
 
 #include <cstddef>
 #include <optional>
@@ -54,7 +54,7 @@ public:
         if (!plan_.temporaries.empty()) out_ << " (" << human_bytes(bytes) << ")";
         out_ << '\n';
         for (std::size_t i = 0; i < plan_.entries.size(); ++i) write_entry(i + 1, plan_.entries[i]);
-        if (stored != computes_in) out_ << "  then out, computed in " << name_of(computes_in) << ", rounded to " << name_of(stored) << '\n';
+        if (stored != computes_in && !plan_.bf16_destination) out_ << "  then out, computed in " << name_of(computes_in) << ", rounded to " << name_of(stored) << '\n';
         for (std::size_t b = 0, id = 0; id < steps_.size(); ++id) {  // bindings are numbered as first read
             if (steps_[id].kind != step_kind::tensor || steps_[id].binding != b) continue;
             out_ << "  in" << b++ << ' ';
@@ -209,7 +209,11 @@ private:
                 break;
             case entry_kind::indices: out_ << name_of(steps_[e.step].kind); break;
             case entry_kind::convert: out_ << name_of(own.computes_in) << '('; formula(e.step); out_ << ')'; break;
-            case entry_kind::narrow: formula(e.step); break;
+            case entry_kind::narrow:
+                out_ << name_of(op_code::round_bf16) << '(';
+                operand(e.step);
+                out_ << ')';
+                break;
             case entry_kind::gather:
                 out_ << "gather<" << axis_name(steps_[own.operands[0]], own.axis) << ">(";
                 operand(own.operands[0]);
@@ -299,8 +303,9 @@ std::string explain_formula(const E& e, planner_options options, std::string_vie
     lower<T>(e, p, bindings);
     const step& root = p.steps[p.root];
     plan pl;
-    make_plan(p, bindings, row_major(root.rank, root.extents), options, pl);
-    return explain(p, pl, backend, element_type_of<value_type_of<E>>());
+    const element_type stored = element_type_of<value_type_of<E>>();
+    make_plan(p, bindings, row_major(root.rank, root.extents), options, pl, options.read_bf16 && stored == element_type::bf16);
+    return explain(p, pl, backend, stored);
 }
 
 }  // namespace dimsum::evaluation

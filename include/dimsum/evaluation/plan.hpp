@@ -75,14 +75,14 @@ using stored_operands = std::array<std::optional<place>, 3>;
 struct entry {
     entry_kind kind;
     // gemm, attention: the matmul step; fused, copy: the root of the pass; the others: the step
-    std::size_t step = 0;  // narrow: the cast<bf16> step, whose operand's value it rounds
+    std::size_t step = 0;  // narrow: the step whose value it rounds
     place out{};  // what the entry writes: the value of `step`, or of `epilogue` if there is one
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention: what the matcher found
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
     stored_operands bf16_operands{};  // gemm, attention
-    // gemm, attention: a bf16 temporary that each finished block of `out` is also rounded
-    // into, laid out as `out` (a narrow entry fused into the kernel)
+    // gemm, attention: bf16 memory (a temporary, or a destination of bf16) that each finished
+    // block of `out` is also rounded into, laid out as `out` (a narrow entry fused into the kernel)
     std::optional<place> bf16_out{};
 };
 
@@ -100,6 +100,7 @@ struct plan {
     std::vector<char> placed;              // whether values[step] is set
     std::vector<place> bf16_values;        // of each cast<bf16> step rounded into a bf16 temporary
     std::vector<char> bf16_placed;         // whether bf16_values[step] is set
+    bool bf16_destination = false;         // the entries round the value into a destination of bf16
     // the planner's scratch, kept for its capacity
     std::vector<std::size_t> leaves;
     std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
@@ -109,6 +110,7 @@ struct plan {
     // are set, and a plan made in a loop then writes no more memory than it uses.
     void clear(std::size_t steps) {
         entries.clear();
+        bf16_destination = false;
         temporaries.clear();
         if (values.size() < steps) values.resize(steps);
         placed.assign(steps, 0);
@@ -147,15 +149,33 @@ inline std::optional<layout> view_layout(const step& s, const layout& from) {
 class planner {
 public:
     // `bindings` give the layouts of the program's tensors, `destination` that of the memory
-    // its value goes to; no memory is read.
+    // its value goes to, which holds bf16 if `bf16_destination`: the plan then rounds the value
+    // into it (planner_options::read_bf16 only: the backend's kernels write bf16). No memory is
+    // read.
     planner(const program& p, const std::vector<binding>& bindings, const layout& destination, planner_options options,
-            plan& out)
+            plan& out, bool bf16_destination = false)
         : steps_(p.steps), bindings_(bindings), options_(options), plan_(out) {
         plan_.clear(steps_.size());
         for (const step& s : steps_) {
             for (std::size_t o = 0; o < s.operand_count; ++o) ++plan_.readers[s.operands[o]];
         }
-        write(p.root, {memory_kind::destination, 0, destination});
+        const place out_to{memory_kind::destination, 0, destination};
+        if (!bf16_destination) {
+            write(p.root, out_to);
+            return;
+        }
+        if (!options.read_bf16) throw std::logic_error("dimsum: planner: a destination of bf16 for a backend that writes no bf16");
+        plan_.bf16_destination = true;
+        // The value rounded straight into the destination (cast<bf16> at the root rounds
+        // nothing more), computed in the destination's layout where it is row-major, so that a
+        // product or attention computing it rounds each block there.
+        std::size_t value = p.root, readers = 0;
+        if (rounds_to_bf16(steps_[value])) {
+            value = steps_[value].operands[0];
+            readers = 1;
+        }
+        const layout dense = row_major(destination.rank, destination.extents);
+        round_value(value, readers, dense, out_to);
     }
 
 private:
@@ -274,48 +294,55 @@ private:
         return s.kind == step_kind::elementwise && s.op == op_code::round_bf16;
     }
     // The bf16 temporary that cast<bf16> step `id` is rounded into, laid out as `where`, planned
-    // the first time: the operand is computed in that same layout (unless another entry placed
-    // it first), then rounded by the gemm or attention that computes it, block by block, or
-    // else by a narrow entry, one flat pass.
+    // the first time.
     place narrowed(std::size_t id, const layout& where) {
         if (!plan_.bf16_placed[id]) {
-            const std::size_t operand = steps_[id].operands[0];
-            const step& computed = steps_[operand];
-            bool by_kernel = false;
-            if (!plan_.placed[operand] && !is_view(computed.kind)) {
-                // A value that only this cast reads, computed by one entry (a product or
-                // attention, which then rounds it, or a pass, which a narrow entry follows at
-                // once), is dead once rounded: it goes to the scratch every such value shares.
-                // A product is then not placed for later readers: there are none but the
-                // cast's own float value, which computes it again.
-                const bool product = computed.kind == step_kind::matmul && options_.fuse_epilogues;
-                const bool dead_once_rounded = plan_.readers[operand] == 1 && (product || computed.kind == step_kind::elementwise);
-                const place wide = dead_once_rounded ? rounding_scratch(where) : temporary(where);
-                write(operand, wide);
-                if (!(dead_once_rounded && product)) {
-                    plan_.values[operand] = wide;
-                    plan_.placed[operand] = 1;
-                }
-                const entry& last = plan_.entries.back();  // write() added at least one entry
-                const bool computes_operand = last.kind == entry_kind::attention
-                                                  ? last.step == operand
-                                                  : last.kind == entry_kind::gemm && options_.fuse_epilogues &&
-                                                        (last.epilogue == operand || (last.epilogue == no_step && last.step == operand));
-                by_kernel = computes_operand && last.out.memory == wide.memory && last.out.index == wide.index &&
-                            last.out.where == wide.where;
-                if (dead_once_rounded && product && !by_kernel) {
-                    throw std::logic_error("dimsum: planner: a product in the rounding scratch was not rounded by its kernel");
-                }
-            } else {
-                value(operand);
-            }
             const place bf16 = temporary(where, true);
-            if (by_kernel) plan_.entries.back().bf16_out = bf16;
-            else add(entry_kind::narrow, id, bf16);
+            round_value(steps_[id].operands[0], 1, where, bf16);
             plan_.bf16_values[id] = bf16;
             plan_.bf16_placed[id] = 1;
         }
         return plan_.bf16_values[id];
+    }
+    // Plans the entries that compute step id's value and round it into `bf16` (a bf16 temporary,
+    // or the destination): the value is computed laid out as `wide` (unless another entry placed
+    // it first), then rounded by the gemm or attention that computes it, block by block, where
+    // `wide` is bf16's own layout, or else by a narrow entry, one pass. `readers`: how many
+    // operand slots of other steps read the value when only the rounding needs it (1, the
+    // cast's, or 0 for the program's root).
+    void round_value(std::size_t id, std::size_t readers, const layout& wide, const place& bf16) {
+        const step& computed = steps_[id];
+        bool by_kernel = false;
+        if (!plan_.placed[id] && !is_view(computed.kind)) {
+            // A value that only the rounding reads, computed by one entry (a product or
+            // attention, which then rounds it, or a pass, which a narrow entry follows at
+            // once), is dead once rounded: it goes to the scratch every such value shares.
+            // A product is then not placed for later readers: there are none but a cast's own
+            // float value, which computes it again.
+            const bool product = computed.kind == step_kind::matmul && options_.fuse_epilogues && wide == bf16.where;
+            const bool dead_once_rounded =
+                plan_.readers[id] == readers && (product || computed.kind == step_kind::elementwise);
+            const place value = dead_once_rounded ? rounding_scratch(wide) : temporary(wide);
+            write(id, value);
+            if (!(dead_once_rounded && product)) {
+                plan_.values[id] = value;
+                plan_.placed[id] = 1;
+            }
+            const entry& last = plan_.entries.back();  // write() added at least one entry
+            const bool computes_value = last.kind == entry_kind::attention
+                                            ? last.step == id
+                                            : last.kind == entry_kind::gemm && options_.fuse_epilogues &&
+                                                  (last.epilogue == id || (last.epilogue == no_step && last.step == id));
+            by_kernel = computes_value && last.out.memory == value.memory && last.out.index == value.index &&
+                        last.out.where == value.where && value.where == bf16.where;
+            if (dead_once_rounded && product && !by_kernel) {
+                throw std::logic_error("dimsum: planner: a product in the rounding scratch was not rounded by its kernel");
+            }
+        } else {
+            value(id);
+        }
+        if (by_kernel) plan_.entries.back().bf16_out = bf16;
+        else add(entry_kind::narrow, id, bf16);
     }
     void add_product(std::size_t id, const place& dst, std::size_t epilogue, const product_operands& how) {
         add(entry_kind::gemm, id, dst, epilogue);
@@ -480,8 +507,8 @@ private:
 
 // The plan of program p over memory of these layouts, into `out` (cleared first).
 inline void make_plan(const program& p, const std::vector<binding>& bindings, const layout& destination,
-                      planner_options options, plan& out) {
-    planner(p, bindings, destination, options, out);
+                      planner_options options, plan& out, bool bf16_destination = false) {
+    planner(p, bindings, destination, options, out, bf16_destination);
 }
 
 }  // namespace dimsum::evaluation

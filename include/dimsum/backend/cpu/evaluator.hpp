@@ -12,7 +12,8 @@
 //   rowwise    -> the line kernels (rowwise.hpp);
 //   indices    -> a loop (causal_mask, arange: small, read broadcast);
 //   convert    -> a loop (bf16 values, lengths and positions to the formula's type);
-//   narrow     -> a loop (a value rounded into a bf16 temporary, which products read as bf16);
+//   narrow     -> a loop (a value rounded into a bf16 temporary, which products read as bf16,
+//                 or into a destination of bf16);
 //   gather     -> gather.hpp, once every id has been checked (evaluation/integers.hpp).
 // The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
 // one evaluation to the next, so a formula evaluated in a loop allocates nothing after its
@@ -96,7 +97,9 @@ struct state {
 template <class T>
 class executor {
 public:
-    executor(state<T>& s, const strided<T>& destination) : s_(s), steps_(s.program.steps), destination_(destination) {}
+    // `destination`: where the plan's destination layout starts, of T, or of bf16 where the
+    // plan rounds into it (plan::bf16_destination).
+    executor(state<T>& s, void* destination) : s_(s), steps_(s.program.steps), destination_(destination) {}
 
     void run() {
         evaluation::check_before_running<T>(s_.program, s_.bindings, s_.plan);
@@ -112,7 +115,7 @@ private:
     void run(const entry& e) {
         const step& s = steps_[e.step];
         if (e.kind == entry_kind::narrow) {  // the only entry that writes bf16
-            return evaluation::round_into<T>(value(s.operands[0]), evaluation::strided_at(bf16_temporary(e.out), e.out.where));
+            return evaluation::round_into<T>(value(e.step), evaluation::strided_at(bf16_memory(e.out), e.out.where));
         }
         const strided<T> dst = at(e.out);
         switch (e.kind) {
@@ -133,7 +136,9 @@ private:
     // The memory of a place: the destination's or a temporary's (writable), or a binding's.
     strided<T> at(const evaluation::place& p) const {
         switch (p.memory) {
-            case evaluation::memory_kind::destination: return evaluation::strided_at(destination_.data, p.where);
+            case evaluation::memory_kind::destination:
+                if (s_.plan.bf16_destination) break;  // written by rounding only: bf16_memory()
+                return evaluation::strided_at(static_cast<T*>(destination_), p.where);
             case evaluation::memory_kind::temporary:
                 if (s_.plan.temporaries[p.index].bf16) break;  // read by the kernels of bf16 only: input()
                 return evaluation::strided_at(static_cast<T*>(s_.temporaries[p.index]), p.where);
@@ -367,19 +372,20 @@ private:
     static const bf16* bf16_at(const evaluation::binding& b, const evaluation::layout& where) {
         return static_cast<const bf16*>(b.data) + where.offset;
     }
-    // The memory of the temporary of place p, from its start, which the plan made bf16.
-    bf16* bf16_temporary(const evaluation::place& p) const {
-        if (p.memory != evaluation::memory_kind::temporary || !s_.plan.temporaries[p.index].bf16) {
-            throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
+    // The memory of place p, from its start, which the plan made bf16: a temporary, or the destination.
+    bf16* bf16_memory(const evaluation::place& p) const {
+        if (p.memory == evaluation::memory_kind::temporary && s_.plan.temporaries[p.index].bf16) {
+            return static_cast<bf16*>(s_.temporaries[p.index]);
         }
-        return static_cast<bf16*>(s_.temporaries[p.index]);
+        if (p.memory == evaluation::memory_kind::destination && s_.plan.bf16_destination) return static_cast<bf16*>(destination_);
+        throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
     }
     // Where the bf16 values of place p (a binding of bf16, or a bf16 temporary) start.
     const bf16* bf16_at(const evaluation::place& p) const {
         if (p.memory == evaluation::memory_kind::binding && s_.bindings[p.index].type == evaluation::element_type::bf16) {
             return bf16_at(s_.bindings[p.index], p.where);
         }
-        return bf16_temporary(p) + p.where.offset;
+        return bf16_memory(p) + p.where.offset;
     }
     // Step `id`, operand `slot` of entry e: its value, or, where the plan reads it as bf16
     // (entry::bf16_operands), its shape, and `narrow` set to where it lies.
@@ -399,13 +405,13 @@ private:
     }
 
     // Where entry e, writing dst (its out, a temporary, seen as the kernel sees it), also rounds
-    // its values (entry::bf16_out): a bf16 temporary of the same layout, so the same offsets.
+    // its values (entry::bf16_out): bf16 memory of the same layout, so the same offsets.
     bf16* rounded_into(const entry& e, const strided<T>& dst) const {
         const evaluation::place& out = *e.bf16_out;
         if (e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
             throw std::logic_error("dimsum: a kernel rounds into memory that is not laid out as what it writes");
         }
-        return bf16_temporary(out) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
+        return bf16_memory(out) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
     }
 
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
@@ -437,7 +443,7 @@ private:
 
     state<T>& s_;
     const std::vector<step>& steps_;
-    strided<T> destination_;
+    void* destination_;
 };
 
 }  // namespace detail
@@ -451,21 +457,14 @@ public:
         return {.fuse_attention = fuse_attention, .fuse_epilogues = true, .read_packed = true, .read_bf16 = true};
     }
 
-    // Writes the value of e into dst, a view of e's shape that e does not read.
-    // A formula of bf16 is computed in float into a temporary (of this thread's temporaries,
-    // kept between evaluations), then rounded into dst.
+    // Writes the value of e into dst, a view of e's shape that e does not read. A formula of
+    // bf16 computes in float, and its value is rounded into dst by the kernel that computes it,
+    // block by block, or else by a last pass (evaluation/plan.hpp).
     template <class E, class T, class... A>
     void run(const E& e, const tensor_view<T, A...>& dst) {
         temporaries& memory = thread_temporaries();
         try {
-            if constexpr (std::is_same_v<std::remove_const_t<T>, bf16>) {
-                const tensor_view<float, A...> wide(memory.allocate<float>(dst.size()), dst.shape());
-                run_into(e, evaluation::to_strided(wide));
-                evaluation::round_into<float>(evaluation::to_strided(tensor_view<const float, A...>(wide)),
-                                              evaluation::to_strided(dst));
-            } else {
-                run_into(e, evaluation::to_strided(dst));
-            }
+            run_into(e, evaluation::to_strided(dst));
         } catch (...) {
             memory.abandon();  // the thread as it was before, whatever failed
             throw;
@@ -480,13 +479,15 @@ public:
     }
 
 private:
-    template <class E, class T>
-    void run_into(const E& e, const strided<T>& destination) {
+    template <class E, class U>
+    void run_into(const E& e, const strided<U>& destination) {
+        using T = compute_type_t<U>;
         auto& s = detail::state<T>::of_this_thread();
         evaluation::lower<T>(e, s.program, s.bindings);
-        evaluation::make_plan(s.program, s.bindings, evaluation::layout_of(destination), planning(), s.plan);
+        evaluation::make_plan(s.program, s.bindings, evaluation::layout_of(destination), planning(), s.plan,
+                              std::is_same_v<U, bf16>);
         detail::collect_blocks<T>(e, s.blocks);
-        detail::executor<T>(s, destination).run();
+        detail::executor<T>(s, static_cast<void*>(destination.data)).run();
     }
 };
 
