@@ -3,7 +3,9 @@
 // C++, so that the packing, blocking, edges and epilogue of bf16_gemm, and the blocks of
 // attention's bf16 path (attention.hpp), are tested on any CPU. The tiles also check how a
 // kernel uses them: no tile instruction before configure() or after release(), and every unit
-// released.
+// released. As the real tiles, the configuration belongs to the thread: a unit configured
+// while another is on the same thread is an error (the inner release would leave the outer
+// unit's instructions on unconfigured tiles, which fault).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -41,12 +43,15 @@ struct emulated_tiles {
 
     void configure() {
         if (configured) throw std::logic_error("emulated tiles: configured twice");
+        if (configured_on_this_thread()) throw std::logic_error("emulated tiles: configured while another unit is, on one thread");
         configured = true;
+        configured_on_this_thread() = true;
         unreleased().fetch_add(1);
     }
     void release() {
         require_configured();
         configured = false;
+        configured_on_this_thread() = false;
         unreleased().fetch_sub(1);
     }
     template <int t>
@@ -88,6 +93,10 @@ struct emulated_tiles {
     }
 
 private:
+    static bool& configured_on_this_thread() {
+        thread_local bool configured = false;
+        return configured;
+    }
     void require_configured() const {
         if (!configured) throw std::logic_error("emulated tiles: a tile instruction outside configure() ... release()");
     }

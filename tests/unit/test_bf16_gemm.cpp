@@ -18,6 +18,7 @@
 #include <iostream>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace ds = dimsum;
@@ -279,6 +280,16 @@ TEST_CASE("the emulated unit catches a kernel that forgets to configure its tile
     unit.zero<0>();
     unit.release();
     CHECK_THROWS_AS(unit.release(), std::logic_error);
+    // the configuration is the thread's, as the real tiles': a second unit configured on the
+    // same thread is caught, and one on another thread is not
+    test::emulated_tiles outer, inner;
+    outer.configure();
+    CHECK_THROWS_AS(inner.configure(), std::logic_error);
+    std::thread([&inner] {
+        inner.configure();
+        inner.release();
+    }).join();
+    outer.release();
 }
 #endif
 
@@ -294,6 +305,12 @@ TEST_CASE("the bf16 path: the best this CPU can run unless set or named, an erro
         } else {
             CHECK(!support.reason.empty());
             CHECK_THROWS_WITH(cpu::set_bf16_path(path), Catch::Contains("cannot run here") && Catch::Contains(support.reason));
+            // a kernel asked for directly is refused too, before any instruction it cannot run
+            bool ran = false;
+            CHECK_THROWS_WITH(cpu::with_bf16_kernel(path, "test", [&]<class Kernel>() { ran = true; }),
+                              Catch::Contains("test: the " + std::string(cpu::name(path)) + " path cannot run here") &&
+                                  Catch::Contains(support.reason));
+            CHECK(!ran);
         }
     }
     CHECK(cpu::support_of(cpu::bf16_path::widen).usable);

@@ -61,7 +61,7 @@ struct alignas(64) tile_config {
     std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
     std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
-static_assert(sizeof(tile_config) == 64);
+static_assert(sizeof(tile_config) == 64 && offsetof(tile_config, bytes_per_row) == 16 && offsetof(tile_config, rows) == 48);
 
 #if defined(__x86_64__)
 // The AMX instructions, on tiles named at compile time. Written as assembly rather than with
@@ -446,6 +446,12 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
 // caller in the error of a path this build cannot issue (bf16_paths.hpp never picks one).
 template <class Run>
 bool with_bf16_kernel(bf16_path path, const char* who, Run&& run) {
+    // A path this process cannot run would fault at its first instruction: an error instead
+    // (bf16_paths.hpp's choice is always runnable; this guards a direct call).
+    if (path != bf16_path::widen) {
+        const bf16_path_support& support = path == bf16_path::amx ? detail::amx_support() : detail::avx512_bf16_support();
+        if (!support.usable) throw std::runtime_error(std::string("dimsum: ") + who + ": the " + std::string(name(path)) + " path cannot run here: " + support.reason);
+    }
     switch (path) {
         case bf16_path::amx:
 #if defined(__x86_64__)

@@ -81,12 +81,28 @@ inline bf16_path_support probe_amx() {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return {false, "this CPU has no CPUID leaf 7"};
     constexpr unsigned amx_bf16 = 1u << 22, amx_tile = 1u << 24;  // leaf 7, subleaf 0, EDX
     if ((d & amx_bf16) == 0 || (d & amx_tile) == 0) return {false, "this CPU reports no amx_bf16 and amx_tile (CPUID leaf 7)"};
+    // The kernels configure palette 1 as eight tiles of 16 rows x 64 bytes and multiply 16
+    // pairs deep (bf16_gemm.hpp): what every AMX CPU so far has, read here rather than assumed,
+    // since a configuration beyond the CPU's limits faults. Leaf 0x1d: the palettes, subleaf
+    // 1: palette 1's bytes per row and tile names (EBX), rows (ECX); leaf 0x1e: the multiply
+    // unit's largest K (rows, EBX 7:0) and N (bytes, EBX 23:8).
+    if (!__get_cpuid_count(0x1d, 0, &a, &b, &c, &d) || a < 1) return {false, "this CPU reports no tile palette 1 (CPUID leaf 0x1d)"};
+    __get_cpuid_count(0x1d, 1, &a, &b, &c, &d);
+    const bool palette_fits = (b & 0xffffu) >= 64 && (b >> 16) >= 8 && (c & 0xffffu) >= 16;
+    unsigned ka = 0, kb = 0, kc = 0, kd = 0;
+    const bool unit_fits = __get_cpuid_count(0x1e, 0, &ka, &kb, &kc, &kd) && (kb & 0xffu) >= 16 && ((kb >> 8) & 0xffffu) >= 64;
+    if (!palette_fits || !unit_fits) {
+        return {false, "this CPU's tiles are smaller than the kernels' 8 tiles of 16 rows x 64 bytes (CPUID leaves 0x1d, 0x1e)"};
+    }
     constexpr unsigned tile_state = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
     if ((enabled_state() & tile_state) != tile_state) return {false, "the operating system has not enabled the tile state (XCR0 bits 17, 18)"};
+    // Granted to the whole process, for good: Linux refuses (ENOSPC) while a thread's
+    // alternate signal stack is too small for the tiles' larger signal frame.
     constexpr long request_permission = 0x1023, tile_data = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
     if (syscall(SYS_arch_prctl, request_permission, tile_data) != 0) {
+        const int error = errno;
         return {false, std::string("Linux refused this process the tile state (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
-                           std::strerror(errno) + ")"};
+                           std::strerror(error) + ")"};
     }
     return {true, {}};
 #else
