@@ -297,6 +297,7 @@ void bench_gemm_case(bench& s, const gemm_case& g);
 void bench_softmax(bench& s, std::size_t rows, std::size_t cols);
 void bench_layer_norm(bench& s, std::size_t rows, std::size_t cols);
 void bench_elementwise(bench& s, std::size_t rows, std::size_t cols);
+void bench_bf16_streaming(bench& s, std::size_t rows, std::size_t cols);
 void bench_concat(bench& s, std::size_t rows, std::size_t cols);
 void bench_gather(bench& s, std::size_t rows, std::size_t cols);
 

@@ -88,6 +88,7 @@ int run(const options& opt) {
     for (std::size_t cols : {128, 512, 4096}) bench_softmax(s, elements / cols, cols);
     for (std::size_t cols : {768, 4096}) bench_layer_norm(s, elements / cols, cols);
     bench_elementwise(s, elements / 4096, 4096);
+    bench_bf16_streaming(s, elements / 4096, 4096);
     bench_concat(s, elements / 4096, 4096);
     bench_gather(s, elements / 768, 768);
     bench_attention(s);

@@ -139,6 +139,50 @@ void bench_elementwise(bench& s, std::size_t rows, std::size_t cols) {
     }
 }
 
+// softmax, layer_norm and the epilogue above with input, residual and output in bf16, against
+// the same formulas in float on the same values, in the same rounds: elements a second, so the
+// ratio is bf16's speed over float's. The bf16 result must be the float result rounded, bit
+// for bit (the passes widen and round in their own buffers and compute in float).
+void bench_bf16_streaming(bench& s, std::size_t rows, std::size_t cols) {
+    const std::string size = std::to_string(rows) + "x" + std::to_string(cols);
+    const std::string names[] = {"bf16_softmax_" + size, "bf16_layer_norm_" + size, "bf16_eltwise_" + size};
+    if (std::none_of(std::begin(names), std::end(names), [&](const std::string& n) { return s.selected(n); })) return;
+    ds::tensor<ds::bf16, Row, Col> x16(Row{rows}, Col{cols}), r16(x16.shape()), y16(x16.shape());
+    ds::tensor<ds::bf16, Col> bias16(Col{cols});
+    ds::fill_normal(x16, 12, 0.0, 2.0);
+    ds::fill_uniform(r16, 13);
+    ds::fill_uniform(bias16, 14);
+    const ds::tensor<float, Row, Col> x = ds::cast<float>(x16), r = ds::cast<float>(r16);
+    const ds::tensor<float, Col> bias = ds::cast<float>(bias16);
+    ds::tensor<float, Row, Col> y(x.shape());
+    auto run_case = [&](const std::string& name, auto&& in_bf16, auto&& in_float) {
+        if (!s.selected(name)) return;
+        for (int threads : s.opt.threads) {
+            fastest narrow, wide;
+            for (int round = 0; round < rounds(s.opt); ++round) {
+                ds::set_num_threads(threads);
+                settle(s.opt);
+                narrow.keep(best_seconds(s.opt, in_bf16), "");
+                settle(s.opt);
+                wide.keep(best_seconds(s.opt, in_float), "");
+            }
+            std::size_t different = 0;
+            for (std::size_t i = 0; i < y.size(); ++i) {
+                const ds::bf16 want(y.data()[i]);
+                different += y16.data()[i].bits != want.bits && !(isnan(want) && isnan(y16.data()[i]));
+            }
+            s.out.check(name + " (" + std::to_string(threads) + " threads): values that are not float's rounded", double(different), 0.0);
+            const double elements = double(x.size());
+            s.out.add({name, threads, elements / narrow.seconds * 1e-9, "dimsum_float", elements / wide.seconds * 1e-9, "Gelem/s",
+                       "bf16 read and written by the pass, computed in float"});
+        }
+    };
+    run_case(names[0], [&] { ds::assign(y16, ds::softmax(x16)); }, [&] { ds::assign(y, ds::softmax(x)); });
+    run_case(names[1], [&] { ds::assign(y16, ds::layer_norm(x16)); }, [&] { ds::assign(y, ds::layer_norm(x)); });
+    run_case(names[2], [&] { ds::assign(y16, ds::max(x16 * 0.5f + bias16, 0.0f) + r16); },
+             [&] { ds::assign(y, ds::max(x * 0.5f + bias, 0.0f) + r); });
+}
+
 // concat of two halves along the columns: each read once, the result written once.
 void bench_concat(bench& s, std::size_t rows, std::size_t cols) {
     std::string name = "concat_" + std::to_string(rows) + "x" + std::to_string(cols);

@@ -298,6 +298,58 @@ TEST_CASE("fused attention over bf16 equals the float kernel rounded once, and t
     require_rounded(got, F(attention(qf, kf, vf)));
     // outputs are convex combinations of v (|v| < ~5): float's error over 45 keys is below 1e-5
     require_near(got, ds::eval(attention(q, k, v), ds::backend::reference::evaluator{}), 1.0, 1e-5);
+
+    // an additive mask of bf16 in the score function, read where it lies by each tile's pass
+    auto mask = random_bf16(10, Seq{45}, Key{45});
+    const ds::tensor<float, Seq, Key> maskf = ds::cast<float>(mask);
+    auto masked = [](const auto& q, const auto& k, const auto& v, const auto& m) {
+        return ds::matmul(ds::softmax<Key>(ds::matmul(q, ds::transpose(k)) * 0.25f + m), v);
+    };
+    const std::string plan = ds::backend::cpu::evaluator{}.explain(masked(q, k, v, mask));
+    INFO(plan);
+    CHECK(plan.find("convert") == std::string::npos);
+    for (int threads : {1, 2}) {
+        ds::set_num_threads(threads);
+        const ds::tensor<bf16, Batch, Seq, Head> with_mask = masked(q, k, v, mask);
+        require_rounded(with_mask, F(masked(qf, kf, vf, maskf)));
+    }
+    ds::set_num_threads(0);
+}
+
+// Passes and kernels along an axis read bf16 where it lies and write bf16 themselves (no
+// convert, no narrow): a result of over 8 MiB is streamed around the caches, from rows that
+// start at every alignment (the destination is a slice), NaN and infinities in every lane.
+TEST_CASE("passes and line kernels over bf16 read and write it where it lies: the float formula rounded, bit for bit") {
+    const std::size_t rows = 2049, cols = 2053;  // 2049 x 2053 bf16: 8.4 MB, past streaming_bytes
+    auto x = random_bf16(11, Rows{rows}, Cols{cols});
+    auto b = random_bf16(12, Cols{cols});
+    poison(x);
+    const ds::tensor<float, Rows, Cols> xf = ds::cast<float>(x);
+    const ds::tensor<float, Cols> bf = ds::cast<float>(b);
+    ds::tensor<bf16, Rows, Cols> wide(Rows{rows}, Cols{cols + 3});
+    auto into = ds::slice<Cols>(wide, 1, cols + 1);  // a view whose rows start at every alignment
+    auto check = [&](const auto& formula, const auto& formula_f, std::string_view plan_size) {
+        const ds::tensor<float, Rows, Cols> want = formula_f;
+        ds::assign(into, formula);
+        const ds::tensor<bf16, Rows, Cols> got = into;
+        require_rounded(got, want);
+        const ds::tensor<bf16, Rows, Cols> fresh = formula;  // a row-major destination
+        require_rounded(fresh, want);
+        const std::string plan = ds::backend::cpu::evaluator{}.explain(formula);
+        INFO(plan);
+        CHECK(plan.find("convert") == std::string::npos);
+        CHECK(plan.find("narrow") == std::string::npos);
+        CHECK(plan.find(plan_size) != std::string::npos);
+    };
+    for (int threads : {1, 2}) {
+        INFO("threads: " << threads);
+        ds::set_num_threads(threads);
+        check(ds::tanh(x * 0.5f + b), ds::tanh(xf * 0.5f + bf), "1 entry, 0 temporaries");
+        check(ds::softmax<Cols>(x), ds::softmax<Cols>(xf), "1 entry, 0 temporaries");
+        // x + b is a float value the line kernel reads: one float temporary
+        check(ds::layer_norm<Cols>(x + b), ds::layer_norm<Cols>(xf + bf), "2 entries, 1 temporary");
+    }
+    ds::set_num_threads(0);
 }
 
 // As the products above: the fused attention kernel reads Q, K and V of bf16 where they lie,

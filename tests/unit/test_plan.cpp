@@ -227,10 +227,15 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     CHECK(second.bf16_operands[0]->index == first.bf16_out->index);
     CHECK(!second.bf16_out);
 
-    // computed by another entry: a narrow entry after it (a, read by a pass, is widened first)
+    // computed by a pass: the pass writes the bf16 temporary itself, reading a where it lies
     auto passed = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::exp(a)), w), reads_bf16);
-    CHECK(passed.kinds() == kinds{ev::entry_kind::convert, ev::entry_kind::fused, ev::entry_kind::narrow, ev::entry_kind::gemm});
+    REQUIRE(passed.kinds() == kinds{ev::entry_kind::fused, ev::entry_kind::gemm});
+    CHECK(passed.plan.temporaries.size() == 1);  // no float value of exp(a), no widened a
     CHECK(bf16_temporaries(passed) == 1);
+    const ev::place& pass_out = passed.plan.entries[0].out;
+    CHECK(pass_out.memory == ev::memory_kind::temporary);
+    REQUIRE(passed.plan.entries[1].bf16_operands[0]);
+    CHECK(passed.plan.entries[1].bf16_operands[0]->index == pass_out.index);
 
     // heads merged back into rows: the rounded values stored transposed, so the reshape is a
     // view of the bf16 temporary and there is no copy
@@ -278,19 +283,37 @@ TEST_CASE("a destination of bf16 is rounded into by the kernel that computes the
     REQUIRE(cast.plan.entries[0].bf16_out);
     CHECK(is_out(*cast.plan.entries[0].bf16_out));
 
-    // any other entry: a narrow entry into the destination after it
+    // a pass, or a kernel along an axis, writes the destination itself, reading a where it lies
     auto passed = plan_of(ds::exp(a), reads_bf16, out.where, true);
-    REQUIRE(passed.kinds() == kinds{ev::entry_kind::convert, ev::entry_kind::fused, ev::entry_kind::narrow});
-    CHECK(is_out(passed.plan.entries[2].out));
-    CHECK(passed.plan.entries[2].step == passed.plan.entries[1].step);  // rounds the pass's value
+    REQUIRE(passed.kinds() == kinds{ev::entry_kind::fused});
+    CHECK(is_out(passed.plan.entries[0].out));
+    CHECK(passed.plan.temporaries.empty());
+    auto lines = plan_of(ds::softmax<Head>(a), reads_bf16, ev::row_major(3, {2, 7, 4}), true);
+    REQUIRE(lines.kinds() == kinds{ev::entry_kind::rowwise});
+    CHECK(lines.plan.entries[0].out.memory == ev::memory_kind::destination);
+    REQUIRE(lines.plan.entries[0].bf16_operands[0]);
+    CHECK(lines.plan.entries[0].bf16_operands[0]->memory == ev::memory_kind::binding);
+    CHECK(lines.plan.temporaries.empty());
 
-    // a destination that is not row-major: the value in row-major order, then a narrow entry
+    // any other entry: a narrow entry into the destination after it
+    auto joined = plan_of(ds::concat<Key>(a, a), reads_bf16, ev::row_major(3, {2, 14, 4}), true);
+    REQUIRE(joined.kinds() == kinds{ev::entry_kind::copy, ev::entry_kind::copy, ev::entry_kind::narrow});
+    CHECK(joined.plan.entries[2].out.memory == ev::memory_kind::destination);
+
+    // a product into a destination of another dense order (transposed) is rounded into it as
+    // well, its float value laid out alike; into one with gaps (a slice), the value in
+    // row-major order, then a narrow entry
     const ev::layout transposed = ev::permute(ev::row_major(3, {7, 2, 6}), {1, 0, 2});
-    auto strided = plan_of(ds::matmul(a, w), reads_bf16, transposed, true);
+    auto swapped = plan_of(ds::matmul(a, w), reads_bf16, transposed, true);
+    REQUIRE(swapped.kinds() == kinds{ev::entry_kind::gemm});
+    REQUIRE(swapped.plan.entries[0].bf16_out);
+    CHECK(swapped.plan.entries[0].out.where == transposed);
+    const ev::layout gapped = ev::slice(ev::row_major(3, {2, 9, 6}), 1, 0, 7, 1);
+    auto strided = plan_of(ds::matmul(a, w), reads_bf16, gapped, true);
     REQUIRE(strided.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::narrow});
     CHECK(!strided.plan.entries[0].bf16_out);
     CHECK(strided.plan.entries[0].out.where == out.where);
-    CHECK(strided.plan.entries[1].out.where == transposed);
+    CHECK(strided.plan.entries[1].out.where == gapped);
 
     // only where the backend's kernels write bf16
     CHECK_THROWS_AS(plan_of(ds::exp(a), {}, out.where, true), std::logic_error);

@@ -40,20 +40,7 @@ bool alike_and_dense(const strided<U>& a, const strided<V>& b) {
     for (std::size_t i = 0; i < a.rank; ++i) {
         if (a.extents[i] != b.extents[i] || a.strides[i] != b.strides[i]) return false;
     }
-    // the axes from the smallest stride up: each must step over exactly the ones before it
-    std::ptrdiff_t expected = 1;
-    std::size_t placed = 0;
-    for (std::size_t i = 0; i < a.rank; ++i) placed += a.extents[i] == 1;
-    while (placed < a.rank) {
-        std::size_t next = a.rank;
-        for (std::size_t i = 0; i < a.rank; ++i) {
-            if (a.extents[i] != 1 && a.strides[i] == expected) next = i;
-        }
-        if (next == a.rank) return false;
-        expected *= static_cast<std::ptrdiff_t>(a.extents[next]);
-        ++placed;
-    }
-    return true;
+    return is_dense(layout_of(a));
 }
 
 // dst[i] = convert(from[i]) for every index: one flat loop, which the compiler vectorises,

@@ -111,7 +111,11 @@ private:
             out_ << inner;
             return;
         }
-        if (as_stored_ && plan_.bf16_placed[id]) return memory(plan_.bf16_values[id]);  // rounded into a bf16 temporary
+        if (plan_.bf16_placed[id]) {
+            const bool cast = s.kind == step_kind::elementwise && s.op == op_code::round_bf16;
+            if (cast && as_stored_) return memory(plan_.bf16_values[id]);  // rounded into a bf16 temporary
+            if (!cast) return formula(id, product, inner);  // a leaf a pass reads as bf16 where it lies
+        }
         const bool converted = s.kind == step_kind::tensor && s.type != s.computes_in;  // into a temporary
         if (plan_.placed[id] && (!is_view(s.kind) || converted) && !as_stored_) return memory(plan_.values[id]);
         formula(id, product, inner);
@@ -204,8 +208,9 @@ private:
             case entry_kind::copy: operand(e.step); break;  // a view, or a value computed before
             case entry_kind::rowwise:
                 out_ << name_of(own.kind) << '<' << axis_name(steps_[own.operands[0]], own.axis) << ">(";
-                operand(own.operands[0]);
+                stored_operand(e, 0, own.operands[0]);
                 out_ << ')';
+                stored_mark(e);
                 break;
             case entry_kind::indices: out_ << name_of(steps_[e.step].kind); break;
             case entry_kind::convert: out_ << name_of(own.computes_in) << '('; formula(e.step); out_ << ')'; break;

@@ -107,6 +107,25 @@ constexpr layout broadcast(const layout& l, std::size_t rank) {
     return b;
 }
 
+// Whether l lays its elements out densely from offset 0: its strides are the row-major
+// strides of some order of its axes (axes of extent 1 aside), so it covers [0, size()) once.
+constexpr bool is_dense(const layout& l) {
+    if (l.offset != 0) return false;
+    std::ptrdiff_t expected = 1;  // the axes from the smallest stride up: each steps over the ones before
+    std::size_t placed = 0;
+    for (std::size_t i = 0; i < l.rank; ++i) placed += l.extents[i] == 1;
+    while (placed < l.rank) {
+        std::size_t next = l.rank;
+        for (std::size_t i = 0; i < l.rank; ++i) {
+            if (l.extents[i] != 1 && l.strides[i] == expected) next = i;
+        }
+        if (next == l.rank) return false;
+        expected *= static_cast<std::ptrdiff_t>(l.extents[next]);
+        ++placed;
+    }
+    return true;
+}
+
 // Whether axis `axis` and the next one are one axis: stepping off the end of the inner one
 // lands where the next step of the outer one does (or the outer one has extent 1).
 constexpr bool continues(const layout& l, std::size_t axis) {

@@ -14,15 +14,18 @@
 //                                             indices, read by the formula around them;
 //   a tensor of bf16 or integers read by a formula
 //                                          -> a `convert` into a temporary of the formula's type;
-//   a tensor of bf16 (or a view of one), an operand of a product or of attention
-//                                          -> read by the `gemm` or `attention` where it lies,
-//                                             where the backend's kernels read bf16 themselves;
-//   cast<bf16>(x) (or a view of it), an operand of a product or of attention, there
-//                                          -> x computed into a temporary, then rounded into a
-//                                             bf16 temporary, which the `gemm` or `attention`
-//                                             reads as bf16: by the gemm or attention that
-//                                             computes x, each block as it finishes, else by
-//                                             a `narrow` entry;
+//   a tensor of bf16 (or a view of one), an operand of a product, of attention, of a fused
+//   pass or of a kernel along an axis
+//                                          -> read by that entry where it lies, where the
+//                                             backend's kernels read bf16 themselves;
+//   cast<bf16>(x) (or a view of it), read so, there
+//                                          -> x rounded into a bf16 temporary, which the entry
+//                                             reads as bf16: written so by the pass or kernel
+//                                             along an axis that computes x, rounded by the
+//                                             gemm or attention that computes x, each block as
+//                                             it finishes, else by a `narrow` entry;
+//   the value of a formula of bf16, where the backend's kernels write bf16
+//                                          -> rounded into the destination the same way;
 //   a matrix packed once (ds::prepack), a product's right operand
 //                                          -> read by the `gemm` from its packing, where the
 //                                             backend reads such packing (not even converted);
@@ -98,7 +101,9 @@ struct plan {
     std::vector<temporary> temporaries;
     std::vector<place> values;             // of each step whose value some entry reads
     std::vector<char> placed;              // whether values[step] is set
-    std::vector<place> bf16_values;        // of each cast<bf16> step rounded into a bf16 temporary
+    // where a step is read as bf16: each cast<bf16> step rounded into a bf16 temporary, and
+    // each leaf that passes read as bf16 where it lies (planner::read_leaf)
+    std::vector<place> bf16_values;
     std::vector<char> bf16_placed;         // whether bf16_values[step] is set
     bool bf16_destination = false;         // the entries round the value into a destination of bf16
     // the planner's scratch, kept for its capacity
@@ -167,15 +172,14 @@ public:
         if (!options.read_bf16) throw std::logic_error("dimsum: planner: a destination of bf16 for a backend that writes no bf16");
         plan_.bf16_destination = true;
         // The value rounded straight into the destination (cast<bf16> at the root rounds
-        // nothing more), computed in the destination's layout where it is row-major, so that a
+        // nothing more), computed in the destination's layout where that is dense, so that a
         // product or attention computing it rounds each block there.
         std::size_t value = p.root, readers = 0;
         if (rounds_to_bf16(steps_[value])) {
             value = steps_[value].operands[0];
             readers = 1;
         }
-        const layout dense = row_major(destination.rank, destination.extents);
-        round_value(value, readers, dense, out_to);
+        round_value(value, readers, is_dense(destination) ? destination : row_major(destination.rank, destination.extents), out_to);
     }
 
 private:
@@ -305,26 +309,29 @@ private:
         return plan_.bf16_values[id];
     }
     // Plans the entries that compute step id's value and round it into `bf16` (a bf16 temporary,
-    // or the destination): the value is computed laid out as `wide` (unless another entry placed
-    // it first), then rounded by the gemm or attention that computes it, block by block, where
-    // `wide` is bf16's own layout, or else by a narrow entry, one pass. `readers`: how many
-    // operand slots of other steps read the value when only the rounding needs it (1, the
-    // cast's, or 0 for the program's root).
+    // or the destination). `readers`: how many operand slots of other steps read the value when
+    // only the rounding needs it (1, the cast's, or 0 for the program's root). A value that only
+    // the rounding reads is dead once rounded:
+    //  - a pass or a line kernel computing it writes bf16 itself (a product the pass absorbs
+    //    rounds each block into it: write_fused);
+    //  - a product or attention computes it into the scratch every such value shares, laid out
+    //    as `bf16` (`wide`), and rounds each block as it finishes. It is not placed for later
+    //    readers: there are none but a cast's own float value, which computes it again.
+    // Any other value is computed laid out as `wide` (unless another entry placed it first),
+    // then rounded by the product or attention that computes it, where `wide` is bf16's own
+    // layout, or else by a narrow entry, one pass.
     void round_value(std::size_t id, std::size_t readers, const layout& wide, const place& bf16) {
         const step& computed = steps_[id];
+        const bool unplanned = !plan_.placed[id] && !is_view(computed.kind);
+        const bool dead_once_rounded = unplanned && plan_.readers[id] == readers;
+        if (dead_once_rounded && (computed.kind == step_kind::elementwise || is_rowwise(computed.kind))) return write(id, bf16);
         bool by_kernel = false;
-        if (!plan_.placed[id] && !is_view(computed.kind)) {
-            // A value that only the rounding reads, computed by one entry (a product or
-            // attention, which then rounds it, or a pass, which a narrow entry follows at
-            // once), is dead once rounded: it goes to the scratch every such value shares.
-            // A product is then not placed for later readers: there are none but a cast's own
-            // float value, which computes it again.
-            const bool product = computed.kind == step_kind::matmul && options_.fuse_epilogues && wide == bf16.where;
-            const bool dead_once_rounded =
-                plan_.readers[id] == readers && (product || computed.kind == step_kind::elementwise);
-            const place value = dead_once_rounded ? rounding_scratch(wide) : temporary(wide);
+        if (unplanned) {
+            const bool in_scratch = dead_once_rounded && computed.kind == step_kind::matmul && options_.fuse_epilogues &&
+                                    wide == bf16.where;
+            const place value = in_scratch ? rounding_scratch(wide) : temporary(wide);
             write(id, value);
-            if (!(dead_once_rounded && product)) {
+            if (!in_scratch) {
                 plan_.values[id] = value;
                 plan_.placed[id] = 1;
             }
@@ -335,7 +342,7 @@ private:
                                                   (last.epilogue == id || (last.epilogue == no_step && last.step == id));
             by_kernel = computes_value && last.out.memory == value.memory && last.out.index == value.index &&
                         last.out.where == value.where && value.where == bf16.where;
-            if (dead_once_rounded && product && !by_kernel) {
+            if (in_scratch && !by_kernel) {
                 throw std::logic_error("dimsum: planner: a product in the rounding scratch was not rounded by its kernel");
             }
         } else {
@@ -343,6 +350,27 @@ private:
         }
         if (by_kernel) plan_.entries.back().bf16_out = bf16;
         else add(entry_kind::narrow, id, bf16);
+    }
+    // Whether place p is memory of bf16: a bf16 temporary, or a destination of bf16.
+    bool holds_bf16(const place& p) const {
+        if (p.memory == memory_kind::temporary) return plan_.temporaries[p.index].bf16;
+        return p.memory == memory_kind::destination && plan_.bf16_destination;
+    }
+    static bool is_rowwise(step_kind kind) {
+        return kind == step_kind::softmax || kind == step_kind::layer_norm || kind == step_kind::sum || kind == step_kind::max ||
+               kind == step_kind::mean;
+    }
+    // A leaf of an elementwise formula (a pass, a gemm's epilogue, attention's score function):
+    // read by the pass as bf16 where it lies, if it can be (stored_bf16: a tensor of bf16, or a
+    // view of one or of a rounded cast), else planned as a value. The rule holds for every
+    // pass, so that a step read so is read so by all of them.
+    void read_leaf(std::size_t leaf) {
+        if (const std::optional<place> stored = stored_bf16(leaf)) {
+            plan_.bf16_values[leaf] = *stored;
+            plan_.bf16_placed[leaf] = 1;
+            return;
+        }
+        value(leaf);
     }
     void add_product(std::size_t id, const place& dst, std::size_t epilogue, const product_operands& how) {
         add(entry_kind::gemm, id, dst, epilogue);
@@ -358,9 +386,13 @@ private:
                 if (auto match = attention_at(id)) return attend(id, *match, dst);
                 return add_product(id, dst, no_step, place_operands_of_product(id));
             case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
-            case step_kind::mean:
-                value(s.operands[0]);
-                return add(entry_kind::rowwise, id, dst);
+            case step_kind::mean: {
+                const std::optional<place> stored = stored_bf16(s.operands[0]);  // its lines widened as read
+                if (!stored) value(s.operands[0]);
+                add(entry_kind::rowwise, id, dst);
+                plan_.entries.back().bf16_operands[0] = stored;
+                return;
+            }
             case step_kind::causal_mask: case step_kind::arange: return add(entry_kind::indices, id, dst);
             case step_kind::gather:
                 value(s.operands[0]);  // the table; the ids are read where they are, as integers
@@ -416,8 +448,11 @@ private:
     }
 
     // An elementwise formula (or a view, copied): one fused pass, or the epilogue of a matmul
-    // that is computed straight into dst.
+    // that is computed straight into dst. Into bf16 memory, the pass writes bf16 itself; the
+    // product, whose sums need float, goes to the rounding scratch laid out as dst (which must
+    // then be dense) and rounds each block into dst.
     void write_fused(std::size_t id, const place& dst) {
+        const bool bf16_dst = holds_bf16(dst);
         const std::size_t first_leaf = plan_.leaves.size();
         find_leaves(id);
         std::size_t product = no_step;
@@ -427,14 +462,19 @@ private:
             const step& s = steps_[leaf];
             if (options_.fuse_epilogues && product == no_step && s.kind == step_kind::matmul && s.rank >= 2 &&
                 s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id && !attention_at(leaf) &&
-                !plan_.placed[leaf] && reads_within(id, leaf) == plan_.readers[leaf]) {
+                !plan_.placed[leaf] && reads_within(id, leaf) == plan_.readers[leaf] && (!bf16_dst || is_dense(dst.where))) {
                 product = leaf;
                 how = place_operands_of_product(leaf);
             } else if (leaf != product) {  // the product read again is the same accumulator
-                value(leaf);
+                read_leaf(leaf);
             }
         }
         plan_.leaves.resize(first_leaf);
+        if (product != no_step && bf16_dst) {
+            add_product(product, rounding_scratch(dst.where), id, how);
+            plan_.entries.back().bf16_out = dst;
+            return;
+        }
         if (product != no_step) return add_product(product, dst, id, how);
         add(steps_[id].kind == step_kind::elementwise ? entry_kind::fused : entry_kind::copy, id, dst);
     }
@@ -475,7 +515,7 @@ private:
             const std::size_t first_leaf = plan_.leaves.size();
             find_leaves(match.score_function);
             for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
-                if (plan_.leaves[i] != match.scores) value(plan_.leaves[i]);
+                if (plan_.leaves[i] != match.scores) read_leaf(plan_.leaves[i]);
             }
             plan_.leaves.resize(first_leaf);
         }

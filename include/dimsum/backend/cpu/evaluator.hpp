@@ -8,8 +8,9 @@
 //                 operands of bf16 read where they lie;
 //   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
 //                 a fused pass over each tile of scores, its inputs of bf16 read where they lie;
-//   fused, copy -> one fused elementwise pass (fused.hpp);
-//   rowwise    -> the line kernels (rowwise.hpp);
+//   fused, copy -> one fused elementwise pass (fused.hpp), which widens its inputs of bf16
+//                 and rounds a result of bf16 block by block;
+//   rowwise    -> the line kernels (rowwise.hpp), the same line by line;
 //   indices    -> a loop (causal_mask, arange: small, read broadcast);
 //   convert    -> a loop (bf16 values, lengths and positions to the formula's type);
 //   narrow     -> a loop (a value rounded into a bf16 temporary, which products read as bf16,
@@ -117,14 +118,19 @@ private:
         if (e.kind == entry_kind::narrow) {  // the only entry that writes bf16
             return evaluation::round_into<T>(value(e.step), evaluation::strided_at(bf16_memory(e.out), e.out.where));
         }
-        const strided<T> dst = at(e.out);
+        // a pass or a kernel along an axis may write bf16 memory itself, rounding as it goes
+        bf16* const out_bf16 = holds_bf16(e.out) ? bf16_memory(e.out) + e.out.where.offset : nullptr;
+        const strided<T> dst = out_bf16 ? shape_only(e.out.where) : at(e.out);
+        if (out_bf16 && e.kind != entry_kind::fused && e.kind != entry_kind::copy && e.kind != entry_kind::rowwise) {
+            throw std::logic_error("dimsum: a plan has a kernel write bf16 that writes its own type only");
+        }
         switch (e.kind) {
             case entry_kind::gemm: return multiply(e, dst);
             case entry_kind::attention: return attend(e, dst);
             case entry_kind::fused: case entry_kind::copy:
                 build_fused(e.step, no_step, dst);
-                return run_fused<T>(s_.fused, dst, true);
-            case entry_kind::rowwise: return rowwise(s, dst);
+                return run_fused<T>(s_.fused, dst, true, nullptr, out_bf16);
+            case entry_kind::rowwise: return rowwise(e, dst, out_bf16);
             case entry_kind::indices: return indices(s, dst);
             case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[s.binding], dst);
             case entry_kind::narrow: return;  // above
@@ -156,14 +162,17 @@ private:
         return {m.data, m.rank, m.extents, m.strides};
     }
 
-    void rowwise(const step& s, const strided<T>& dst) const {
-        const strided<const T> x = value(s.operands[0]);
+    // dst = the kernel along an axis of entry e; its operand, or dst (out_bf16), may be of bf16.
+    void rowwise(const entry& e, const strided<T>& dst, bf16* out_bf16) const {
+        const step& s = steps_[e.step];
+        bf16_lines narrow{nullptr, out_bf16};
+        const strided<const T> x = input(e, 0, s.operands[0], narrow.in);
         switch (s.kind) {
-            case step_kind::softmax: return cpu::softmax<T>(x, dst, s.axis);
-            case step_kind::layer_norm: return cpu::layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number));
-            case step_kind::sum: return cpu::reduce<fn::sum, T>(x, dst, s.axis);
-            case step_kind::max: return cpu::reduce<fn::max, T>(x, dst, s.axis);
-            case step_kind::mean: return cpu::reduce<fn::mean, T>(x, dst, s.axis);
+            case step_kind::softmax: return cpu::softmax<T>(x, dst, s.axis, narrow);
+            case step_kind::layer_norm: return cpu::layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number), narrow);
+            case step_kind::sum: return cpu::reduce<fn::sum, T>(x, dst, s.axis, narrow);
+            case step_kind::max: return cpu::reduce<fn::max, T>(x, dst, s.axis, narrow);
+            case step_kind::mean: return cpu::reduce<fn::mean, T>(x, dst, s.axis, narrow);
             case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
             case step_kind::elementwise: case step_kind::concat: case step_kind::gather:
             case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
@@ -214,8 +223,18 @@ private:
             node.what = fused_node<T>::kind::input;
             node.input = s_.fused.inputs.size();
             if (id == in_place) s_.in_place_input = node.input;
-            strided<const T> v = id == in_place ? strided<const T>{dst.data, dst.rank, dst.extents, dst.strides} : value(id);
+            const bf16* narrow = nullptr;  // where it lies, if the pass reads it as bf16 (planner::read_leaf)
+            strided<const T> v;
+            if (id == in_place) {
+                v = {dst.data, dst.rank, dst.extents, dst.strides};
+            } else if (s_.plan.bf16_placed[id]) {
+                v = extents_only(s_.plan.bf16_values[id].where);
+                narrow = bf16_at(s_.plan.bf16_values[id]);
+            } else {
+                v = value(id);
+            }
             s_.fused.inputs.push_back(evaluation::broadcast_to_rank(v, dst.rank));
+            s_.fused.bf16_inputs.push_back(narrow);
         }
         s_.fused.nodes.push_back(node);
         s_.fused_steps.push_back(id);
@@ -283,13 +302,17 @@ private:
         fused_program<T>& local = tile_program();
         local.nodes = c.program->nodes;  // within the capacity reserve_score_function took
         local.inputs = c.program->inputs;
+        local.bf16_inputs = c.program->bf16_inputs;
         for (std::size_t i = 0; i < local.inputs.size(); ++i) {
             strided<const T>& input = local.inputs[i];
             if (i == c.tile_input) {
                 input = {tile, r, result.extents, result.strides};
                 continue;
             }
-            for (std::size_t axis = 0; axis < r; ++axis) input.data += static_cast<std::ptrdiff_t>(place.first[axis]) * input.strides[axis];
+            std::ptrdiff_t offset = 0;
+            for (std::size_t axis = 0; axis < r; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * input.strides[axis];
+            if (local.bf16_inputs[i]) local.bf16_inputs[i] += offset;  // (its data null)
+            else input.data += offset;
         }
         run_fused<T>(local, result, false);
     }
@@ -303,6 +326,7 @@ private:
         const auto& c = *static_cast<const score_context*>(context);
         tile_program().nodes.reserve(c.program->nodes.size());
         tile_program().inputs.reserve(c.program->inputs.size());
+        tile_program().bf16_inputs.reserve(c.program->bf16_inputs.size());
         prepare_fused<T>(*c.program);
     }
 
@@ -363,14 +387,23 @@ private:
         return static_cast<const packed_operand<T>*>(b.packed);
     }
     // The extents and strides of a layout, its data left null: a product whose right operand is
-    // packed, or whose operand is read as bf16, reads only its shape there.
-    static strided<const T> extents_only(evaluation::layout where) {
+    // packed, or a kernel whose operand or result is bf16, reads only its shape there.
+    static strided<T> shape_only(evaluation::layout where) {
         where.offset = 0;
-        return evaluation::strided_at(static_cast<const T*>(nullptr), where);
+        return evaluation::strided_at(static_cast<T*>(nullptr), where);
+    }
+    static strided<const T> extents_only(const evaluation::layout& where) {
+        const strided<T> s = shape_only(where);
+        return {s.data, s.rank, s.extents, s.strides};
     }
     // Where binding b's values seen through `where` start, as bf16.
     static const bf16* bf16_at(const evaluation::binding& b, const evaluation::layout& where) {
         return static_cast<const bf16*>(b.data) + where.offset;
+    }
+    // Whether place p is memory the plan made bf16: a bf16 temporary, or a destination of bf16.
+    bool holds_bf16(const evaluation::place& p) const {
+        if (p.memory == evaluation::memory_kind::temporary) return s_.plan.temporaries[p.index].bf16;
+        return p.memory == evaluation::memory_kind::destination && s_.plan.bf16_destination;
     }
     // The memory of place p, from its start, which the plan made bf16: a temporary, or the destination.
     bf16* bf16_memory(const evaluation::place& p) const {

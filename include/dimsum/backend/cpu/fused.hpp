@@ -3,7 +3,9 @@
 // evaluated in one sweep over the result. The result is cut into blocks of a few hundred
 // values along its innermost axis; each block of every intermediate value lives in L1, so
 // a chain of operations costs one pass over memory, not one per operation. Broadcast and
-// strided inputs are gathered into the block, contiguous ones are read in place.
+// strided inputs are gathered into the block, contiguous ones are read in place. Inputs of
+// bf16 are widened into the block, and a result of bf16 is rounded from it: a pass over bf16
+// moves half float's bytes.
 
 #include <algorithm>
 #include <array>
@@ -89,7 +91,8 @@ void prepare_fused(const fused_program<T>& program) {
 
 // (kernels.hpp)
 template <class T>
-void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel, const fused_region* region) {
+void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel, const fused_region* region,
+               bf16* bf16_result) {
     std::size_t size = 1;
     for (std::size_t i = 0; i < result.rank; ++i) size *= region ? region->extents[i] : result.extents[i];
     if (size == 0) return;
@@ -105,7 +108,8 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
     const auto& nodes_of = program.nodes;
     // A large contiguous result is written around the caches (simd.hpp); a GEMM epilogue
     // (a region) rewrites C while it is in cache, and keeps it there.
-    const bool stream = !region && size * sizeof(T) >= streaming_bytes && layout.strides[0][inner_axis] == 1;
+    const std::size_t out_bytes = size * (bf16_result ? sizeof(bf16) : sizeof(T));
+    const bool stream = !region && out_bytes >= streaming_bytes && layout.strides[0][inner_axis] == 1;
 
     auto sweep = [&](std::size_t first_item, std::size_t last_item) {
         // this thread's memory, taken by prepare_fused: nothing below allocates
@@ -132,7 +136,7 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
         here.resize(layout.arrays);
         ahead.resize(layout.arrays);
         const std::ptrdiff_t out_stride = layout.strides[0][inner_axis];
-        const bool in_place_result = out_stride == 1 && !stream;  // the last function writes out itself
+        const bool in_place_result = out_stride == 1 && !stream && !bf16_result;  // the last function writes out itself
         if (first_item < last_item) place(first_item, ahead.data());
         for (std::size_t item = first_item; item < last_item; ++item) {
             std::size_t offset = item % chunks * block, n = std::min(block, length - offset);
@@ -144,20 +148,29 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
                 std::size_t next_n = std::min(block, length - (item + 1) % chunks * block);
                 for (std::size_t k = 0; k < program.inputs.size(); ++k) {
                     if (layout.strides[k + 1][inner_axis] != 1) continue;
+                    if (const bf16* narrow = program.bf16_inputs[k]) {
+                        for (std::size_t i = 0; i < next_n; i += 64 / sizeof(bf16)) __builtin_prefetch(narrow + ahead[k + 1] + i);
+                        continue;
+                    }
                     const T* next = program.inputs[k].data + ahead[k + 1];
                     for (std::size_t i = 0; i < next_n; i += 64 / sizeof(T)) __builtin_prefetch(next + i);
                 }
             }
 
-            T* out = result.data + at[0];
+            T* out = bf16_result ? nullptr : result.data + at[0];
             for (std::size_t k = 0; k < nodes; ++k) {
                 const fused_node<T>& node = nodes_of[k];
                 T* slot = slots + k * block;
                 switch (node.what) {
                     case fused_node<T>::kind::constant: value[k] = slot; break;
                     case fused_node<T>::kind::input: {
-                        const T* from = program.inputs[node.input].data + at[node.input + 1];
                         std::ptrdiff_t stride = layout.strides[node.input + 1][inner_axis];
+                        if (const bf16* narrow = program.bf16_inputs[node.input]) {
+                            widen_block(narrow + at[node.input + 1], stride, n, slot);
+                            value[k] = slot;
+                            break;
+                        }
+                        const T* from = program.inputs[node.input].data + at[node.input + 1];
                         if (stride == 1) {
                             value[k] = from;
                         } else {
@@ -178,7 +191,10 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
                 }
             }
             const T* last = value[nodes - 1];
-            if (last != out) {
+            if (bf16_result) {
+                if (stream) round_streaming(last, bf16_result + at[0], n);
+                else round_block(last, n, bf16_result + at[0], out_stride);
+            } else if (last != out) {
                 if (stream) copy_streaming(last, out, n);
                 else for (std::size_t i = 0; i < n; ++i) out[static_cast<std::ptrdiff_t>(i) * out_stride] = last[i];
             }

@@ -170,10 +170,6 @@ struct score_epilogue {
     }
 };
 
-// O = softmax(f(Q K^T)) V along the keys for every item of the batch, where f multiplies by
-// `scale`, then applies `scores` if given; then, if `causal`, keys in a query's future
-// (evaluation::in_future) get weight 0. A query whose keys are all masked gets O = 0.
-// Operands hold item 0.
 // `count` values `stride` apart from `from`, rounded to the nearest bf16 into `to` at the same
 // offsets: a finished line of a result that a bf16 kernel reads next (gemm's epilogue,
 // attention's rows of O).
@@ -186,6 +182,30 @@ inline void round_line(const T* from, bf16* to, std::size_t count, std::ptrdiff_
     for (std::size_t c = 0; c < count; ++c) to[static_cast<std::ptrdiff_t>(c) * stride] = bf16(from[static_cast<std::ptrdiff_t>(c) * stride]);
 }
 
+// n values of bf16 `stride` apart, widened into `to` (contiguous): a block or line that a
+// kernel reads as bf16.
+template <class T>
+void widen_block(const bf16* from, std::ptrdiff_t stride, std::size_t n, T* to) {
+    if (stride == 1) {
+        for (std::size_t i = 0; i < n; ++i) to[i] = static_cast<T>(widen(from[i]));
+        return;
+    }
+    for (std::size_t i = 0; i < n; ++i) to[i] = static_cast<T>(widen(from[static_cast<std::ptrdiff_t>(i) * stride]));
+}
+// n contiguous values rounded into `to`, `stride` apart: a block or line a kernel writes as bf16.
+template <class T>
+void round_block(const T* from, std::size_t n, bf16* to, std::ptrdiff_t stride) {
+    if (stride == 1) {
+        for (std::size_t i = 0; i < n; ++i) to[i] = bf16(from[i]);
+        return;
+    }
+    for (std::size_t i = 0; i < n; ++i) to[static_cast<std::ptrdiff_t>(i) * stride] = bf16(from[i]);
+}
+
+// O = softmax(f(Q K^T)) V along the keys for every item of the batch, where f multiplies by
+// `scale`, then applies `scores` if given; then, if `causal`, keys in a query's future
+// (evaluation::in_future) get weight 0. A query whose keys are all masked gets O = 0.
+// Operands hold item 0.
 template <class T>
 struct attention_problem {
     matrix<const T> q;  // (queries, d)
@@ -237,14 +257,18 @@ struct fused_node {
 };
 
 // Nodes in evaluation order, each reading only earlier ones; the last is the result. Every
-// input has the result's rank (stride 0 where it broadcasts).
+// input has the result's rank (stride 0 where it broadcasts). An input of bf16 is read where
+// it lies, bf16_inputs[i], and widened block by block (inputs[i] then gives only its extents
+// and strides, its data null).
 template <class T>
 struct fused_program {
     std::vector<fused_node<T>> nodes;
     std::vector<strided<const T>> inputs;
+    std::vector<const bf16*> bf16_inputs;  // per input: its bf16 values, or null
     void clear() {
         nodes.clear();
         inputs.clear();
+        bf16_inputs.clear();
     }
 };
 
@@ -255,10 +279,11 @@ struct fused_region {
 
 // Writes the program's result into `result`, or only into `region` of it (the inputs read
 // at the same positions). `parallel`: whether it may start threads. Every thread it runs on
-// takes its memory before any of them writes.
+// takes its memory before any of them writes. With `bf16_result`, the result is rounded into
+// that memory, laid out as `result` (whose data is then null), block by block.
 template <class T>
 void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel,
-               const fused_region* region = nullptr);
+               const fused_region* region = nullptr, bf16* bf16_result = nullptr);
 
 // Takes, on the calling thread, the memory that run_fused of `program` needs there, so that a
 // run_fused inside another kernel's team (an epilogue) allocates nothing.
@@ -267,17 +292,25 @@ void prepare_fused(const fused_program<T>& program);
 
 // ---- kernels along one axis (rowwise.hpp)
 
+// Where a line kernel's operand or result lies when it is of bf16 (its strided<T> then gives
+// only the extents and strides, its data null): the kernel widens each line it reads and
+// rounds each line it writes in its own line buffer, so memory sees half float's bytes.
+struct bf16_lines {
+    const bf16* in = nullptr;
+    bf16* out = nullptr;
+};
+
 // out = softmax of x along axis; out has x's extents.
 template <class T>
-void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis);
+void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow = {});
 
 // out = layer_norm of x along axis (no scale or shift); out has x's extents.
 template <class T>
-void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon);
+void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon, bf16_lines narrow = {});
 
 // out = the reduction (fn::sum, fn::max, fn::mean) of x along axis; out has x's axes without it.
 template <class Reduction, class T>
-void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis);
+void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow = {});
 
 // ---- indexing (gather.hpp)
 

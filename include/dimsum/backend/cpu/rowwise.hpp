@@ -141,9 +141,10 @@ T line_max(const T* x, std::size_t n) {
 // reduction). Calls kernel(line of x, line of out, n, work, ahead) for every line, in
 // parallel when there is enough work: both lines contiguous, `work` n values of scratch, and
 // `ahead` where x's values will be needed next, to prefetch n of them (else null): a fixed
-// distance ahead when the lines follow each other in memory, else the next line.
+// distance ahead when the lines follow each other in memory, else the next line. A line that
+// is strided, or of bf16 (`narrow`), goes through a contiguous line buffer of T.
 template <class T, class Kernel>
-void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t axis, Kernel kernel) {
+void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow, Kernel kernel) {
     const std::size_t n = x.extents[axis];
     std::size_t lines = 1;
     for (std::size_t i = 0; i < x.rank; ++i) lines *= i == axis ? 1 : x.extents[i];
@@ -161,6 +162,8 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
             out_at += index * out.strides[i];
         }
     };
+    // a large result of bf16 in contiguous lines is written around the caches (simd.hpp)
+    const bool stream_bf16 = narrow.out && !out_is_one && out_step == 1 && lines * n * sizeof(bf16) >= streaming_bytes;
     const std::size_t buffer_size = 3 * std::max<std::size_t>(n, 1);
     auto prepare = [&] { scratch<T>(scratch_use::rows, buffer_size); };
     auto sweep = [&](std::size_t first, std::size_t last) {
@@ -172,18 +175,30 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
             x_at = next_x_at;
             out_at = next_out_at;
             if (line + 1 < last) start_of(line + 1, next_x_at, next_out_at);
-            const T* in = x.data + x_at;
+            const T* in = nullptr;
             const T* ahead = nullptr;
-            if (line + 1 < last && x_step == 1) {
+            if (narrow.in) {
+                widen_block(narrow.in + x_at, x_step, n, buffer);
+                in = buffer;
+            } else {
+                in = x.data + x_at;
+            }
+            if (line + 1 < last && x_step == 1 && !narrow.in) {
                 bool consecutive = next_x_at == x_at + static_cast<std::ptrdiff_t>(n);
                 // an address to prefetch, not to read: computed as an integer, it may lie past x's end
                 std::uintptr_t distance = std::max<std::uintptr_t>(prefetch_distance, n * sizeof(T));
                 ahead = consecutive ? reinterpret_cast<const T*>(reinterpret_cast<std::uintptr_t>(x.data + x_at) + distance)
                                     : x.data + next_x_at;
             }
-            if (x_step != 1 && n > 1) {
+            if (x_step != 1 && n > 1 && !narrow.in) {
                 for (std::size_t j = 0; j < n; ++j) buffer[j] = in[static_cast<std::ptrdiff_t>(j) * x_step];
                 in = buffer;
+            }
+            if (narrow.out) {  // the line in the buffer, then rounded: one value for a reduction
+                kernel(in, buffer + n, n, work, ahead);
+                if (stream_bf16) round_streaming(buffer + n, narrow.out + out_at, n);
+                else round_block(buffer + n, out_is_one ? 1 : n, narrow.out + out_at, out_step);
+                continue;
             }
             T* target = out.data + out_at;
             bool direct = out_is_one || out_step == 1 || n <= 1;
@@ -302,27 +317,27 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
 
 // (kernels.hpp)
 template <class T>
-void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
-    const bool large = x.size() * sizeof(T) >= streaming_bytes && out.strides[axis] == 1;
-    detail::for_each_line<T>(x, out, axis, [large](const T* in, T* y, std::size_t n, T* work, const T* ahead) {
+void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow) {
+    const bool large = x.size() * sizeof(T) >= streaming_bytes && out.strides[axis] == 1 && !narrow.out;
+    detail::for_each_line<T>(x, out, axis, narrow, [large](const T* in, T* y, std::size_t n, T* work, const T* ahead) {
         detail::softmax_line(in, y, n, work, ahead, large);
     });
 }
 
 // (kernels.hpp)
 template <class T>
-void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon) {
-    detail::for_each_line<T>(x, out, axis, [epsilon](const T* in, T* y, std::size_t n, T*, const T*) {
+void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon, bf16_lines narrow) {
+    detail::for_each_line<T>(x, out, axis, narrow, [epsilon](const T* in, T* y, std::size_t n, T*, const T*) {
         detail::layer_norm_line(in, y, n, epsilon);
     });
 }
 
 // (kernels.hpp)
 template <class Reduction, class T>
-void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis) {
+void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow) {
     strided<T> lines{out.data, x.rank, x.extents, {}};  // out seen at x's rank: stride 0 along axis
     for (std::size_t i = 0, k = 0; i < x.rank; ++i) lines.strides[i] = i == axis ? 0 : out.strides[k++];
-    detail::for_each_line<T>(x, lines, axis, [](const T* in, T* y, std::size_t n, T*, const T*) {
+    detail::for_each_line<T>(x, lines, axis, narrow, [](const T* in, T* y, std::size_t n, T*, const T*) {
         if constexpr (std::is_same_v<Reduction, fn::max>) *y = detail::line_max(in, n);
         else if constexpr (std::is_same_v<Reduction, fn::mean>) *y = detail::line_sum(in, n) / static_cast<T>(n);
         else *y = detail::line_sum(in, n);

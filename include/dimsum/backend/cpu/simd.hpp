@@ -136,6 +136,35 @@ void copy_streaming(const T* from, T* to, std::size_t n) {
     scale_streaming<T, false>(from, to, n);
 }
 
+// to[0, n) = from[0, n) rounded to bf16 (round_block), streaming the aligned middle part:
+// a large result of bf16 written around the caches, as copy_streaming writes one of T.
+template <class T>
+void round_streaming(const T* from, bf16* to, std::size_t n) {
+    std::size_t i = 0;
+#if defined(__AVX2__)
+    if constexpr (std::is_same_v<T, float>) {
+        while (i < n && reinterpret_cast<std::uintptr_t>(to + i) % 32 != 0) {
+            to[i] = bf16(from[i]);
+            ++i;
+        }
+        // bf16_bits_of on 8 floats: each 32-bit lane holds its bf16's bits
+        auto round8 = [](const float* p) {
+            const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(p));
+            const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+            const __m256i nearest = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+            const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+            const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+            return _mm256_blendv_epi8(nearest, quiet, nan);
+        };
+        for (; i + 16 <= n; i += 16) {  // packus pairs 128-bit halves: the permute puts them in order
+            const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(round8(from + i), round8(from + i + 8)), 0xd8);
+            _mm256_stream_si256(reinterpret_cast<__m256i*>(to + i), packed);
+        }
+    }
+#endif
+    for (; i < n; ++i) to[i] = bf16(from[i]);
+}
+
 }  // namespace dimsum::backend::cpu
 
 // g++ 12 reports -W(maybe-)uninitialized inside its own AVX-512 intrinsics (they start from a
