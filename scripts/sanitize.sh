@@ -19,7 +19,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-sanitize --output-on-failure -j2 -E '^(compile_fail|consumer|docs)\.'
 
 # 2. ThreadSanitizer
-threaded_tests=(test_parity_gemm test_parity_kernels test_parity_attention test_bf16_gemm test_bf16_attention)
+threaded_tests=(test_parity_gemm test_parity_kernels test_parity_attention test_bf16 test_bf16_gemm test_bf16_attention)
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
     -DDIMSUM_SANITIZE=thread -DDIMSUM_CUDA=OFF >/dev/null
 # one make for all of them, two at a time (cmake --build --target builds the targets one after
