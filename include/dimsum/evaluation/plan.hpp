@@ -111,6 +111,12 @@ struct plan {
     std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
     std::vector<char> seen;
 
+    // Whether place p is memory of bf16: a bf16 temporary, or a destination of bf16.
+    bool holds_bf16(const place& p) const {
+        if (p.memory == memory_kind::temporary) return temporaries[p.index].bf16;
+        return p.memory == memory_kind::destination && bf16_destination;
+    }
+
     // Empty, for a program of `steps` steps. values keeps its elements: placed says which
     // are set, and a plan made in a loop then writes no more memory than it uses.
     void clear(std::size_t steps) {
@@ -351,11 +357,6 @@ private:
         if (by_kernel) plan_.entries.back().bf16_out = bf16;
         else add(entry_kind::narrow, id, bf16);
     }
-    // Whether place p is memory of bf16: a bf16 temporary, or a destination of bf16.
-    bool holds_bf16(const place& p) const {
-        if (p.memory == memory_kind::temporary) return plan_.temporaries[p.index].bf16;
-        return p.memory == memory_kind::destination && plan_.bf16_destination;
-    }
     static bool is_rowwise(step_kind kind) {
         return kind == step_kind::softmax || kind == step_kind::layer_norm || kind == step_kind::sum || kind == step_kind::max ||
                kind == step_kind::mean;
@@ -452,7 +453,7 @@ private:
     // product, whose sums need float, goes to the rounding scratch laid out as dst (which must
     // then be dense) and rounds each block into dst.
     void write_fused(std::size_t id, const place& dst) {
-        const bool bf16_dst = holds_bf16(dst);
+        const bool bf16_dst = plan_.holds_bf16(dst);
         const std::size_t first_leaf = plan_.leaves.size();
         find_leaves(id);
         std::size_t product = no_step;

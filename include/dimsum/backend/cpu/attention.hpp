@@ -204,7 +204,7 @@ void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t
 // o_bf16 at the same offsets, if it has one.
 template <class T>
 void round_row_of_o(const attention_problem<T>& p, const T* row, std::size_t count, std::ptrdiff_t stride) {
-    if (p.o_bf16) round_line(row, p.o_bf16 + (row - p.o.data), count, stride);
+    if (p.o_bf16) round_line(row, stride, p.o_bf16 + (row - p.o.data), stride, count);
 }
 
 // The end of a task, whichever kernel multiplied: O / l into the problem's output, or, with

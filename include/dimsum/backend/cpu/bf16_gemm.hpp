@@ -448,9 +448,8 @@ template <class Run>
 bool with_bf16_kernel(bf16_path path, const char* who, Run&& run) {
     // A path this process cannot run would fault at its first instruction: an error instead
     // (bf16_paths.hpp's choice is always runnable; this guards a direct call).
-    if (path != bf16_path::widen) {
-        const bf16_path_support& support = path == bf16_path::amx ? detail::amx_support() : detail::avx512_bf16_support();
-        if (!support.usable) throw std::runtime_error(std::string("dimsum: ") + who + ": the " + std::string(name(path)) + " path cannot run here: " + support.reason);
+    if (const bf16_path_support support = support_of(path); !support.usable) {
+        throw std::runtime_error(std::string("dimsum: ") + who + ": the " + std::string(name(path)) + " path cannot run here: " + support.reason);
     }
     switch (path) {
         case bf16_path::amx:

@@ -119,7 +119,7 @@ private:
             return evaluation::round_into<T>(value(e.step), evaluation::strided_at(bf16_memory(e.out), e.out.where));
         }
         // a pass or a kernel along an axis may write bf16 memory itself, rounding as it goes
-        bf16* const out_bf16 = holds_bf16(e.out) ? bf16_memory(e.out) + e.out.where.offset : nullptr;
+        bf16* const out_bf16 = s_.plan.holds_bf16(e.out) ? bf16_memory(e.out) + e.out.where.offset : nullptr;
         const strided<T> dst = out_bf16 ? shape_only(e.out.where) : at(e.out);
         if (out_bf16 && e.kind != entry_kind::fused && e.kind != entry_kind::copy && e.kind != entry_kind::rowwise) {
             throw std::logic_error("dimsum: a plan has a kernel write bf16 that writes its own type only");
@@ -141,12 +141,13 @@ private:
 
     // The memory of a place: the destination's or a temporary's (writable), or a binding's.
     strided<T> at(const evaluation::place& p) const {
+        const bool bf16 = s_.plan.holds_bf16(p);  // read and written as bf16 only: bf16_memory()
         switch (p.memory) {
             case evaluation::memory_kind::destination:
-                if (s_.plan.bf16_destination) break;  // written by rounding only: bf16_memory()
+                if (bf16) break;
                 return evaluation::strided_at(static_cast<T*>(destination_), p.where);
             case evaluation::memory_kind::temporary:
-                if (s_.plan.temporaries[p.index].bf16) break;  // read by the kernels of bf16 only: input()
+                if (bf16) break;
                 return evaluation::strided_at(static_cast<T*>(s_.temporaries[p.index]), p.where);
             case evaluation::memory_kind::binding: break;  // read only: value() reads it
         }
@@ -276,7 +277,7 @@ private:
         for (std::size_t axis = 0; axis < r; ++axis) first += static_cast<std::ptrdiff_t>(region.first[axis]) * c.dst.strides[axis];
         for (std::size_t i = 0; i < rows; ++i) {
             const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.dst.strides[r - 2];
-            round_line(c.dst.data + at, c.rounded + at, cols, c.dst.strides[r - 1]);
+            round_line(c.dst.data + at, c.dst.strides[r - 1], c.rounded + at, c.dst.strides[r - 1], cols);
         }
     }
     static void reserve_epilogue(const void* context) {
@@ -400,18 +401,11 @@ private:
     static const bf16* bf16_at(const evaluation::binding& b, const evaluation::layout& where) {
         return static_cast<const bf16*>(b.data) + where.offset;
     }
-    // Whether place p is memory the plan made bf16: a bf16 temporary, or a destination of bf16.
-    bool holds_bf16(const evaluation::place& p) const {
-        if (p.memory == evaluation::memory_kind::temporary) return s_.plan.temporaries[p.index].bf16;
-        return p.memory == evaluation::memory_kind::destination && s_.plan.bf16_destination;
-    }
-    // The memory of place p, from its start, which the plan made bf16: a temporary, or the destination.
+    // The memory of place p, from its start, which the plan made bf16 (plan::holds_bf16): a
+    // temporary, or the destination.
     bf16* bf16_memory(const evaluation::place& p) const {
-        if (p.memory == evaluation::memory_kind::temporary && s_.plan.temporaries[p.index].bf16) {
-            return static_cast<bf16*>(s_.temporaries[p.index]);
-        }
-        if (p.memory == evaluation::memory_kind::destination && s_.plan.bf16_destination) return static_cast<bf16*>(destination_);
-        throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
+        if (!s_.plan.holds_bf16(p)) throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
+        return static_cast<bf16*>(p.memory == evaluation::memory_kind::temporary ? s_.temporaries[p.index] : destination_);
     }
     // Where the bf16 values of place p (a binding of bf16, or a bf16 temporary) start.
     const bf16* bf16_at(const evaluation::place& p) const {

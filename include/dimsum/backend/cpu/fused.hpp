@@ -193,7 +193,7 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
             const T* last = value[nodes - 1];
             if (bf16_result) {
                 if (stream) round_streaming(last, bf16_result + at[0], n);
-                else round_block(last, n, bf16_result + at[0], out_stride);
+                else round_line(last, 1, bf16_result + at[0], out_stride, n);
             } else if (last != out) {
                 if (stream) copy_streaming(last, out, n);
                 else for (std::size_t i = 0; i < n; ++i) out[static_cast<std::ptrdiff_t>(i) * out_stride] = last[i];

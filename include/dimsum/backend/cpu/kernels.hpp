@@ -170,16 +170,20 @@ struct score_epilogue {
     }
 };
 
-// `count` values `stride` apart from `from`, rounded to the nearest bf16 into `to` at the same
-// offsets: a finished line of a result that a bf16 kernel reads next (gemm's epilogue,
-// attention's rows of O).
+// n values `from_stride` apart, rounded to the nearest bf16 into `to`, `to_stride` apart: a
+// finished line of a result that a bf16 kernel reads next (gemm's epilogue, attention's rows
+// of O, both at the same offsets), or a block or line of a pass or line kernel's buffer
+// (contiguous) that it writes as bf16.
 template <class T>
-inline void round_line(const T* from, bf16* to, std::size_t count, std::ptrdiff_t stride) {
-    if (stride == 1) {
-        for (std::size_t c = 0; c < count; ++c) to[c] = bf16(from[c]);
+void round_line(const T* from, std::ptrdiff_t from_stride, bf16* to, std::ptrdiff_t to_stride, std::size_t n) {
+    if (from_stride == 1 && to_stride == 1) {
+        for (std::size_t i = 0; i < n; ++i) to[i] = bf16(from[i]);
         return;
     }
-    for (std::size_t c = 0; c < count; ++c) to[static_cast<std::ptrdiff_t>(c) * stride] = bf16(from[static_cast<std::ptrdiff_t>(c) * stride]);
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto at = static_cast<std::ptrdiff_t>(i);
+        to[at * to_stride] = bf16(from[at * from_stride]);
+    }
 }
 
 // n values of bf16 `stride` apart, widened into `to` (contiguous): a block or line that a
@@ -191,15 +195,6 @@ void widen_block(const bf16* from, std::ptrdiff_t stride, std::size_t n, T* to) 
         return;
     }
     for (std::size_t i = 0; i < n; ++i) to[i] = static_cast<T>(widen(from[static_cast<std::ptrdiff_t>(i) * stride]));
-}
-// n contiguous values rounded into `to`, `stride` apart: a block or line a kernel writes as bf16.
-template <class T>
-void round_block(const T* from, std::size_t n, bf16* to, std::ptrdiff_t stride) {
-    if (stride == 1) {
-        for (std::size_t i = 0; i < n; ++i) to[i] = bf16(from[i]);
-        return;
-    }
-    for (std::size_t i = 0; i < n; ++i) to[static_cast<std::ptrdiff_t>(i) * stride] = bf16(from[i]);
 }
 
 // O = softmax(f(Q K^T)) V along the keys for every item of the batch, where f multiplies by

@@ -197,7 +197,7 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
             if (narrow.out) {  // the line in the buffer, then rounded: one value for a reduction
                 kernel(in, buffer + n, n, work, ahead);
                 if (stream_bf16) round_streaming(buffer + n, narrow.out + out_at, n);
-                else round_block(buffer + n, out_is_one ? 1 : n, narrow.out + out_at, out_step);
+                else round_line(buffer + n, 1, narrow.out + out_at, out_step, out_is_one ? 1 : n);
                 continue;
             }
             T* target = out.data + out_at;

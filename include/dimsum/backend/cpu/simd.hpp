@@ -136,7 +136,7 @@ void copy_streaming(const T* from, T* to, std::size_t n) {
     scale_streaming<T, false>(from, to, n);
 }
 
-// to[0, n) = from[0, n) rounded to bf16 (round_block), streaming the aligned middle part:
+// to[0, n) = from[0, n) rounded to bf16 (round_line), streaming the aligned middle part:
 // a large result of bf16 written around the caches, as copy_streaming writes one of T.
 template <class T>
 void round_streaming(const T* from, bf16* to, std::size_t n) {
