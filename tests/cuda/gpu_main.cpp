@@ -2,8 +2,7 @@
 // and exits with 77, which ctest reports as "Skipped", never "Passed". DIMSUM_REQUIRE_GPU=1
 // (set by scripts/gpu_check.sh on the GPU machine) turns that into a failure, so that a broken
 // setup there cannot pass as skipped. Listing the tests needs no device.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "../unit/catch_session.hpp"
 
 #include <dimsum/backend/cuda/kernels.hpp>
 
@@ -26,5 +25,5 @@ int main(int argc, char* argv[]) {
         std::printf("CUDA device 0: %s (runtime %d, driver %d)\n", status.name.c_str(), status.runtime_version,
                     status.driver_version);
     }
-    return Catch::Session().run(argc, argv);
+    return run_catch_session(argc, argv);
 }

@@ -3,8 +3,9 @@
 // them: the data are seeded by rank), and the tensor-parallel layers against the
 // single-process ones, whether sharded from the full layer or read slice by slice from its
 // checkpoint. Every rank runs every test case; a failure on any rank fails mpirun.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+
+#include "../unit/catch_session.hpp"
 
 #include <dimsum/dimsum.hpp>
 #include <dimsum/dist/group.hpp>
@@ -394,5 +395,5 @@ TEST_CASE("a checkpoint of another layer is the same shape_error on every rank, 
 
 int main(int argc, char** argv) {
     dist::session mpi(argc, argv);
-    return Catch::Session().run(argc, argv);
+    return run_catch_session(argc, argv);
 }

@@ -1,8 +1,7 @@
 // The main of bf16_instructions_on_this_cpu: the tests of the bf16 products and of attention
 // of bf16 on the instructions themselves (AMX, AVX512-BF16) where this process may use them;
 // where it may use neither, ctest's skip code (77), with the reasons.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch_session.hpp"
 
 #include <dimsum/backend/cpu/bf16_paths.hpp>
 
@@ -20,5 +19,5 @@ int main(int argc, char** argv) {
         std::printf("neither runs here: skipped\n");
         return 77;
     }
-    return Catch::Session().run(argc, argv);
+    return run_catch_session(argc, argv);
 }
