@@ -1,7 +1,9 @@
-# Builds and runs tests/consumer against dimsum, by add_subdirectory or, after a
-# `cmake --install` of dimsum into a fresh prefix, by find_package; find_package_sse2 is
-# find_package by a consumer that sets DIMSUM_ARCH empty, which must be warned at configure
-# time and get SSE2 kernels (but for dimsum::kernels, built as installed).
+# MODE install: builds dimsum's libraries and installs them into ${PREFIX} (the
+# fixture of the find_package modes, so that both use one build).
+# Else builds and runs tests/consumer against dimsum, by add_subdirectory or by find_package
+# of that install; find_package_sse2 is find_package by a consumer that sets DIMSUM_ARCH
+# empty, which must be warned at configure time and get SSE2 kernels (but for
+# dimsum::kernels, built as installed).
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
     execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -11,15 +13,19 @@ function(run)
     set(output "${out}${err}" PARENT_SCOPE)
 endfunction()
 
+if(MODE STREQUAL "install")
+    run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/dimsum -DCMAKE_BUILD_TYPE=Release
+        -DDIMSUM_BUILD_TESTS=OFF -DDIMSUM_BUILD_EXAMPLES=OFF -DDIMSUM_BUILD_TOOLS=OFF)
+    run(${CMAKE_COMMAND} --build ${WORK_DIR}/dimsum)  # the libraries: dimsum::kernels, and dimsum::dist with MPI
+    run(${CMAKE_COMMAND} --install ${WORK_DIR}/dimsum --prefix ${PREFIX})
+    return()
+endif()
+
 set(consumer_args -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/consumer -DCMAKE_BUILD_TYPE=Release)
 if(MODE STREQUAL "add_subdirectory")
     list(APPEND consumer_args -DMODE=add_subdirectory -DDIMSUM_SOURCE_DIR=${SOURCE_DIR} -DEXPECTED_ISA=wide)
 else()
-    run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/dimsum -DCMAKE_BUILD_TYPE=Release
-        -DDIMSUM_BUILD_TESTS=OFF -DDIMSUM_BUILD_EXAMPLES=OFF -DDIMSUM_BUILD_TOOLS=OFF)
-    run(${CMAKE_COMMAND} --build ${WORK_DIR}/dimsum)  # the libraries: dimsum::kernels, and dimsum::dist with MPI
-    run(${CMAKE_COMMAND} --install ${WORK_DIR}/dimsum --prefix ${WORK_DIR}/prefix)
-    list(APPEND consumer_args -DMODE=find_package -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+    list(APPEND consumer_args -DMODE=find_package -DCMAKE_PREFIX_PATH=${PREFIX})
     if(MODE STREQUAL "find_package_sse2")
         list(APPEND consumer_args -DDIMSUM_ARCH= -DEXPECTED_ISA=sse2)
     else()
