@@ -20,8 +20,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 
 # 2. ThreadSanitizer
 threaded_tests=(test_parity_gemm test_parity_kernels test_parity_attention test_bf16 test_bf16_gemm test_bf16_attention)
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-    -DDIMSUM_SANITIZE=thread -DDIMSUM_CUDA=OFF >/dev/null
+# -O1: half the compile time of -O2 here (test_bf16: 77 s against 155 s), and fast enough to run
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
+    -DCMAKE_CXX_COMPILER=clang++ -DDIMSUM_SANITIZE=thread -DDIMSUM_CUDA=OFF >/dev/null
 # one make for all of them, two at a time (cmake --build --target builds the targets one after
 # another, each alone on the two cores)
 cmake --build build-tsan -- -j2 "${threaded_tests[@]}"
