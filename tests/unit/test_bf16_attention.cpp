@@ -206,8 +206,12 @@ TEST_CASE("bf16 attention reads K and V transposed, writes O column-major, and t
                                     .v_transposed = v_transposed, .o_columns = k_transposed});
             }
         }
-        // items enough for every thread, each of two query blocks: K packed once per item
+        // items enough for every thread, each of two query blocks: K and V packed once per item
         check_case<Kernel>({.items = 5, .queries = 100, .keys = 270, .d = 40, .dv = 33, .scale = 0.2f, .causal = true, .seed = 5});
+        // the same, but for blocks of keys that the causal mask cuts short, which each visit
+        // packs itself to a shallower depth: the first 96 queries see 196 of the first 256 keys
+        check_case<Kernel>({.items = 4, .queries = 200, .keys = 300, .d = 24, .dv = 40, .scale = 0.2f, .causal = true,
+                            .v_transposed = true, .seed = 10});
         // heads sharing one K and V
         check_case<Kernel>({.items = 3, .queries = 20, .keys = 90, .d = 16, .dv = 8, .shared_kv = true, .seed = 6});
         // one block of queries and many keys: the keys split between the threads, then merged

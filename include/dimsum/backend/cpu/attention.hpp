@@ -20,8 +20,10 @@
 // Q, K and V all stored as bf16, on the amx or avx512_bf16 path (bf16_paths.hpp), take the
 // same steps on the bf16 dot-product kernels (bf16_gemm.hpp) instead: Q's rows and K's pairs
 // give S in float, the online softmax runs in float, and P, rounded to bf16 (as
-// FlashAttention rounds it on tensor cores), times V's pairs adds to O in float. Only the
-// products differ: the tasks, the masks, the softmax and the merging are the float kernel's.
+// FlashAttention rounds it on tensor cores), times V's pairs adds to O in float. V cannot be
+// read in place there (its keys go in pairs), so a task that is a whole item packs it once, as
+// it packs K^T. Only the products differ: the tasks, the masks, the softmax and the merging
+// are the float kernel's.
 
 #include <algorithm>
 #include <atomic>
@@ -344,6 +346,12 @@ inline void round_rows(const float* p, std::size_t ld, std::size_t queries, std:
     std::fill(out + queries * cols, out + rows * cols, bf16{});
 }
 
+// An item's K^T and V in pairs, packed once for all its blocks of queries (pair_blocks).
+struct packed_pairs {
+    const bf16* keys = nullptr;    // K^T: pack_bf16_b over every key, one depth block of d
+    const bf16* values = nullptr;  // V: a block of keys at a time, as attend_pairs packs it
+};
+
 // The tiles of attend_pairs for a block of `queries` queries, in bytes from the start, each
 // at a cache line: Q's rows, a block of K's pairs, of V's pairs and of P in bf16; S (then P),
 // O, m and l in float.
@@ -376,12 +384,11 @@ pair_tiles pair_tiles_for(const attention_problem<float>& p, std::size_t queries
 
 // One task as attend_block's, on a bf16 kernel (bf16_gemm.hpp): Q in panels of the kernel's
 // rows, K^T and each block of V in pairs (32 columns a panel), all depths padded with zero to
-// 32; S and O in float. `item_keys`, if given, holds the item's K^T in pairs
-// (pack_bf16_b over every key, one depth block of d).
+// 32; S and O in float. `packed`, if given, holds the item's K^T and V in pairs (pair_blocks).
 template <class Kernel>
 void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size_t first_query, std::size_t queries,
-                  std::size_t first_key, std::size_t last_key, const partial_result<float>* partial, const bf16* item_keys,
-                  std::size_t block_keys) {
+                  std::size_t first_key, std::size_t last_key, const partial_result<float>* partial,
+                  const packed_pairs& packed, std::size_t block_keys) {
     constexpr std::size_t tile_rows = Kernel::rows, tile_cols = bf16_blocking::cols;
     const std::size_t d = p.q.cols, dv = p.v.cols, m = p.q.rows, n = p.k.rows;
     const std::size_t rows = round_up(queries, tile_rows), dp = round_up(d, bf16_blocking::depth_step);
@@ -417,8 +424,8 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
     for (std::size_t key = first_key; key < end; key += block_keys) {
         const std::size_t cols = std::min(block_keys, end - key), cols_pad = round_up(cols, tile_cols);
         // pass 1: S = Q K^T, then scaled in float (Q scaled first would round again in bf16)
-        const bf16* panels = item_keys ? item_keys + key * dp : packed_k;
-        if (!item_keys) pack_bf16_b(transposed(sub(k, key, 0, cols, d)), cols, d, dp, packed_k);
+        const bf16* panels = packed.keys ? packed.keys + key * dp : packed_k;
+        if (!packed.keys) pack_bf16_b(transposed(sub(k, key, 0, cols, d)), cols, d, dp, packed_k);
         for (std::size_t jr = 0; jr < cols_pad; jr += tile_cols) {
             for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
                 const matrix<float> tile{scores + ir * block_keys + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(block_keys), 1};
@@ -432,13 +439,17 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
         // pass 2: P replaces S
         online_softmax(p, item, first_query, queries, key, cols, cols_pad, scores, block_keys, row_max, row_sum, out, dv_pad);
 
-        // pass 3: O += P V_block, P rounded to bf16, V's block (cols, dv) in pairs of keys
+        // pass 3: O += P V_block, P rounded to bf16, V's block (cols, dv) in pairs of keys:
+        // the item's, packed once, unless a causal mask cut the block short, whose depth past
+        // the last key seen must be zero (P is 0 there, and 0 V is NaN where V is infinite)
         round_rows(scores, block_keys, queries, rows, cols_pad, packed_p);
-        pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);
+        const bool whole_block = cols == std::min(block_keys, n - key);
+        const bf16* values = packed.values && whole_block ? packed.values + key * dv_pad : packed_v;
+        if (values == packed_v) pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);
         for (std::size_t jr = 0; jr < dv_pad; jr += tile_cols) {
             for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
                 const matrix<float> tile{out + ir * dv_pad + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(dv_pad), 1};
-                kernel.block(packed_p + ir * cols_pad, packed_v + jr * cols_pad, cols_pad, tile, true);
+                kernel.block(packed_p + ir * cols_pad, values + jr * cols_pad, cols_pad, tile, true);
             }
         }
     }
@@ -473,27 +484,28 @@ void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t
 }
 
 // The two kinds of task run_attention hands out. Each says its block sizes, the width its O
-// rows are padded to, and how it packs an item's keys once and takes its tiles.
+// rows are padded to, how it takes its tiles, and how it packs once what all blocks of an
+// item's queries read (K^T; on the bf16 kernels V too).
 
 // On the float micro-kernel (gemm.hpp), Q, K and V of T or widened from bf16.
 template <class T>
 struct float_blocks {
     using tiling = attention_tiling<T>;
-    using packed_keys = const T*;
+    using packed_item = const T*;  // K^T
     static constexpr std::size_t queries = tiling::queries, keys = tiling::keys, row_step = gemm_tiling<T>::mr;
     const attention_problem<T>& p;
 
     std::size_t out_columns() const { return round_up(p.v.cols, gemm_tiling<T>::nr); }
     std::size_t keys_size() const { return round_up(p.k.rows, gemm_tiling<T>::nr) * p.q.cols; }
     void take_tiles(std::size_t block_queries) const { scratch<T>(scratch_use::attention, tiles_for(p, block_queries).total()); }
-    void take_keys() const { scratch<T>(scratch_use::attention_keys, keys_size()); }
-    packed_keys pack_item_keys(std::size_t item) const {
+    void take_item() const { scratch<T>(scratch_use::attention_keys, keys_size()); }
+    packed_item pack_item(std::size_t item) const {
         T* keys = scratch<T>(scratch_use::attention_keys, keys_size());
         pack_keys(inputs_of(p, item).k, 0, p.k.rows, keys);
         return keys;
     }
     void attend(std::size_t item, std::size_t first_query, std::size_t block_queries, std::size_t first_key, std::size_t last_key,
-                const partial_result<T>* partial, packed_keys item_keys) const {
+                const partial_result<T>* partial, packed_item item_keys) const {
         attend_block<T>(p, item, first_query, block_queries, first_key, last_key, partial, item_keys);
     }
 };
@@ -508,7 +520,7 @@ struct bf16_attention_tiling {
 };
 template <class Kernel>
 struct pair_blocks {
-    using packed_keys = const bf16*;
+    using packed_item = packed_pairs;
     static constexpr std::size_t queries = bf16_attention_tiling::queries, keys = bf16_attention_tiling::keys;
     static constexpr std::size_t row_step = Kernel::rows;
     static_assert(queries % Kernel::rows == 0 && keys % bf16_blocking::cols == 0);
@@ -517,19 +529,27 @@ struct pair_blocks {
     std::size_t depth() const { return round_up(p.q.cols, bf16_blocking::depth_step); }
     std::size_t out_columns() const { return round_up(p.v.cols, bf16_blocking::cols); }
     std::size_t keys_size() const { return round_up(p.k.rows, bf16_blocking::cols) * depth(); }
+    // V's blocks of keys, each as attend_pairs packs it, at offset key * out_columns()
+    std::size_t values_size() const { return round_up(p.k.rows, bf16_blocking::cols) * out_columns(); }
     void take_tiles(std::size_t block_queries) const {
         scratch<unsigned char>(scratch_use::attention, pair_tiles_for<Kernel>(p, block_queries, keys).total);
     }
-    void take_keys() const { scratch<bf16>(scratch_use::attention_keys, keys_size()); }
-    packed_keys pack_item_keys(std::size_t item) const {
-        bf16* packed = scratch<bf16>(scratch_use::attention_keys, keys_size());
-        const matrix<const bf16> k = stored_bf16(inputs_of(p, item).k);  // (keys, d)
-        pack_bf16_b(transposed(k), k.rows, k.cols, depth(), packed);
-        return packed;
+    void take_item() const { scratch<bf16>(scratch_use::attention_keys, keys_size() + values_size()); }
+    packed_item pack_item(std::size_t item) const {
+        bf16* packed_k = scratch<bf16>(scratch_use::attention_keys, keys_size() + values_size());
+        bf16* packed_v = packed_k + keys_size();
+        const item_inputs<float> in = inputs_of(p, item);
+        const matrix<const bf16> k = stored_bf16(in.k), v = stored_bf16(in.v);  // (keys, d), (keys, dv)
+        pack_bf16_b(transposed(k), k.rows, k.cols, depth(), packed_k);
+        for (std::size_t key = 0; key < v.rows; key += keys) {
+            const std::size_t cols = std::min(keys, v.rows - key);
+            pack_bf16_b(sub(v, key, 0, cols, v.cols), v.cols, cols, round_up(cols, bf16_blocking::cols), packed_v + key * out_columns());
+        }
+        return {packed_k, packed_v};
     }
     void attend(std::size_t item, std::size_t first_query, std::size_t block_queries, std::size_t first_key, std::size_t last_key,
-                const partial_result<float>* partial, packed_keys item_keys) const {
-        attend_pairs<Kernel>(p, item, first_query, block_queries, first_key, last_key, partial, item_keys, keys);
+                const partial_result<float>* partial, const packed_item& packed) const {
+        attend_pairs<Kernel>(p, item, first_query, block_queries, first_key, last_key, partial, packed, keys);
     }
 };
 
@@ -570,23 +590,24 @@ void run_attention(const attention_problem<T>& p, const Blocks& blocks) {
         first_query = block * block_queries;
         queries = std::min(block_queries, m - first_query);
     };
-    // With items enough for every thread, a task is a whole item: its K packed once for all
-    // its blocks of queries.
+    // With items enough for every thread, a task is a whole item: its K (and, on the bf16
+    // kernels, V) packed once for all its blocks of queries.
     const bool whole_items = query_blocks > 1 && m > tiling::few_queries && items >= 2 * std::size_t(threads);
     // What a thread needs before it writes anything (threads.hpp): its tiles for the largest
-    // block, an item's packed K, the score function's memory. A failed allocation then leaves O
-    // untouched.
+    // block, an item's packed K (and V), the score function's memory. A failed allocation
+    // then leaves O untouched.
     auto prepare = [&] {
         blocks.take_tiles(std::min(block_queries, m));
-        if (whole_items) blocks.take_keys();
+        if (whole_items) blocks.take_item();
         p.scores.prepare();
     };
+    const typename Blocks::packed_item not_packed{};  // each visit packs its own blocks
     auto run_task = [&](std::size_t task) {
         if (whole_items) {
-            const auto keys = blocks.pack_item_keys(task);
+            const auto packed = blocks.pack_item(task);
             for (std::size_t block = query_blocks; block-- > 0;) {
                 std::size_t first_query = block * block_queries;
-                blocks.attend(task, first_query, std::min(block_queries, m - first_query), 0, n, nullptr, keys);
+                blocks.attend(task, first_query, std::min(block_queries, m - first_query), 0, n, nullptr, packed);
             }
             return;
         }
@@ -595,9 +616,9 @@ void run_attention(const attention_problem<T>& p, const Blocks& blocks) {
         std::size_t split = task % splits;
         std::size_t first_key = std::min(n, split * blocks_per_split * block_keys);
         std::size_t last_key = std::min(n, (split + 1) * blocks_per_split * block_keys);
-        if (splits == 1) return blocks.attend(item, first_query, queries, 0, n, nullptr, nullptr);
+        if (splits == 1) return blocks.attend(item, first_query, queries, 0, n, nullptr, not_packed);
         auto partial = part(task);
-        blocks.attend(item, first_query, queries, first_key, last_key, &partial, nullptr);
+        blocks.attend(item, first_query, queries, first_key, last_key, &partial, not_packed);
     };
     const std::size_t tasks = whole_items ? items : units * splits;
     if (threads == 1) {
