@@ -443,9 +443,9 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
         // the item's, packed once, unless a causal mask cut the block short, whose depth past
         // the last key seen must be zero (P is 0 there, and 0 V is NaN where V is infinite)
         round_rows(scores, block_keys, queries, rows, cols_pad, packed_p);
-        const bool whole_block = cols == std::min(block_keys, n - key);
-        const bf16* values = packed.values && whole_block ? packed.values + key * dv_pad : packed_v;
-        if (values == packed_v) pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);
+        const bool item_block = packed.values && cols == std::min(block_keys, n - key);
+        const bf16* values = item_block ? packed.values + key * dv_pad : packed_v;
+        if (!item_block) pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);
         for (std::size_t jr = 0; jr < dv_pad; jr += tile_cols) {
             for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
                 const matrix<float> tile{out + ir * dv_pad + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(dv_pad), 1};
