@@ -352,6 +352,74 @@ TEST_CASE("passes and line kernels over bf16 read and write it where it lies: th
     ds::set_num_threads(0);
 }
 
+// softmax reads a contiguous line of bf16 where it lies, widening as it loads, and rounds its
+// result straight into a contiguous line of bf16 (no line buffer): each of the four layouts of
+// bf16 and float, in and out, and strided lines (gathered into the buffer), must give the
+// float softmax of the widened values, rounded, bit for bit. Rows hold no special value, a
+// NaN, +inf, -inf (weight 0) or only -inf (all weights 0), in every lane and in the tail; a
+// result of over 8 MiB goes around the caches from rows that start at every alignment.
+TEST_CASE("softmax over bf16 lines where they lie: the float softmax rounded, bit for bit") {
+    auto special_rows = [](ds::tensor<bf16, Rows, Cols>& t) {
+        const std::size_t rows = t.extent(0), cols = t.extent(1);
+        for (std::size_t r = 0; r < rows; ++r) {
+            const std::size_t c = (r * 5) % cols;
+            switch (r % 5) {
+                case 1: t(r, c) = std::numeric_limits<bf16>::quiet_NaN(); break;
+                case 2: t(r, c) = std::numeric_limits<bf16>::infinity(); break;
+                case 3: t(r, c) = -std::numeric_limits<bf16>::infinity(); t(r, (r * 3) % cols) = t(r, c); break;
+                default: break;
+            }
+        }
+        for (std::size_t c = 0; c < cols; ++c) t(rows - 1, c) = -std::numeric_limits<bf16>::infinity();
+    };
+    auto same_floats = [](const auto& got, const auto& want) {  // bit for bit, any NaN for NaN
+        REQUIRE(got.size() == want.size());
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+            const float g = got.data()[i], w = want.data()[i];
+            if (!(std::isnan(w) ? std::isnan(g) : std::bit_cast<std::uint32_t>(g) == std::bit_cast<std::uint32_t>(w)) && bad++ == 0)
+                UNSCOPED_INFO("first difference at " << i << ": got " << g << ", want " << w);
+        }
+        REQUIRE(bad == 0);
+    };
+    struct extents {
+        std::size_t rows, cols;
+    };
+    for (const extents e : {extents{41, 1}, {23, 3}, {40, 8}, {37, 9}, {12, 17}, {30, 33}, {9, 100}, {2049, 2053}}) {
+        INFO("rows " << e.rows << ", cols " << e.cols);
+        auto x = random_bf16(21, Rows{e.rows}, Cols{e.cols});
+        special_rows(x);
+        const ds::tensor<float, Rows, Cols> xf = ds::cast<float>(x);
+        const ds::tensor<float, Rows, Cols> want = ds::softmax<Cols>(xf);
+        const ds::tensor<float, Rows, Cols> want_down = ds::softmax<Rows>(xf);  // strided lines
+        ds::tensor<bf16, Rows, Cols> wide(Rows{e.rows}, Cols{e.cols + 3});
+        auto into = ds::slice<Cols>(wide, 1, e.cols + 1);  // rows that start at every alignment
+        for (int threads : {1, 2}) {
+            INFO("threads: " << threads);
+            ds::set_num_threads(threads);
+            const ds::tensor<bf16, Rows, Cols> both = ds::softmax<Cols>(x);
+            require_rounded(both, want);
+            ds::assign(into, ds::softmax<Cols>(x));
+            require_rounded(ds::tensor<bf16, Rows, Cols>(into), want);
+            const ds::tensor<float, Rows, Cols> in_only = ds::softmax<Cols>(ds::cast<float>(x));
+            same_floats(in_only, want);
+            const ds::tensor<bf16, Rows, Cols> out_only = ds::cast<bf16>(ds::softmax<Cols>(xf));
+            require_rounded(out_only, want);
+            const ds::tensor<bf16, Rows, Cols> down = ds::softmax<Rows>(x);
+            require_rounded(down, want_down);
+        }
+        for (const std::string& plan : {ds::backend::cpu::evaluator{}.explain(ds::softmax<Cols>(ds::cast<float>(x))),
+                                       ds::backend::cpu::evaluator{}.explain(ds::cast<bf16>(ds::softmax<Cols>(xf))),
+                                       ds::backend::cpu::evaluator{}.explain(ds::softmax<Cols>(x))}) {
+            INFO(plan);
+            CHECK(plan.find("convert") == std::string::npos);
+            CHECK(plan.find("narrow") == std::string::npos);
+            CHECK(plan.find("1 entry, 0 temporaries") != std::string::npos);
+        }
+    }
+    ds::set_num_threads(0);
+}
+
 // As the products above: the fused attention kernel reads Q, K and V of bf16 where they lie,
 // widened as it packs or loads them, so the result is the float kernel's on the widened
 // values, bit for bit. The extents reach its paths: one or two queries (dot products, no

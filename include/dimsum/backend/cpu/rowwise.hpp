@@ -119,21 +119,26 @@ template <class T>
 T line_sum(const T* x, std::size_t n) {
     return static_cast<T>(blocked_sums<1>(x, n, [](auto v) { return std::array{v}; })[0]);
 }
-// The maximum of a contiguous line; NaN if the line holds one (as fn::maximum).
-template <class T>
-T line_max(const T* x, std::size_t n) {
+// The type a line of In is computed in: float for bf16, else In itself.
+template <class In>
+using compute_t = std::conditional_t<std::is_same_v<In, bf16>, float, In>;
+
+// The maximum of a contiguous line, widened from bf16 as it is read; NaN if the line holds
+// one (as fn::maximum).
+template <class In, class T = compute_t<In>>
+T line_max(const In* x, std::size_t n) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size;
     batch top(-std::numeric_limits<T>::infinity());
     auto nan = xsimd::isnan(top);  // not `v != v`: an ordered compare on AVX (elementwise.hpp)
     std::size_t i = 0;
     for (; i + width <= n; i += width) {
-        batch v = batch::load_unaligned(x + i);
+        batch v = load_widened<T>(x + i);
         nan = nan || xsimd::isnan(v);
         top = xsimd::max(top, v);
     }
     T result = lanes_max(top);
-    for (; i < n; ++i) result = fn::maximum{}(result, x[i]);
+    for (; i < n; ++i) result = fn::maximum{}(result, static_cast<T>(x[i]));
     return xsimd::any(nan) ? std::numeric_limits<T>::quiet_NaN() : result;
 }
 
@@ -142,7 +147,10 @@ T line_max(const T* x, std::size_t n) {
 // parallel when there is enough work: both lines contiguous, `work` n values of scratch, and
 // `ahead` where x's values will be needed next, to prefetch n of them (else null): a fixed
 // distance ahead when the lines follow each other in memory, else the next line. A line that
-// is strided, or of bf16 (`narrow`), goes through a contiguous line buffer of T.
+// is strided goes through a contiguous line buffer of T. A line of bf16 (`narrow`) is handed
+// to the kernel where it lies if the kernel takes bf16 and the line is contiguous (softmax:
+// it widens as it reads and rounds as it writes); else it goes through the buffer too, widened
+// into it or rounded out of it.
 template <class T, class Kernel>
 void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow, Kernel kernel) {
     const std::size_t n = x.extents[axis];
@@ -151,6 +159,10 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
     if (lines == 0) return;
     const std::ptrdiff_t x_step = x.strides[axis], out_step = out.strides[axis];
     const bool out_is_one = out_step == 0;  // a reduction writes one value per line
+    constexpr bool takes_bf16 =
+        std::is_same_v<T, float> && std::is_invocable_v<Kernel, const bf16*, bf16*, std::size_t, T*, const bf16*>;
+    const bool in_place_bf16 = takes_bf16 && narrow.in && x_step == 1;
+    const bool out_place_bf16 = takes_bf16 && narrow.out && out_step == 1;
 
     auto start_of = [&](std::size_t line, std::ptrdiff_t& x_at, std::ptrdiff_t& out_at) {
         x_at = out_at = 0;
@@ -171,40 +183,51 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
         T* work = buffer + 2 * std::max<std::size_t>(n, 1);
         std::ptrdiff_t x_at, out_at, next_x_at, next_out_at;
         start_of(first, next_x_at, next_out_at);
-        for (std::size_t line = first; line < last; ++line) {
-            x_at = next_x_at;
-            out_at = next_out_at;
-            if (line + 1 < last) start_of(line + 1, next_x_at, next_out_at);
-            const T* in = nullptr;
-            const T* ahead = nullptr;
-            if (narrow.in) {
-                widen_block(narrow.in + x_at, x_step, n, buffer);
-                in = buffer;
-            } else {
-                in = x.data + x_at;
-            }
-            if (line + 1 < last && x_step == 1 && !narrow.in) {
-                bool consecutive = next_x_at == x_at + static_cast<std::ptrdiff_t>(n);
-                // an address to prefetch, not to read: computed as an integer, it may lie past x's end
-                std::uintptr_t distance = std::max<std::uintptr_t>(prefetch_distance, n * sizeof(T));
-                ahead = consecutive ? reinterpret_cast<const T*>(reinterpret_cast<std::uintptr_t>(x.data + x_at) + distance)
-                                    : x.data + next_x_at;
-            }
-            if (x_step != 1 && n > 1 && !narrow.in) {
-                for (std::size_t j = 0; j < n; ++j) buffer[j] = in[static_cast<std::ptrdiff_t>(j) * x_step];
-                in = buffer;
+        // where a contiguous line of x that starts at `base` + x_at will be read next (see above)
+        auto ahead_of = [&](auto* base, std::size_t line) -> decltype(base) {
+            if (line + 1 >= last) return nullptr;
+            const bool consecutive = next_x_at == x_at + static_cast<std::ptrdiff_t>(n);
+            // an address to prefetch, not to read: computed as an integer, it may lie past x's end
+            const std::uintptr_t distance = std::max<std::uintptr_t>(prefetch_distance, n * sizeof(*base));
+            return consecutive ? reinterpret_cast<decltype(base)>(reinterpret_cast<std::uintptr_t>(base + x_at) + distance)
+                               : base + next_x_at;
+        };
+        // the kernel on this line, read from `in`, written where the line of out lies
+        auto run = [&](const auto* in, decltype(in) ahead) {
+            if constexpr (takes_bf16) {
+                if (out_place_bf16) return kernel(in, narrow.out + out_at, n, work, ahead);
             }
             if (narrow.out) {  // the line in the buffer, then rounded: one value for a reduction
                 kernel(in, buffer + n, n, work, ahead);
                 if (stream_bf16) round_streaming(buffer + n, narrow.out + out_at, n);
                 else round_line(buffer + n, 1, narrow.out + out_at, out_step, out_is_one ? 1 : n);
-                continue;
+                return;
             }
             T* target = out.data + out_at;
-            bool direct = out_is_one || out_step == 1 || n <= 1;
+            const bool direct = out_is_one || out_step == 1 || n <= 1;
             kernel(in, direct ? target : buffer + n, n, work, ahead);
             if (!direct) {
                 for (std::size_t j = 0; j < n; ++j) target[static_cast<std::ptrdiff_t>(j) * out_step] = buffer[n + j];
+            }
+        };
+        for (std::size_t line = first; line < last; ++line) {
+            x_at = next_x_at;
+            out_at = next_out_at;
+            if (line + 1 < last) start_of(line + 1, next_x_at, next_out_at);
+            if constexpr (takes_bf16) {
+                if (in_place_bf16) {
+                    run(narrow.in + x_at, ahead_of(narrow.in, line));
+                    continue;
+                }
+            }
+            if (narrow.in) {
+                widen_block(narrow.in + x_at, x_step, n, buffer);
+                run(static_cast<const T*>(buffer), nullptr);
+            } else if (x_step != 1 && n > 1) {
+                for (std::size_t j = 0; j < n; ++j) buffer[j] = x.data[x_at + static_cast<std::ptrdiff_t>(j) * x_step];
+                run(static_cast<const T*>(buffer), nullptr);
+            } else {
+                run(x.data + x_at, x_step == 1 ? ahead_of(x.data, line) : nullptr);
             }
         }
         streaming_fence();
@@ -212,33 +235,40 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
     split_range(lines * n >= parallel_elements ? num_threads() : 1, lines, prepare, sweep);
 }
 
-// y = exp(x - max) / sum(exp(x - max)) on one contiguous line. With `stream`, y is written
-// once, around the caches, from the exponentials kept in `work`; what comes `ahead` is
-// fetched while the exponentials are computed, so memory and arithmetic overlap.
-template <class T>
-void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* ahead, bool stream) {
+// y = exp(x - max) / sum(exp(x - max)) on one contiguous line, x and y of T or of bf16 (each
+// value widened as it is read, rounded as it is written: the same sums as on the widened
+// line, so the float result rounded, bit for bit). With `stream`, y is written once, around
+// the caches, from the exponentials kept in `work` (where a y of bf16 always keeps them);
+// what comes `ahead` is fetched while the exponentials are computed, so memory and arithmetic
+// overlap.
+template <class In, class Out, class T>
+void softmax_line(const In* x, Out* y, std::size_t n, T* work, const In* ahead, bool stream) {
     using batch = simd<T>;
-    constexpr std::size_t width = batch::size, line = 64 / sizeof(T);
+    constexpr std::size_t width = batch::size, line = 64 / sizeof(In);
+    constexpr bool rounds = std::is_same_v<Out, bf16>;
     // pass 1: the maximum, so that exp never overflows
     const T largest = line_max(x, n);
     if (largest == -std::numeric_limits<T>::infinity()) {  // every value masked: no weight anywhere
-        std::fill(y, y + n, T(0));
+        std::fill(y, y + n, Out(T(0)));
         return;
     }
     const batch top(largest);
     // pass 2: the exponentials, and their sum
-    T* e_out = stream ? work : y;
+    T* e_out = nullptr;
+    if constexpr (rounds) e_out = work;
+    else e_out = stream ? work : y;
     batch total(T(0));
     std::size_t i = 0;
     for (; i + width <= n; i += width) {
         if (ahead && i % line == 0) __builtin_prefetch(ahead + i);
-        batch e = xsimd::exp(batch::load_unaligned(x + i) - top);
+        batch e = xsimd::exp(load_widened<T>(x + i) - top);
         e.store_unaligned(e_out + i);
         total += e;
     }
     if (i < n) {  // the tail, padded with -infinity, whose exponential adds nothing
         alignas(64) T tail[width];
-        std::fill(std::copy(x + i, x + n, tail), tail + width, -std::numeric_limits<T>::infinity());
+        std::fill(std::transform(x + i, x + n, tail, [](In v) { return static_cast<T>(v); }), tail + width,
+                  -std::numeric_limits<T>::infinity());
         batch e = xsimd::exp(batch::load_aligned(tail) - top);
         e.store_aligned(tail);
         std::copy(tail, tail + (n - i), e_out + i);
@@ -246,8 +276,9 @@ void softmax_line(const T* x, T* y, std::size_t n, T* work, const T* ahead, bool
     }
     // pass 3: normalise
     const T inverse = T(1) / xsimd::hadd(total);
-    if (stream) return scale_streaming(work, y, n, inverse);
-    scale_line(y, n, inverse);
+    if constexpr (rounds) return scale_rounded(work, y, n, inverse, stream);
+    else if (stream) return scale_streaming(work, y, n, inverse);
+    else scale_line(y, n, inverse);
 }
 
 // y = (x - mean) / sqrt(variance + epsilon) on one contiguous line (the biased variance, as
@@ -318,8 +349,11 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
 // (kernels.hpp)
 template <class T>
 void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow) {
-    const bool large = x.size() * sizeof(T) >= streaming_bytes && out.strides[axis] == 1 && !narrow.out;
-    detail::for_each_line<T>(x, out, axis, narrow, [large](const T* in, T* y, std::size_t n, T* work, const T* ahead) {
+    // a large result goes around the caches: of T from `work`, of bf16 as the line kernel rounds
+    // it (for float; for_each_line rounds a line of bf16 that another T computes)
+    const std::size_t out_bytes = x.size() * (narrow.out ? sizeof(bf16) : sizeof(T));
+    const bool large = out_bytes >= streaming_bytes && out.strides[axis] == 1 && (!narrow.out || std::is_same_v<T, float>);
+    detail::for_each_line<T>(x, out, axis, narrow, [large](const auto* in, auto* y, std::size_t n, T* work, decltype(in) ahead) {
         detail::softmax_line(in, y, n, work, ahead, large);
     });
 }

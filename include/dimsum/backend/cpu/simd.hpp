@@ -136,20 +136,21 @@ void copy_streaming(const T* from, T* to, std::size_t n) {
     scale_streaming<T, false>(from, to, n);
 }
 
-// to[0, n) = from[0, n) rounded to bf16 (round_line), streaming the aligned middle part:
-// a large result of bf16 written around the caches, as copy_streaming writes one of T.
-template <class T>
-void round_streaming(const T* from, bf16* to, std::size_t n) {
+// to[0, n) = from[0, n) * scale (or from itself, without scale) rounded to bf16 as round_line
+// rounds, 16 values at a time on AVX2; with `stream`, the aligned middle part goes around the
+// caches, as copy_streaming writes a large result of T.
+template <class T, bool scaled = true>
+void scale_rounded(const T* from, bf16* to, std::size_t n, T scale, bool stream) {
     std::size_t i = 0;
+    auto one = [&](std::size_t at) { to[at] = bf16(scaled ? from[at] * scale : from[at]); };
 #if defined(__AVX2__)
     if constexpr (std::is_same_v<T, float>) {
-        while (i < n && reinterpret_cast<std::uintptr_t>(to + i) % 32 != 0) {
-            to[i] = bf16(from[i]);
-            ++i;
-        }
+        while (stream && i < n && reinterpret_cast<std::uintptr_t>(to + i) % 32 != 0) one(i++);
+        const __m256 factor = _mm256_set1_ps(scale);
         // bf16_bits_of on 8 floats: each 32-bit lane holds its bf16's bits
-        auto round8 = [](const float* p) {
-            const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(p));
+        auto round8 = [&](const float* p) {
+            const __m256 v = scaled ? _mm256_mul_ps(_mm256_loadu_ps(p), factor) : _mm256_loadu_ps(p);
+            const __m256i u = _mm256_castps_si256(v);
             const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
             const __m256i nearest = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
             const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
@@ -158,11 +159,17 @@ void round_streaming(const T* from, bf16* to, std::size_t n) {
         };
         for (; i + 16 <= n; i += 16) {  // packus pairs 128-bit halves: the permute puts them in order
             const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(round8(from + i), round8(from + i + 8)), 0xd8);
-            _mm256_stream_si256(reinterpret_cast<__m256i*>(to + i), packed);
+            auto* at = reinterpret_cast<__m256i*>(to + i);
+            if (stream) _mm256_stream_si256(at, packed);
+            else _mm256_storeu_si256(at, packed);
         }
     }
 #endif
-    for (; i < n; ++i) to[i] = bf16(from[i]);
+    for (; i < n; ++i) one(i);
+}
+template <class T>
+void round_streaming(const T* from, bf16* to, std::size_t n) {
+    scale_rounded<T, false>(from, to, n, T(1), true);
 }
 
 }  // namespace dimsum::backend::cpu
