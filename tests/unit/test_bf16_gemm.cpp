@@ -41,6 +41,7 @@ long dots_so_far() {
 // How the operands lie in memory.
 struct layouts {
     bool a_transposed = false;  // A stored (k, m)
+    bool a_padded = false;      // A's rows 3 apart beyond k, NaN between them (not with a_transposed)
     bool b_transposed = false;  // B stored (n, k)
     enum class c_kind { rows, padded_rows, columns } c = c_kind::rows;
 };
@@ -101,13 +102,16 @@ template <class Kernel>
 void check_case(const product_case& p) {
     const std::size_t a_items = p.a_broadcast ? 1 : p.items, b_items = p.b_packed_once ? 1 : p.items;
     std::mt19937_64 random(p.seed);
-    std::vector<bf16> a(a_items * p.m * p.k), b(b_items * p.k * p.n);
-    for (std::size_t i = 0; i < a.size(); ++i) a[i] = value_of(p.kind, random, i);
+    const std::size_t a_row = p.layout.a_padded ? p.k + 3 : p.k, a_item = p.layout.a_transposed ? p.m * p.k : p.m * a_row;
+    std::vector<bf16> a(a_items * a_item), b(b_items * p.k * p.n);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        a[i] = i % a_row < p.k || p.layout.a_transposed ? value_of(p.kind, random, i) : std::numeric_limits<bf16>::quiet_NaN();
+    }
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = value_of(p.kind, random, i + 50);
     // element (i, j) of item t of each operand
     auto a_at = [&](std::size_t t, std::size_t i, std::size_t q) {
-        const std::size_t base = (p.a_broadcast ? 0 : t) * p.m * p.k;
-        return a[base + (p.layout.a_transposed ? q * p.m + i : i * p.k + q)];
+        const std::size_t base = (p.a_broadcast ? 0 : t) * a_item;
+        return a[base + (p.layout.a_transposed ? q * p.m + i : i * a_row + q)];
     };
     auto b_at = [&](std::size_t t, std::size_t q, std::size_t j) {
         return b[(p.b_packed_once ? 0 : t) * p.k * p.n + (p.layout.b_transposed ? j * p.k + q : q * p.n + j)];
@@ -117,7 +121,7 @@ void check_case(const product_case& p) {
     std::vector<float> c(p.items * c_item, std::numeric_limits<float>::quiet_NaN());  // every element written
 
     cpu::gemm_problem<float> problem;
-    problem.a = {nullptr, p.m, p.k, p.layout.a_transposed ? 1 : std::ptrdiff_t(p.k), p.layout.a_transposed ? std::ptrdiff_t(p.m) : 1};
+    problem.a = {nullptr, p.m, p.k, p.layout.a_transposed ? 1 : std::ptrdiff_t(a_row), p.layout.a_transposed ? std::ptrdiff_t(p.m) : 1};
     problem.b = {nullptr, p.k, p.n, p.layout.b_transposed ? 1 : std::ptrdiff_t(p.n), p.layout.b_transposed ? std::ptrdiff_t(p.k) : 1};
     if (p.layout.c == layouts::c_kind::columns) problem.c = {c.data(), p.m, p.n, 1, std::ptrdiff_t(p.m)};
     else problem.c = {c.data(), p.m, p.n, std::ptrdiff_t(p.n + c_pad), 1};
@@ -125,7 +129,7 @@ void check_case(const product_case& p) {
     problem.b_bf16 = b.data();
     problem.batch.rank = 1;
     problem.batch.extents[0] = p.items;
-    problem.batch.strides[0][0] = p.a_broadcast ? 0 : std::ptrdiff_t(p.m * p.k);
+    problem.batch.strides[0][0] = p.a_broadcast ? 0 : std::ptrdiff_t(a_item);
     problem.batch.strides[1][0] = p.b_packed_once ? 0 : std::ptrdiff_t(p.k * p.n);
     problem.batch.strides[2][0] = std::ptrdiff_t(c_item);
     // B's pairs, packed after NaN everywhere: any element the packing failed to write shows
@@ -210,12 +214,12 @@ TEST_CASE("bf16 products of small integers are exact, through every edge of the 
 TEST_CASE("bf16 products read transposed operands and write strided and column-major C") {
     test::for_kernels_and_threads([]<class Kernel>() {
         for (const auto [m, k, n] : {extents{33, 70, 47}, extents{70, 300, 33}}) {
-            for (const bool a_transposed : {false, true}) {
+            for (const int a_kind : {0, 1, 2}) {  // rows, padded rows, transposed
                 for (const bool b_transposed : {false, true}) {
                     for (const auto c : {layouts::c_kind::rows, layouts::c_kind::padded_rows, layouts::c_kind::columns}) {
-                        INFO(m << " x " << k << " x " << n << ", A transposed " << a_transposed << ", B transposed "
-                               << b_transposed << ", C layout " << int(c));
-                        const layouts layout{a_transposed, b_transposed, c};
+                        INFO(m << " x " << k << " x " << n << ", A layout " << a_kind << ", B transposed " << b_transposed
+                               << ", C layout " << int(c));
+                        const layouts layout{.a_transposed = a_kind == 2, .a_padded = a_kind == 1, .b_transposed = b_transposed, .c = c};
                         check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .layout = layout, .kind = values::small_integers});
                         check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .layout = layout, .kind = values::normal, .seed = 3});
                     }
@@ -246,6 +250,25 @@ TEST_CASE("bf16 products read B's pairs packed once, B row-major or transposed, 
                     INFO(m << " x " << k << " x " << n << (b_transposed ? ", B transposed" : ""));
                     check_case<Kernel>({.items = 2, .m = m, .k = k, .n = n, .b_packed_once = true,
                                         .layout = {.b_transposed = b_transposed}, .kind = kind, .seed = m + k});
+                }
+            }
+        }
+    });
+}
+
+// A's rows are read where they lie for every depth block of a whole number of 32 depths (K of
+// 32, 64, 256, 288: blocks of 256 and 32, 520: 256, 256 and a short 8, packed), its rows
+// contiguous or 3 apart with NaN between them (which a read past the block's depths would
+// carry into C); a last panel short of the kernel's rows is packed.
+TEST_CASE("bf16 products read A where it lies in whole blocks of depths, and pack only what they must") {
+    test::for_kernels_and_threads([]<class Kernel>() {
+        for (const std::size_t k : {32, 64, 256, 288, 520}) {
+            for (const std::size_t m : {1, 11, 12, 13, 32, 33, 100, 257}) {
+                for (const bool padded : {false, true}) {
+                    INFO(m << " x " << k << " x 45" << (padded ? ", A's rows padded" : ""));
+                    const layouts layout{.a_padded = padded};
+                    check_case<Kernel>({.items = 2, .m = m, .k = k, .n = 45, .layout = layout, .kind = values::small_integers, .seed = m});
+                    check_case<Kernel>({.items = 1, .m = m, .k = k, .n = 45, .layout = layout, .kind = values::specials, .seed = k});
                 }
             }
         }

@@ -429,7 +429,7 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
         for (std::size_t jr = 0; jr < cols_pad; jr += tile_cols) {
             for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
                 const matrix<float> tile{scores + ir * block_keys + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(block_keys), 1};
-                kernel.block(packed_q + ir * dp, panels + jr * dp, dp, tile, false);
+                kernel.block(packed_q + ir * dp, static_cast<std::ptrdiff_t>(dp), panels + jr * dp, dp, tile, false);
             }
         }
         if (p.scale != 1.0f) {
@@ -449,7 +449,7 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
         for (std::size_t jr = 0; jr < dv_pad; jr += tile_cols) {
             for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
                 const matrix<float> tile{out + ir * dv_pad + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(dv_pad), 1};
-                kernel.block(packed_p + ir * cols_pad, values + jr * cols_pad, cols_pad, tile, true);
+                kernel.block(packed_p + ir * cols_pad, static_cast<std::ptrdiff_t>(cols_pad), values + jr * cols_pad, cols_pad, tile, true);
             }
         }
     }

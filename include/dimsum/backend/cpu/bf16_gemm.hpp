@@ -117,8 +117,9 @@ struct avx512_pairs {
 #endif
 
 // ---- the kernels: C micro-tile (its live part c, at most rows x 32) = or += A panel x B panel
-// over dp depths. A full micro-tile of a C with unit column stride is read and written in
-// place; any other goes through a buffer.
+// over dp depths, the panel's rows `a_stride` elements apart: dp where A was packed, A's own
+// row stride where it is read in place (bf16_task). A full micro-tile of a C with unit column
+// stride is read and written in place; any other goes through a buffer.
 
 namespace detail {
 
@@ -153,7 +154,7 @@ struct tile_kernel {
 
     void configure() { unit.configure(); }
     void release() { unit.release(); }
-    void block(const bf16* a, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
+    void block(const bf16* a, std::ptrdiff_t a_stride, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
         constexpr std::size_t half = 16;
         alignas(64) float buffer[rows * bf16_blocking::cols];
         const bool in_place = c.rows == rows && c.cols == bf16_blocking::cols && c.col_stride == 1;
@@ -173,11 +174,11 @@ struct tile_kernel {
             unit.template zero<2>();
             unit.template zero<3>();
         }
-        const std::ptrdiff_t a_ld_bytes = static_cast<std::ptrdiff_t>(dp * sizeof(bf16)), b_ld_bytes = 64;
+        const std::ptrdiff_t a_ld_bytes = a_stride * static_cast<std::ptrdiff_t>(sizeof(bf16)), b_ld_bytes = 64;
         const bf16* const b_right = b + dp * half;  // the second half: columns [16, 32)
         for (std::size_t p = 0; p < dp; p += bf16_blocking::depth_step) {
             unit.template load<4>(a + p, a_ld_bytes);
-            unit.template load<5>(a + half * dp + p, a_ld_bytes);
+            unit.template load<5>(a + static_cast<std::ptrdiff_t>(half) * a_stride + p, a_ld_bytes);
             unit.template load<6>(b + p * half, b_ld_bytes);  // p / 2 pairs of 16 columns in
             unit.template load<7>(b_right + p * half, b_ld_bytes);
             unit.template dot<0, 4, 6>();
@@ -201,7 +202,7 @@ struct pair_kernel {
 
     void configure() {}
     void release() {}
-    void block(const bf16* a, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
+    void block(const bf16* a, std::ptrdiff_t a_stride, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
         constexpr std::size_t half = 16, cols = bf16_blocking::cols;
         using sums = typename Pairs::sums;
         alignas(64) float buffer[rows * cols];
@@ -221,7 +222,7 @@ struct pair_kernel {
             const auto b0 = Pairs::load_pairs(b + q * 2 * half), b1 = Pairs::load_pairs(b_right + q * 2 * half);
 #pragma GCC unroll 12
             for (std::size_t r = 0; r < rows; ++r) {
-                const auto ar = Pairs::broadcast_pair(a + r * dp + 2 * q);
+                const auto ar = Pairs::broadcast_pair(a + static_cast<std::ptrdiff_t>(r) * a_stride + 2 * q);
                 left[r] = Pairs::dot(left[r], ar, b0);
                 right[r] = Pairs::dot(right[r], ar, b1);
             }
@@ -322,7 +323,11 @@ inline std::size_t pair_block_offset(std::size_t cols, std::size_t pc, std::size
 // every depth. The depths outermost, so that a B block is packed once for all the task's rows
 // (or, with B's pairs packed once, read from them); C holds the partial sums in between,
 // which the next depth block reads back. The epilogue sees each mc-row region once its every
-// depth is summed.
+// depth is summed. A is read where it lies when its rows are contiguous and the depth block
+// is a whole number of the kernels' 32 depths (every block but a last short one, where K is a
+// multiple of 32, as a model's widths are): the kernels read exactly dp depths of each row.
+// Else, and for the rows of a last panel short of the kernel's, A is packed, zero past its
+// edges.
 template <class Kernel>
 void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const bf16>& b, const bf16* pairs, const matrix<float>& c,
                std::size_t item, std::size_t row_first, std::size_t row_last, std::size_t col_first, std::size_t col_last,
@@ -335,16 +340,28 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
         // pass 1: this block of B, in panels of 32 columns (or its pairs packed once)
         const bf16* const block_b = pairs ? pairs + pair_block_offset(b.cols, pc, col_first, dp) : packed_b;
         if (!pairs) pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_b);
+        const bool a_in_place = a.col_stride == 1 && depth == dp;
         for (std::size_t ic = row_first; ic < row_last; ic += mc) {
             const std::size_t rows = std::min(mc, row_last - ic);
-            // pass 2: this block of A, in panels of the kernel's rows
-            pack_bf16_a<rows_per_tile>(sub(a, ic, pc, rows, depth), rows, depth, dp, packed_a);
+            // pass 2: this block of A, in panels of the kernel's rows: all of them, or only a
+            // short last one where A is read in place
+            const std::size_t first_packed = a_in_place ? rows / rows_per_tile * rows_per_tile : 0;
+            if (first_packed < rows) {
+                pack_bf16_a<rows_per_tile>(sub(a, ic + first_packed, pc, rows - first_packed, depth), rows - first_packed, depth, dp,
+                                           packed_a);
+            }
             // pass 3: micro-tile by micro-tile, each B panel against every A panel
             for (std::size_t jr = 0; jr < cols; jr += cols_per_tile) {
                 for (std::size_t ir = 0; ir < rows; ir += rows_per_tile) {
                     const matrix<float> tile = sub(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir),
                                                        std::min(cols_per_tile, cols - jr));
-                    kernel.block(packed_a + ir * dp, block_b + jr * dp, dp, tile, pc != 0);
+                    const bf16* const b_panel = block_b + jr * dp;
+                    if (ir < first_packed) {
+                        const bf16* const a_rows = a.data + static_cast<std::ptrdiff_t>(ic + ir) * a.row_stride + static_cast<std::ptrdiff_t>(pc);
+                        kernel.block(a_rows, a.row_stride, b_panel, dp, tile, pc != 0);
+                    } else {
+                        kernel.block(packed_a + (ir - first_packed) * dp, static_cast<std::ptrdiff_t>(dp), b_panel, dp, tile, pc != 0);
+                    }
                 }
             }
             if (pc + depth == k) epilogue(item, ic, col_first, rows, cols);
@@ -384,7 +401,7 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     // Columns in blocks of at most nc, of about equal widths, each a whole number of
     // micro-tiles, and as many more blocks as make the items' blocks a multiple of the
     // threads, so that no thread waits for another to finish an extra block (each block
-    // packs A again: a small pass beside the product). Rows in as many groups as the threads
+    // packs A again where A is not read in place: a small pass beside the product). Rows in as many groups as the threads
     // still need tasks.
     const std::size_t col_tiles = (n + tile_cols - 1) / tile_cols;
     std::size_t col_blocks = (n + bf16_blocking::nc - 1) / bf16_blocking::nc;
