@@ -140,7 +140,7 @@ void copy_streaming(const T* from, T* to, std::size_t n) {
 // rounds, 16 values at a time on AVX2; with `stream`, the aligned middle part goes around the
 // caches, as copy_streaming writes a large result of T.
 template <class T, bool scaled = true>
-void scale_rounded(const T* from, bf16* to, std::size_t n, T scale, bool stream) {
+void scale_rounded(const T* from, bf16* to, std::size_t n, T scale, [[maybe_unused]] bool stream) {
     std::size_t i = 0;
     auto one = [&](std::size_t at) { to[at] = bf16(scaled ? from[at] * scale : from[at]); };
 #if defined(__AVX2__)
