@@ -72,7 +72,10 @@ struct emulated_tiles {
     // TDPBF16PS: for each row m, pair k and column n, in this order,
     //   c[m][n] += a[m][2k] * b[k][2n];  c[m][n] += a[m][2k + 1] * b[k][2n + 1]
     // in float (a product of two bf16 is exact there), denormal inputs read as zero, denormal
-    // sums flushed to zero.
+    // sums flushed to zero. That is the Intrinsics Guide's order; the SDM's current text sums
+    // the even and the odd products apart over k and adds both to c after, so the unit's last
+    // bits may differ from these: the tests hold the tile kernel to float's bound for any order
+    // (or to exact small integers), never to the stand-in's bits.
     template <int c, int a, int b>
     void dot() {
         static_assert(c != a && c != b && a != b, "tdpbf16ps takes three different tiles");

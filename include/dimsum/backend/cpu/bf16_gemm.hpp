@@ -66,7 +66,9 @@ static_assert(sizeof(tile_config) == 64 && offsetof(tile_config, bytes_per_row) 
 #if defined(__x86_64__)
 // The AMX instructions, on tiles named at compile time. Written as assembly rather than with
 // the compiler's intrinsics, which g++ and clang declare under different target requirements;
-// the bytes are the intrinsics' (compared with objdump, g++ 12 and clang 14).
+// the bytes are the intrinsics' (compared with objdump, g++ 12 and clang 14). Each template
+// reads {AT&T|Intel}, so that a user's -masm=intel assembles the same bytes (the test
+// bf16.assembly_dialects compares them).
 struct amx_tiles {
     void configure() {
         static const tile_config config{};
@@ -75,20 +77,20 @@ struct amx_tiles {
     void release() { asm volatile("tilerelease" ::); }
     template <int t>
     void zero() {
-        asm volatile("tilezero %%tmm%c0" ::"i"(t));
+        asm volatile("tilezero {%%tmm%c0|tmm%c0}" ::"i"(t));
     }
     template <int t>
     void load(const void* base, std::ptrdiff_t stride) {
-        asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(t) : "memory");
+        asm volatile("tileloadd {(%0,%1,1), %%tmm%c2|tmm%c2, [%0+%1*1]}" ::"r"(base), "r"(stride), "i"(t) : "memory");
     }
     template <int t>
     void store(void* base, std::ptrdiff_t stride) {
-        asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "i"(t) : "memory");
+        asm volatile("tilestored {%%tmm%c2, (%0,%1,1)|[%0+%1*1], tmm%c2}" ::"r"(base), "r"(stride), "i"(t) : "memory");
     }
     // tile c += tile a (16 rows x 16 pairs) times tile b (16 pairs x 16 columns)
     template <int c, int a, int b>
     void dot() {
-        asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(c), "i"(a), "i"(b));
+        asm volatile("tdpbf16ps {%%tmm%c2, %%tmm%c1, %%tmm%c0|tmm%c0, tmm%c1, tmm%c2}" ::"i"(c), "i"(a), "i"(b));
     }
 };
 #endif
@@ -110,7 +112,7 @@ struct avx512_pairs {
     }
     // s[n] += a[n].first * b[n].first + a[n].second * b[n].second
     static sums dot(sums s, pairs a, pairs b) {
-        asm("vdpbf16ps %2, %1, %0" : "+v"(s) : "v"(a), "v"(b));
+        asm("vdpbf16ps {%2, %1, %0|%0, %1, %2}" : "+v"(s) : "v"(a), "v"(b));
         return s;
     }
 };
