@@ -351,6 +351,12 @@ struct packed_pairs {
     const bf16* keys = nullptr;    // K^T: pack_bf16_b over every key, one depth block of d
     const bf16* values = nullptr;  // V: a block of keys at a time, as attend_pairs packs it
 };
+// Where, in packed_pairs::values, the block of keys that starts at `key` lies: each block
+// holds its keys (padded to 32) x V's columns padded to 32 (dv_pad), so the blocks before
+// it hold key x dv_pad.
+inline std::size_t value_block_offset(std::size_t key, std::size_t dv_pad) {
+    return key * dv_pad;
+}
 
 // The tiles of attend_pairs for a block of `queries` queries, in bytes from the start, each
 // at a cache line: Q's rows, a block of K's pairs, of V's pairs and of P in bf16; S (then P),
@@ -444,7 +450,7 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
         // the last key seen must be zero (P is 0 there, and 0 V is NaN where V is infinite)
         round_rows(scores, block_keys, queries, rows, cols_pad, packed_p);
         const bool item_block = packed.values && cols == std::min(block_keys, n - key);
-        const bf16* values = item_block ? packed.values + key * dv_pad : packed_v;
+        const bf16* values = item_block ? packed.values + value_block_offset(key, dv_pad) : packed_v;
         if (!item_block) pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);
         for (std::size_t jr = 0; jr < dv_pad; jr += tile_cols) {
             for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
@@ -529,7 +535,7 @@ struct pair_blocks {
     std::size_t depth() const { return round_up(p.q.cols, bf16_blocking::depth_step); }
     std::size_t out_columns() const { return round_up(p.v.cols, bf16_blocking::cols); }
     std::size_t keys_size() const { return round_up(p.k.rows, bf16_blocking::cols) * depth(); }
-    // V's blocks of keys, each as attend_pairs packs it, at offset key * out_columns()
+    // V's blocks of keys, each as attend_pairs packs it (value_block_offset)
     std::size_t values_size() const { return round_up(p.k.rows, bf16_blocking::cols) * out_columns(); }
     void take_tiles(std::size_t block_queries) const {
         scratch<unsigned char>(scratch_use::attention, pair_tiles_for<Kernel>(p, block_queries, keys).total);
@@ -543,7 +549,8 @@ struct pair_blocks {
         pack_bf16_b(transposed(k), k.rows, k.cols, depth(), packed_k);
         for (std::size_t key = 0; key < v.rows; key += keys) {
             const std::size_t cols = std::min(keys, v.rows - key);
-            pack_bf16_b(sub(v, key, 0, cols, v.cols), v.cols, cols, round_up(cols, bf16_blocking::cols), packed_v + key * out_columns());
+            pack_bf16_b(sub(v, key, 0, cols, v.cols), v.cols, cols, round_up(cols, bf16_blocking::cols),
+                        packed_v + value_block_offset(key, out_columns()));
         }
         return {packed_k, packed_v};
     }
