@@ -257,13 +257,13 @@ TEST_CASE("bf16 products read B's pairs packed once, B row-major or transposed, 
 }
 
 // A's rows are read where they lie for every depth block of a whole number of 32 depths (K of
-// 32, 64, 256, 288: blocks of 256 and 32, 520: 256, 256 and a short 8, packed), its rows
-// contiguous or 3 apart with NaN between them (which a read past the block's depths would
-// carry into C); a last panel short of the kernel's rows is packed.
+// 32; 288: blocks of 256 and 32; 520: 256, 256 and a short 8, packed), its rows contiguous or
+// 3 apart with NaN between them (which a read past the block's depths would carry into C); a
+// last panel short of the kernel's rows (12 on pairs, 32 on tiles) is packed.
 TEST_CASE("bf16 products read A where it lies in whole blocks of depths, and pack only what they must") {
     test::for_kernels_and_threads([]<class Kernel>() {
-        for (const std::size_t k : {32, 64, 256, 288, 520}) {
-            for (const std::size_t m : {1, 11, 12, 13, 32, 33, 100, 257}) {
+        for (const std::size_t k : {32, 288, 520}) {
+            for (const std::size_t m : {1, 13, 33, 100}) {
                 for (const bool padded : {false, true}) {
                     INFO(m << " x " << k << " x 45" << (padded ? ", A's rows padded" : ""));
                     const layouts layout{.a_padded = padded};
