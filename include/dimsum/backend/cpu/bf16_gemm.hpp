@@ -326,8 +326,8 @@ inline std::size_t pair_block_offset(std::size_t cols, std::size_t pc, std::size
 // (or, with B's pairs packed once, read from them); C holds the partial sums in between,
 // which the next depth block reads back. The epilogue sees each mc-row region once its every
 // depth is summed. A is read where it lies when its rows are contiguous and the depth block
-// is a whole number of the kernels' 32 depths (every block but a last short one, where K is a
-// multiple of 32, as a model's widths are): the kernels read exactly dp depths of each row.
+// is a whole number of the kernels' 32 depths (every block where K is a multiple of 32, as a
+// model's widths are; else all but the last): the kernels read exactly dp depths of a row.
 // Else, and for the rows of a last panel short of the kernel's, A is packed, zero past its
 // edges.
 template <class Kernel>
