@@ -464,7 +464,7 @@ void bench_bf16_attention_core(bench& s) {
 void bench_attention_memory(bench& s) {
     std::fprintf(s.out.table, "\n%-38s %7s %9s %14s %14s\n", "attention memory (causal, 1024, 16)", "seq", "layer MB",
                  "attention MB", "seq x seq MB");
-    for (std::size_t seq : s.opt.small ? std::vector<std::size_t>{256, 512} : std::vector<std::size_t>{1024, 2048, 4096, 8192, 16384}) {
+    for (std::size_t seq : s.opt.small ? std::vector<std::size_t>{128, 256} : std::vector<std::size_t>{1024, 2048, 4096, 8192, 16384}) {
         attention_case c = *parse_attention_case("1," + std::to_string(seq) + ",1024,16,causal");
         c.name = "attention_memory_seq" + std::to_string(seq);
         if (!s.selected(c.name)) continue;
