@@ -403,8 +403,8 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     // Columns in blocks of at most nc, of about equal widths, each a whole number of
     // micro-tiles, and as many more blocks as make the items' blocks a multiple of the
     // threads, so that no thread waits for another to finish an extra block (each block
-    // packs A again where A is not read in place: a small pass beside the product). Rows in as many groups as the threads
-    // still need tasks.
+    // packs A again where A is not read in place: a small pass beside the product). Rows in
+    // as many groups as the threads still need tasks.
     const std::size_t col_tiles = (n + tile_cols - 1) / tile_cols;
     std::size_t col_blocks = (n + bf16_blocking::nc - 1) / bf16_blocking::nc;
     if (items * col_blocks >= std::size_t(threads)) {

@@ -143,10 +143,12 @@ T line_max(const In* x, std::size_t n) {
 }
 
 // Lines of n values: x's along `axis`, and out's (whose stride along axis may be 0, for a
-// reduction). Calls kernel(line of x, line of out, n, work, ahead) for every line, in
-// parallel when there is enough work: both lines contiguous, `work` n values of scratch, and
+// reduction). Calls kernel(line of x, line of out, n, work, ahead, stream) for every line, in
+// parallel when there is enough work: both lines contiguous, `work` n values of scratch,
 // `ahead` where x's values will be needed next, to prefetch n of them (else null): a fixed
-// distance ahead when the lines follow each other in memory, else the next line. A line that
+// distance ahead when the lines follow each other in memory, else the next line; and
+// `stream` when the kernel writes a large result in place, which then goes around the
+// caches (simd.hpp; a kernel may ignore it). A line that
 // is strided goes through a contiguous line buffer of T. A line of bf16 (`narrow`) is handed
 // to the kernel where it lies if the kernel takes bf16 and the line is contiguous (softmax:
 // it widens as it reads and rounds as it writes); else it goes through the buffer too, widened
@@ -160,7 +162,7 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
     const std::ptrdiff_t x_step = x.strides[axis], out_step = out.strides[axis];
     const bool out_is_one = out_step == 0;  // a reduction writes one value per line
     constexpr bool takes_bf16 =
-        std::is_same_v<T, float> && std::is_invocable_v<Kernel, const bf16*, bf16*, std::size_t, T*, const bf16*>;
+        std::is_same_v<T, float> && std::is_invocable_v<Kernel, const bf16*, bf16*, std::size_t, T*, const bf16*, bool>;
     const bool in_place_bf16 = takes_bf16 && narrow.in && x_step == 1;
     const bool out_place_bf16 = takes_bf16 && narrow.out && out_step == 1;
 
@@ -174,8 +176,9 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
             out_at += index * out.strides[i];
         }
     };
-    // a large result of bf16 in contiguous lines is written around the caches (simd.hpp)
-    const bool stream_bf16 = narrow.out && !out_is_one && out_step == 1 && lines * n * sizeof(bf16) >= streaming_bytes;
+    // a large result in contiguous lines is written around the caches (simd.hpp): by the
+    // kernel where it writes the lines in place, else by the rounding out of the buffer
+    const bool stream = !out_is_one && out_step == 1 && lines * n * (narrow.out ? sizeof(bf16) : sizeof(T)) >= streaming_bytes;
     const std::size_t buffer_size = 3 * std::max<std::size_t>(n, 1);
     auto prepare = [&] { scratch<T>(scratch_use::rows, buffer_size); };
     auto sweep = [&](std::size_t first, std::size_t last) {
@@ -195,17 +198,18 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
         // the kernel on this line, read from `in`, written where the line of out lies
         auto run = [&](const auto* in, decltype(in) ahead) {
             if constexpr (takes_bf16) {
-                if (out_place_bf16) return kernel(in, narrow.out + out_at, n, work, ahead);
+                if (out_place_bf16) return kernel(in, narrow.out + out_at, n, work, ahead, stream);
             }
             if (narrow.out) {  // the line in the buffer, then rounded: one value for a reduction
-                kernel(in, buffer + n, n, work, ahead);
-                if (stream_bf16) round_streaming(buffer + n, narrow.out + out_at, n);
+                kernel(in, buffer + n, n, work, ahead, false);
+                if (stream) round_streaming(buffer + n, narrow.out + out_at, n);
                 else round_line(buffer + n, 1, narrow.out + out_at, out_step, out_is_one ? 1 : n);
                 return;
             }
             T* target = out.data + out_at;
             const bool direct = out_is_one || out_step == 1 || n <= 1;
-            kernel(in, direct ? target : buffer + n, n, work, ahead);
+            if (direct) kernel(in, target, n, work, ahead, stream);
+            else kernel(in, buffer + n, n, work, ahead, false);
             if (!direct) {
                 for (std::size_t j = 0; j < n; ++j) target[static_cast<std::ptrdiff_t>(j) * out_step] = buffer[n + j];
             }
@@ -349,19 +353,16 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
 // (kernels.hpp)
 template <class T>
 void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow) {
-    // a large result goes around the caches: of T from `work`, of bf16 as the line kernel rounds
-    // it (for float; for_each_line rounds a line of bf16 that another T computes)
-    const std::size_t out_bytes = x.size() * (narrow.out ? sizeof(bf16) : sizeof(T));
-    const bool large = out_bytes >= streaming_bytes && out.strides[axis] == 1 && (!narrow.out || std::is_same_v<T, float>);
-    detail::for_each_line<T>(x, out, axis, narrow, [large](const auto* in, auto* y, std::size_t n, T* work, decltype(in) ahead) {
-        detail::softmax_line(in, y, n, work, ahead, large);
-    });
+    detail::for_each_line<T>(x, out, axis, narrow,
+                             [](const auto* in, auto* y, std::size_t n, T* work, decltype(in) ahead, bool stream) {
+                                 detail::softmax_line(in, y, n, work, ahead, stream);
+                             });
 }
 
 // (kernels.hpp)
 template <class T>
 void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon, bf16_lines narrow) {
-    detail::for_each_line<T>(x, out, axis, narrow, [epsilon](const T* in, T* y, std::size_t n, T*, const T*) {
+    detail::for_each_line<T>(x, out, axis, narrow, [epsilon](const T* in, T* y, std::size_t n, T*, const T*, bool) {
         detail::layer_norm_line(in, y, n, epsilon);
     });
 }
@@ -371,7 +372,7 @@ template <class Reduction, class T>
 void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow) {
     strided<T> lines{out.data, x.rank, x.extents, {}};  // out seen at x's rank: stride 0 along axis
     for (std::size_t i = 0, k = 0; i < x.rank; ++i) lines.strides[i] = i == axis ? 0 : out.strides[k++];
-    detail::for_each_line<T>(x, lines, axis, narrow, [](const T* in, T* y, std::size_t n, T*, const T*) {
+    detail::for_each_line<T>(x, lines, axis, narrow, [](const T* in, T* y, std::size_t n, T*, const T*, bool) {
         if constexpr (std::is_same_v<Reduction, fn::max>) *y = detail::line_max(in, n);
         else if constexpr (std::is_same_v<Reduction, fn::mean>) *y = detail::line_sum(in, n) / static_cast<T>(n);
         else *y = detail::line_sum(in, n);
