@@ -148,11 +148,11 @@ T line_max(const In* x, std::size_t n) {
 // `ahead` where x's values will be needed next, to prefetch n of them (else null): a fixed
 // distance ahead when the lines follow each other in memory, else the next line; and
 // `stream` when the kernel writes a large result in place, which then goes around the
-// caches (simd.hpp; a kernel may ignore it). A line that
-// is strided goes through a contiguous line buffer of T. A line of bf16 (`narrow`) is handed
-// to the kernel where it lies if the kernel takes bf16 and the line is contiguous (softmax:
-// it widens as it reads and rounds as it writes); else it goes through the buffer too, widened
-// into it or rounded out of it.
+// caches (simd.hpp; a kernel may ignore it). A line that is strided goes through a
+// contiguous line buffer of T. A line of bf16 (`narrow`) is handed to the kernel where it
+// lies if the kernel takes bf16 and the line is contiguous (softmax: it widens as it reads
+// and rounds as it writes); else it goes through the buffer too, widened into it or rounded
+// out of it.
 template <class T, class Kernel>
 void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow, Kernel kernel) {
     const std::size_t n = x.extents[axis];
