@@ -20,7 +20,8 @@
 //            it: an AMX tile is 16 pairs of one half, a vdpbf16ps operand one pair.
 //
 // Blocking. A B panel of kc depths (32 columns, 16 KiB) stays in L1 while every A panel of
-// the block passes it; the A block (mc x kc, 128 KiB) stays in L2. On an AMD Zen 5 (48 KiB
+// the block passes it; the A block (mc x kc, 128 KiB) and C's partial sums of mc rows (at most
+// mc x nc floats, 512 KiB) stay in L2 (bf16_task). On an AMD Zen 5 (48 KiB
 // L1d, 1 MiB L2) the pair kernel spends about 91% of a product in its micro-tiles, and kc
 // 384 or 512, mc 192 or 384, nc 1024 measured no better (docs/performance.md). Not yet tuned
 // for AMX, which has not run.
@@ -321,12 +322,23 @@ inline std::size_t pair_block_offset(std::size_t cols, std::size_t pc, std::size
     return pc * round_up(cols, bf16_blocking::cols) + col * dp;
 }
 
+// Where block_b of a task finds the depth block starting at pc (of dp depths, padded) of its
+// columns: in B's pairs packed once (every column of B), or in the task's own packing of its
+// columns (bf16_task's pass 1).
+inline const bf16* task_b_block(const bf16* pairs, std::size_t b_cols, const bf16* packed_b, std::size_t col_first,
+                                std::size_t cols, std::size_t pc, std::size_t dp) {
+    return pairs ? pairs + pair_block_offset(b_cols, pc, col_first, dp) : packed_b + pair_block_offset(cols, pc, 0, dp);
+}
+
 // One task of bf16_gemm: rows [row_first, row_last) x columns [col_first, col_last) of C,
-// every depth. The depths outermost, so that a B block is packed once for all the task's rows
-// (or, with B's pairs packed once, read from them); C holds the partial sums in between,
-// which the next depth block reads back. The epilogue sees each mc-row region once its every
-// depth is summed. A is read where it lies when its rows are contiguous and the depth block
-// is a whole number of the kernels' 32 depths (every block where K is a multiple of 32, as a
+// every depth. The task's columns of B are packed once, every depth block (or read from B's
+// pairs packed once); then each block of mc rows takes every depth block in turn, so that
+// its partial sums in C (mc x the task's columns, at most 256 x 512 floats: 512 KiB) stay in
+// L2 from one depth block to the next, and the epilogue sees the region once its every
+// depth is summed. (Depths outermost instead sent the whole task's C, megabytes, through
+// memory once per depth block: 17% of the kernel's time went to loading it back, measured
+// on a Zen 5.) A is read where it lies when its rows are contiguous and the depth block is a
+// whole number of the kernels' 32 depths (every block where K is a multiple of 32, as a
 // model's widths are; else all but the last): the kernels read exactly dp depths of a row.
 // Else, and for the rows of a last panel short of the kernel's, A is packed, zero past its
 // edges.
@@ -336,17 +348,22 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
                const gemm_epilogue& epilogue, bf16* packed_a, bf16* packed_b) {
     constexpr std::size_t rows_per_tile = Kernel::rows, cols_per_tile = bf16_blocking::cols, mc = bf16_mc<Kernel>;
     const std::size_t k = a.cols, cols = col_last - col_first;
-    for (std::size_t pc = 0; pc < k; pc += bf16_blocking::kc) {
-        const std::size_t depth = std::min(bf16_blocking::kc, k - pc);
-        const std::size_t dp = round_up(depth, bf16_blocking::depth_step);
-        // pass 1: this block of B, in panels of 32 columns (or its pairs packed once)
-        const bf16* const block_b = pairs ? pairs + pair_block_offset(b.cols, pc, col_first, dp) : packed_b;
-        if (!pairs) pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_b);
-        const bool a_in_place = a.col_stride == 1 && depth == dp;
-        for (std::size_t ic = row_first; ic < row_last; ic += mc) {
-            const std::size_t rows = std::min(mc, row_last - ic);
+    auto depth_block = [&](std::size_t pc) { return std::min(bf16_blocking::kc, k - pc); };
+    // pass 1: the task's columns of B, each depth block in panels of 32 columns
+    if (!pairs) {
+        for (std::size_t pc = 0; pc < k; pc += bf16_blocking::kc) {
+            const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
+            pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_b + pair_block_offset(cols, pc, 0, dp));
+        }
+    }
+    for (std::size_t ic = row_first; ic < row_last; ic += mc) {
+        const std::size_t rows = std::min(mc, row_last - ic);
+        for (std::size_t pc = 0; pc < k; pc += bf16_blocking::kc) {
+            const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
+            const bf16* const block_b = task_b_block(pairs, b.cols, packed_b, col_first, cols, pc, dp);
             // pass 2: this block of A, in panels of the kernel's rows: all of them, or only a
             // short last one where A is read in place
+            const bool a_in_place = a.col_stride == 1 && depth == dp;
             const std::size_t first_packed = a_in_place ? rows / rows_per_tile * rows_per_tile : 0;
             if (first_packed < rows) {
                 pack_bf16_a<rows_per_tile>(sub(a, ic + first_packed, pc, rows - first_packed, depth), rows - first_packed, depth, dp,
@@ -366,8 +383,8 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
                     }
                 }
             }
-            if (pc + depth == k) epilogue(item, ic, col_first, rows, cols);
         }
+        epilogue(item, ic, col_first, rows, cols);
     }
 }
 
@@ -416,12 +433,13 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     const std::size_t row_groups = std::max<std::size_t>(1, std::min(wanted_groups, row_tiles));
     const std::size_t tasks = items * col_blocks * row_groups;
     const std::size_t dp = std::max<std::size_t>(1, std::min(bf16_blocking::kc, detail::round_up(k, bf16_blocking::depth_step)));
+    const std::size_t k_pad = std::max<std::size_t>(1, detail::round_up(k, bf16_blocking::depth_step));
     // B's pairs packed once are the same for every item (gemm's check_packed) and of B's extents
     const bf16* const pairs = problem.packed_b ? problem.packed_b->pairs : nullptr;
     if (pairs && (problem.packed_b->rows != k || problem.packed_b->cols != n)) {
         throw std::logic_error("dimsum: gemm: an operand packed once does not fit this product");
     }
-    const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = pairs ? 0 : block_cols * dp;
+    const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = pairs ? 0 : block_cols * k_pad;  // every depth of a task's columns
     auto prepare = [&] {
         scratch<bf16>(scratch_use::packed_a, packed_a_size);
         scratch<bf16>(scratch_use::packed_b, packed_b_size);
