@@ -89,7 +89,7 @@ expected_row expected(const attention_case& c, std::size_t i, Q q, K k, V v) {
         }
         top = std::max(top, s[j]);
         const double sum_error = double(c.d) * (std::ldexp(magnitude, -24) + std::ldexp(1.0, -126));
-        score_error = std::max(score_error, double(c.scale) * sum_error + std::ldexp(std::fabs(s[j]), -24));
+        score_error = std::max(score_error, std::fabs(double(c.scale)) * sum_error + std::ldexp(std::fabs(s[j]), -24));
     }
     double l = 0;
     for (std::size_t j : visible) l += std::exp(s[j] - top);
@@ -226,6 +226,8 @@ TEST_CASE("bf16 attention: masked queries give 0, a score function applies after
         check_case<Kernel>({.queries = 40, .keys = 10, .d = 16, .dv = 24, .causal = true, .seed = 9});
         check_case<Kernel>({.queries = 130, .keys = 300, .d = 40, .dv = 33, .scale = 0.2f, .causal = true, .score_bias = true});
         check_case<Kernel>({.items = 2, .queries = 97, .keys = 520, .d = 33, .dv = 40, .scale = 0.5f, .score_bias = true});
+        // a negative scale reverses the scores' order (the softmax's maximum is of S scaled)
+        check_case<Kernel>({.queries = 60, .keys = 300, .d = 24, .dv = 40, .scale = -0.3f, .causal = true, .seed = 4});
         // every weight 1 / n exactly (Q = 0): no rounding of P, O within float's sums of the mean
         check_case<Kernel>({.queries = 50, .keys = 700, .d = 20, .dv = 35, .zero_queries = true});
         check_case<Kernel>({.queries = 100, .keys = 300, .d = 20, .dv = 35, .causal = true, .zero_queries = true});
