@@ -208,6 +208,12 @@ TEST_CASE("bf16 products of small integers are exact, through every edge of the 
             INFO(m << " x " << k << " x " << n);
             check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .kind = values::small_integers, .seed = m * 7 + k});
         }
+        // deeper than a task packs B at once (k_span): two spans, the second short of 32
+        // depths, each taken by both blocks of rows, with B packed per call and packed once
+        constexpr std::size_t deep = ds::backend::cpu::bf16_blocking::k_span + 300;
+        for (const bool once : {false, true}) {
+            check_case<Kernel>({.items = 1, .m = 260, .k = deep, .n = 33, .b_packed_once = once, .kind = values::small_integers, .seed = 8});
+        }
     });
 }
 

@@ -50,6 +50,9 @@ struct bf16_blocking {
     static constexpr std::size_t kc = 256;
     static constexpr std::size_t mc = 256;         // rounded down to the kernel's rows
     static constexpr std::size_t nc = 512;
+    // Depths whose B a task packs at once (bf16_task): 16 blocks of kc, so that a thread's
+    // packing of B stays within nc x 4096 bf16 (4 MiB) however deep the product.
+    static constexpr std::size_t k_span = 16 * kc;
 };
 
 // ---- the instructions
@@ -322,20 +325,12 @@ inline std::size_t pair_block_offset(std::size_t cols, std::size_t pc, std::size
     return pc * round_up(cols, bf16_blocking::cols) + col * dp;
 }
 
-// Where block_b of a task finds the depth block starting at pc (of dp depths, padded) of its
-// columns: in B's pairs packed once (every column of B), or in the task's own packing of its
-// columns (bf16_task's pass 1).
-inline const bf16* task_b_block(const bf16* pairs, std::size_t b_cols, const bf16* packed_b, std::size_t col_first,
-                                std::size_t cols, std::size_t pc, std::size_t dp) {
-    return pairs ? pairs + pair_block_offset(b_cols, pc, col_first, dp) : packed_b + pair_block_offset(cols, pc, 0, dp);
-}
-
 // One task of bf16_gemm: rows [row_first, row_last) x columns [col_first, col_last) of C,
-// every depth. The task's columns of B are packed once, every depth block (or read from B's
-// pairs packed once); then each block of mc rows takes every depth block in turn, so that
-// its partial sums in C (mc x the task's columns, at most 256 x 512 floats: 512 KiB) stay in
-// L2 from one depth block to the next, and the epilogue sees the region once its every
-// depth is summed. (Depths outermost instead sent the whole task's C, megabytes, through
+// every depth. The task's columns of B are packed once, every depth block of a span of at
+// most k_span depths (or read from B's pairs packed once); then each block of mc rows takes
+// every depth block of the span in turn, so that its partial sums in C (mc x the task's
+// columns, at most 256 x 512 floats: 512 KiB) stay in L2 from one depth block to the next,
+// and the epilogue sees the region once its every depth is summed. (Depths outermost instead sent the whole task's C, megabytes, through
 // memory once per depth block: 17% of the kernel's time went to loading it back, measured
 // on a Zen 5.) A is read where it lies when its rows are contiguous and the depth block is a
 // whole number of the kernels' 32 depths (every block where K is a multiple of 32, as a
@@ -349,42 +344,52 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
     constexpr std::size_t rows_per_tile = Kernel::rows, cols_per_tile = bf16_blocking::cols, mc = bf16_mc<Kernel>;
     const std::size_t k = a.cols, cols = col_last - col_first;
     auto depth_block = [&](std::size_t pc) { return std::min(bf16_blocking::kc, k - pc); };
-    // pass 1: the task's columns of B, each depth block in panels of 32 columns
-    if (!pairs) {
-        for (std::size_t pc = 0; pc < k; pc += bf16_blocking::kc) {
-            const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
-            pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_b + pair_block_offset(cols, pc, 0, dp));
-        }
-    }
-    for (std::size_t ic = row_first; ic < row_last; ic += mc) {
-        const std::size_t rows = std::min(mc, row_last - ic);
-        for (std::size_t pc = 0; pc < k; pc += bf16_blocking::kc) {
-            const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
-            const bf16* const block_b = task_b_block(pairs, b.cols, packed_b, col_first, cols, pc, dp);
-            // pass 2: this block of A, in panels of the kernel's rows: all of them, or only a
-            // short last one where A is read in place
-            const bool a_in_place = a.col_stride == 1 && depth == dp;
-            const std::size_t first_packed = a_in_place ? rows / rows_per_tile * rows_per_tile : 0;
-            if (first_packed < rows) {
-                pack_bf16_a<rows_per_tile>(sub(a, ic + first_packed, pc, rows - first_packed, depth), rows - first_packed, depth, dp,
-                                           packed_a);
+    for (std::size_t span = 0; span < k; span += bf16_blocking::k_span) {
+        const std::size_t span_end = std::min(k, span + bf16_blocking::k_span);
+        // where the depth block starting at pc (dp depths) of the task's columns lies: in the
+        // task's packing of this span, or in B's pairs packed once (every column of B)
+        auto packed_block = [&](std::size_t pc, std::size_t dp) { return packed_b + pair_block_offset(cols, pc - span, 0, dp); };
+        auto block_b = [&](std::size_t pc, std::size_t dp) -> const bf16* {
+            return pairs ? pairs + pair_block_offset(b.cols, pc, col_first, dp) : packed_block(pc, dp);
+        };
+        // pass 1: the task's columns of B, each depth block of the span in panels of 32 columns
+        if (!pairs) {
+            for (std::size_t pc = span; pc < span_end; pc += bf16_blocking::kc) {
+                const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
+                pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_block(pc, dp));
             }
-            // pass 3: micro-tile by micro-tile, each B panel against every A panel
-            for (std::size_t jr = 0; jr < cols; jr += cols_per_tile) {
-                for (std::size_t ir = 0; ir < rows; ir += rows_per_tile) {
-                    const matrix<float> tile = sub(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir),
-                                                       std::min(cols_per_tile, cols - jr));
-                    const bf16* const b_panel = block_b + jr * dp;
-                    if (ir < first_packed) {
-                        const bf16* const a_rows = a.data + static_cast<std::ptrdiff_t>(ic + ir) * a.row_stride + static_cast<std::ptrdiff_t>(pc);
-                        kernel.block(a_rows, a.row_stride, b_panel, dp, tile, pc != 0);
-                    } else {
-                        kernel.block(packed_a + (ir - first_packed) * dp, static_cast<std::ptrdiff_t>(dp), b_panel, dp, tile, pc != 0);
+        }
+        for (std::size_t ic = row_first; ic < row_last; ic += mc) {
+            const std::size_t rows = std::min(mc, row_last - ic);
+            for (std::size_t pc = span; pc < span_end; pc += bf16_blocking::kc) {
+                const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
+                // pass 2: this block of A, in panels of the kernel's rows: all of them, or only a
+                // short last one where A is read in place
+                const bool a_in_place = a.col_stride == 1 && depth == dp;
+                const std::size_t first_packed = a_in_place ? rows / rows_per_tile * rows_per_tile : 0;
+                if (first_packed < rows) {
+                    pack_bf16_a<rows_per_tile>(sub(a, ic + first_packed, pc, rows - first_packed, depth), rows - first_packed, depth,
+                                               dp, packed_a);
+                }
+                // pass 3: micro-tile by micro-tile, each B panel against every A panel
+                for (std::size_t jr = 0; jr < cols; jr += cols_per_tile) {
+                    for (std::size_t ir = 0; ir < rows; ir += rows_per_tile) {
+                        const matrix<float> tile = sub(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir),
+                                                           std::min(cols_per_tile, cols - jr));
+                        const bf16* const b_panel = block_b(pc, dp) + jr * dp;
+                        if (ir < first_packed) {
+                            const bf16* const a_rows =
+                                a.data + static_cast<std::ptrdiff_t>(ic + ir) * a.row_stride + static_cast<std::ptrdiff_t>(pc);
+                            kernel.block(a_rows, a.row_stride, b_panel, dp, tile, pc != 0);
+                        } else {
+                            kernel.block(packed_a + (ir - first_packed) * dp, static_cast<std::ptrdiff_t>(dp), b_panel, dp, tile,
+                                         pc != 0);
+                        }
                     }
                 }
             }
+            if (span_end == k) epilogue(item, ic, col_first, rows, cols);
         }
-        epilogue(item, ic, col_first, rows, cols);
     }
 }
 
@@ -433,13 +438,13 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     const std::size_t row_groups = std::max<std::size_t>(1, std::min(wanted_groups, row_tiles));
     const std::size_t tasks = items * col_blocks * row_groups;
     const std::size_t dp = std::max<std::size_t>(1, std::min(bf16_blocking::kc, detail::round_up(k, bf16_blocking::depth_step)));
-    const std::size_t k_pad = std::max<std::size_t>(1, detail::round_up(k, bf16_blocking::depth_step));
+    const std::size_t span_pad = std::max<std::size_t>(1, detail::round_up(std::min(k, bf16_blocking::k_span), bf16_blocking::depth_step));
     // B's pairs packed once are the same for every item (gemm's check_packed) and of B's extents
     const bf16* const pairs = problem.packed_b ? problem.packed_b->pairs : nullptr;
     if (pairs && (problem.packed_b->rows != k || problem.packed_b->cols != n)) {
         throw std::logic_error("dimsum: gemm: an operand packed once does not fit this product");
     }
-    const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = pairs ? 0 : block_cols * k_pad;  // every depth of a task's columns
+    const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = pairs ? 0 : block_cols * span_pad;  // a span of a task's columns
     auto prepare = [&] {
         scratch<bf16>(scratch_use::packed_a, packed_a_size);
         scratch<bf16>(scratch_use::packed_b, packed_b_size);
