@@ -133,6 +133,11 @@ struct emulated_pairs {
         return s;
     }
     static void store_sums(float* to, const sums& s) { std::memcpy(to, s.v, sizeof(s.v)); }
+    // VADDPS (denormals kept: it honours MXCSR, which dimsum leaves as it is)
+    static sums add(sums s, const sums& t) {
+        for (int n = 0; n < 16; ++n) s.v[n] += t.v[n];
+        return s;
+    }
     static pairs load_pairs(const dimsum::bf16* from) {
         pairs p;
         std::memcpy(p.v, from, sizeof(p.v));

@@ -108,6 +108,7 @@ struct avx512_pairs {
     static sums zero() { return _mm512_setzero_ps(); }
     static sums load_sums(const float* from) { return _mm512_loadu_ps(from); }
     static void store_sums(float* to, sums s) { _mm512_storeu_ps(to, s); }
+    static sums add(sums s, sums t) { return _mm512_add_ps(s, t); }
     static pairs load_pairs(const bf16* from) { return _mm512_loadu_si512(from); }
     static pairs broadcast_pair(const bf16* from) {
         std::int32_t pair;
@@ -216,12 +217,19 @@ struct pair_kernel {
         if (!in_place && accumulate) detail::fill_edge(buffer, rows, c);
         float* const out = in_place ? c.data : buffer;
         const std::ptrdiff_t ld = in_place ? c.row_stride : static_cast<std::ptrdiff_t>(cols);
+        // C's rows lie far apart, where no hardware prefetcher follows them: asked for now,
+        // they arrive while this block's sums are formed from zero, and are added after (as
+        // gemm.hpp's micro_kernel does). Loaded first, they stalled the kernel: 13% of its samples
+        // outside the depth loop in a causal layer's products (Zen 5).
         sums left[rows], right[rows];
 #pragma GCC unroll 12
         for (std::size_t r = 0; r < rows; ++r) {
             const float* row = out + static_cast<std::ptrdiff_t>(r) * ld;
-            left[r] = accumulate ? Pairs::load_sums(row) : Pairs::zero();
-            right[r] = accumulate ? Pairs::load_sums(row + half) : Pairs::zero();
+            if (accumulate) {
+                __builtin_prefetch(row, 1);
+                __builtin_prefetch(row + cols - 1, 1);
+            }
+            left[r] = right[r] = Pairs::zero();
         }
         const bf16* const b_right = b + dp * half;
         for (std::size_t q = 0; q < dp / 2; ++q) {
@@ -236,6 +244,10 @@ struct pair_kernel {
 #pragma GCC unroll 12
         for (std::size_t r = 0; r < rows; ++r) {
             float* row = out + static_cast<std::ptrdiff_t>(r) * ld;
+            if (accumulate) {
+                left[r] = Pairs::add(Pairs::load_sums(row), left[r]);
+                right[r] = Pairs::add(Pairs::load_sums(row + half), right[r]);
+            }
             Pairs::store_sums(row, left[r]);
             Pairs::store_sums(row + half, right[r]);
         }
