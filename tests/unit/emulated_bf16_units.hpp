@@ -30,6 +30,19 @@ inline float widened(std::uint16_t bits) {
 }
 inline float flushed(float x) { return std::fabs(x) < FLT_MIN ? std::copysign(0.0f, x) : x; }
 
+// VCVTNE2PS2BF16, from its definition: 32 floats to bf16, to nearest even; NaN made quiet;
+// zero and denormals to zero with their sign. Both stand-ins round P with it, as both units do.
+inline void emulated_round_pairs(const float* from, dimsum::bf16* to) {
+    for (int n = 0; n < 32; ++n) {
+        const std::uint32_t u = std::bit_cast<std::uint32_t>(from[n]);
+        std::uint32_t bits = 0;
+        if ((u & 0x7f800000u) == 0) bits = (u >> 16) & 0x8000u;
+        else if ((u & 0x7fffffffu) > 0x7f800000u) bits = (u >> 16) | 0x40u;
+        else bits = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        to[n] = dimsum::bf16::from_bits(static_cast<std::uint16_t>(bits));
+    }
+}
+
 struct emulated_tiles {
     // units configured and not yet released, over every thread
     static std::atomic<int>& unreleased() {
@@ -54,6 +67,7 @@ struct emulated_tiles {
         configured_on_this_thread() = false;
         unreleased().fetch_sub(1);
     }
+    static void round_pairs(const float* from, dimsum::bf16* to) { emulated_round_pairs(from, to); }
     template <int t>
     void zero() {
         require_configured();
@@ -126,6 +140,7 @@ struct emulated_pairs {
         static std::atomic<long> count{0};
         return count;
     }
+    static void round_pairs(const float* from, dimsum::bf16* to) { emulated_round_pairs(from, to); }
     static sums zero() { return {}; }
     static sums load_sums(const float* from) {
         sums s;

@@ -12,6 +12,7 @@
 #include <dimsum/evaluation/codes.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -184,6 +185,46 @@ const extents sizes[] = {{1, 1, 1, 1},     {3, 31, 3, 17},   {13, 33, 32, 32},  
                          {97, 257, 20, 24}, {70, 300, 80, 40}, {200, 520, 16, 65}};
 
 }  // namespace
+
+TEST_CASE("each bf16 kernel rounds P to nearest even, NaN quiet, a denormal to zero with its sign") {
+    // The reference: bf16's own conversion (core/bf16.hpp), but for a denormal, which the
+    // instruction (VCVTNE2PS2BF16) makes zero, as the products that read P would take it.
+    auto expected = [](float x) -> std::uint16_t {
+        if (x != 0 && std::fabs(x) < std::numeric_limits<float>::min()) return std::signbit(x) ? 0x8000 : 0;
+        return bf16(x).bits;
+    };
+    const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), -std::bit_cast<float>(0x007fffffu),
+                              std::numeric_limits<float>::min(), -std::numeric_limits<float>::min(),
+                              std::bit_cast<float>(0x3f808000u),  // 1 + 2^-8: a tie, to the even 1
+                              std::bit_cast<float>(0x3f818000u),  // a tie, to the even above
+                              std::bit_cast<float>(0x3f808001u),  // just past a tie: up
+                              std::numeric_limits<float>::max(),  // rounds past the largest bf16: infinity
+                              std::bit_cast<float>(0x7f7f7fffu),  // the largest bf16, unrounded
+                              std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                              std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0x7f800001u),  // signalling
+                              std::bit_cast<float>(0xffffffffu), std::bit_cast<float>(0x7fbfffffu)};
+    // each special in every lane of a block of 32, among random bits of every class
+    std::mt19937 random(17);
+    std::vector<float> from;
+    for (const float special : specials) {
+        for (std::size_t lane = 0; lane < 32; ++lane) {
+            for (std::size_t n = 0; n < 32; ++n) from.push_back(n == lane ? special : std::bit_cast<float>(std::uint32_t(random())));
+        }
+    }
+    test::for_each_kernel([&]<class Kernel>(const char* name) {
+        INFO(name);
+        std::vector<bf16> to(from.size() + 32, bf16::from_bits(0x1234));  // past the end: must stay
+        Kernel::round_row(from.data(), to.data(), from.size());
+        std::size_t wrong = 0;
+        for (std::size_t n = 0; n < from.size(); ++n) {
+            if (to[n].bits != expected(from[n])) {
+                if (wrong++ < 5) UNSCOPED_INFO("lane " << n % 32 << ": " << std::hex << std::bit_cast<std::uint32_t>(from[n]) << " -> " << to[n].bits << ", expected " << expected(from[n]));
+            }
+        }
+        CHECK(wrong == 0);
+        CHECK(std::all_of(to.begin() + std::ptrdiff_t(from.size()), to.end(), [](bf16 b) { return b.bits == 0x1234; }));
+    });
+}
 
 TEST_CASE("bf16 attention on the bf16 kernels, within the bound of its roundings, through every edge of the blocks") {
     test::for_kernels_and_threads([]<class Kernel>() {

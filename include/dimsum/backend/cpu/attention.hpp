@@ -335,14 +335,12 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
 // bf16 operand `s` (of a problem over float) as a matrix of its own elements.
 inline matrix<const bf16> stored_bf16(const source<float>& s) { return {s.narrow, s.m.rows, s.m.cols, s.m.row_stride, s.m.col_stride}; }
 
-// P (`queries` rows of `cols` floats, `ld` apart) rounded to bf16 into `rows` rows of `cols`
-// (the kernels' A panels, R rows each, are rows one after another); rows past `queries` zero.
-inline void round_rows(const float* p, std::size_t ld, std::size_t queries, std::size_t rows, std::size_t cols, bf16* out) {
-    for (std::size_t i = 0; i < queries; ++i) {
-        const float* row = p + i * ld;
-        bf16* to = out + i * cols;
-        for (std::size_t j = 0; j < cols; ++j) to[j] = bf16(row[j]);
-    }
+// P (`queries` rows of `cols` floats, `ld` apart; cols a multiple of 32) rounded to bf16 by
+// the kernel into `rows` rows of `cols` (the kernels' A panels, R rows each, are rows one
+// after another); rows past `queries` zero.
+template <class Kernel>
+void round_rows(const float* p, std::size_t ld, std::size_t queries, std::size_t rows, std::size_t cols, bf16* out) {
+    for (std::size_t i = 0; i < queries; ++i) Kernel::round_row(p + i * ld, out + i * cols, cols);
     std::fill(out + queries * cols, out + rows * cols, bf16{});
 }
 
@@ -448,7 +446,7 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
         // pass 3: O += P V_block, P rounded to bf16, V's block (cols, dv) in pairs of keys:
         // the item's, packed once, unless a causal mask cut the block short, whose depth past
         // the last key seen must be zero (P is 0 there, and 0 V is NaN where V is infinite)
-        round_rows(scores, block_keys, queries, rows, cols_pad, packed_p);
+        round_rows<Kernel>(scores, block_keys, queries, rows, cols_pad, packed_p);
         const bool item_block = packed.values && cols == std::min(block_keys, n - key);
         const bf16* values = item_block ? packed.values + value_block_offset(key, dv_pad) : packed_v;
         if (!item_block) pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);

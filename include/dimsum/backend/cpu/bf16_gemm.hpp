@@ -68,6 +68,21 @@ struct alignas(64) tile_config {
 static_assert(sizeof(tile_config) == 64 && offsetof(tile_config, bytes_per_row) == 16 && offsetof(tile_config, rows) == 48);
 
 #if defined(__x86_64__)
+// VCVTNE2PS2BF16 (AVX512-BF16): the 32 floats at `from` rounded to bf16 at `to`, to nearest
+// even, NaN made quiet, a denormal (in or out) zero with its sign. Attention rounds its P with
+// it on both kernels (round_row), where bf16's own conversion (core/bf16.hpp) takes a dozen
+// integer instructions for 16 values: the products that read P take a denormal bf16 as zero
+// in any case, so both conversions give them the same sums. On memory and a named register,
+// so that it assembles where the compiler was not told of AVX-512 (amx_tiles).
+inline void round_pairs_on_instruction(const float* from, bf16* to) {
+    asm volatile(
+        "vmovups {64(%1), %%zmm0|zmm0, zmmword ptr [%1+64]}\n\t"
+        "vcvtne2ps2bf16 {(%1), %%zmm0, %%zmm0|zmm0, zmm0, zmmword ptr [%1]}\n\t"
+        "vmovups {%%zmm0, (%0)|zmmword ptr [%0], zmm0}" ::"r"(to),
+        "r"(from)
+        : "xmm0", "memory");
+}
+
 // The AMX instructions, on tiles named at compile time. Written as assembly rather than with
 // the compiler's intrinsics, which g++ and clang declare under different target requirements;
 // the bytes are the intrinsics' (compared with objdump, g++ 12 and clang 14). Each template
@@ -91,6 +106,9 @@ struct amx_tiles {
     void store(void* base, std::ptrdiff_t stride) {
         asm volatile("tilestored {%%tmm%c2, (%0,%1,1)|[%0+%1*1], tmm%c2}" ::"r"(base), "r"(stride), "i"(t) : "memory");
     }
+    // 32 floats rounded to bf16 for the tiles (every CPU with AMX-BF16 so far has AVX512-BF16:
+    // the path requires it, bf16_paths.hpp)
+    static void round_pairs(const float* from, bf16* to) { round_pairs_on_instruction(from, to); }
     // tile c += tile a (16 rows x 16 pairs) times tile b (16 pairs x 16 columns)
     template <int c, int a, int b>
     void dot() {
@@ -115,6 +133,7 @@ struct avx512_pairs {
         std::memcpy(&pair, from, sizeof(pair));
         return _mm512_set1_epi32(pair);
     }
+    static void round_pairs(const float* from, bf16* to) { round_pairs_on_instruction(from, to); }
     // s[n] += a[n].first * b[n].first + a[n].second * b[n].second
     static sums dot(sums s, pairs a, pairs b) {
         asm("vdpbf16ps {%2, %1, %0|%0, %1, %2}" : "+v"(s) : "v"(a), "v"(b));
@@ -150,6 +169,12 @@ inline void write_edge(const float* buffer, const matrix<float>& c) {
     }
 }
 
+// n floats (a multiple of 32) rounded to bf16 by the units' round_pairs: a kernel's round_row.
+template <class Units>
+void round_row(const float* from, bf16* to, std::size_t n) {
+    for (std::size_t j = 0; j < n; j += bf16_blocking::cols) Units::round_pairs(from + j, to + j);
+}
+
 }  // namespace detail
 
 // 32 x 32 of C in four accumulator tiles (tmm0-3), fed by two A tiles (tmm4-5) and two B
@@ -161,6 +186,8 @@ struct tile_kernel {
 
     void configure() { unit.configure(); }
     void release() { unit.release(); }
+    // P for the products, as the CPU with these units rounds it (round_pairs_on_instruction)
+    static void round_row(const float* from, bf16* to, std::size_t n) { detail::round_row<Tiles>(from, to, n); }
     void block(const bf16* a, std::ptrdiff_t a_stride, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
         constexpr std::size_t half = 16;
         alignas(64) float buffer[rows * bf16_blocking::cols];
@@ -209,6 +236,7 @@ struct pair_kernel {
 
     void configure() {}
     void release() {}
+    static void round_row(const float* from, bf16* to, std::size_t n) { detail::round_row<Pairs>(from, to, n); }
     void block(const bf16* a, std::ptrdiff_t a_stride, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
         constexpr std::size_t half = 16, cols = bf16_blocking::cols;
         using sums = typename Pairs::sums;

@@ -72,9 +72,22 @@ inline unsigned enabled_state() {
 }
 #endif
 
+#if defined(__x86_64__) && defined(__linux__)
+// Why this process may not run AVX512-BF16's instructions (the CPU's word, CPUID, and the
+// operating system's, XCR0 holding the 512-bit registers), or nothing where it may.
+inline std::string_view avx512_bf16_refused() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || (a & (1u << 5)) == 0) return "this CPU reports no avx512_bf16 (CPUID leaf 7, subleaf 1)";
+    constexpr unsigned vector_state = 0xe6;  // SSE, AVX, opmask and both halves of the 512-bit registers
+    if ((enabled_state() & vector_state) != vector_state) return "the operating system has not enabled the AVX-512 state (XCR0)";
+    return {};
+}
+#endif
+
 // AMX needs the CPU's word (CPUID), the operating system's (XCR0 holds the tile state) and,
 // on Linux, the kernel's permission for this process (arch_prctl, once: it holds for every
-// thread of the process).
+// thread of the process); and AVX512-BF16, whose conversion rounds attention's P for the
+// tiles (every CPU with AMX-BF16 so far has it).
 inline bf16_path_support probe_amx() {
 #if defined(__x86_64__) && defined(__linux__)
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -94,6 +107,9 @@ inline bf16_path_support probe_amx() {
     if (!palette_fits || !unit_fits) {
         return {false, "this CPU's tiles are smaller than the kernels' 8 tiles of 16 rows x 64 bytes (CPUID leaves 0x1d, 0x1e)"};
     }
+    if (const std::string_view refused = avx512_bf16_refused(); !refused.empty()) {
+        return {false, std::string(refused) + ", which the tile path needs beside AMX"};
+    }
     constexpr unsigned tile_state = (1u << 17) | (1u << 18);  // XTILECFG, XTILEDATA
     if ((enabled_state() & tile_state) != tile_state) return {false, "the operating system has not enabled the tile state (XCR0 bits 17, 18)"};
     // Granted to the whole process, for good: Linux refuses (ENOSPC) while a thread's
@@ -110,19 +126,14 @@ inline bf16_path_support probe_amx() {
 #endif
 }
 
-// AVX512-BF16 needs the CPU's word, the operating system's (XCR0 holds the 512-bit
-// registers) and kernels compiled for AVX-512 (their instruction set, not this header's).
+// The AVX512-BF16 path needs the CPU's and the operating system's word (avx512_bf16_refused)
+// and kernels compiled for AVX-512 (their instruction set, not this header's).
 inline bf16_path_support probe_avx512_bf16() {
 #if defined(__x86_64__) && defined(__linux__)
     if (!std::string_view(instruction_set()).starts_with("avx512")) {
         return {false, std::string("the kernels were compiled for ") + instruction_set() + ", without AVX-512"};
     }
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || (a & (1u << 5)) == 0) {
-        return {false, "this CPU reports no avx512_bf16 (CPUID leaf 7, subleaf 1)"};
-    }
-    constexpr unsigned vector_state = 0xe6;  // SSE, AVX, opmask and both halves of the 512-bit registers
-    if ((enabled_state() & vector_state) != vector_state) return {false, "the operating system has not enabled the AVX-512 state (XCR0)"};
+    if (const std::string_view refused = avx512_bf16_refused(); !refused.empty()) return {false, std::string(refused)};
     return {true, {}};
 #else
     return {false, "AVX512-BF16 is used on x86-64 Linux only"};
