@@ -193,7 +193,7 @@ void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t
         row_max[i] = top;
         batch total(T(0));
         for (std::size_t j = 0; j < cols_pad; j += width) {
-            batch e = xsimd::exp(batch::load_aligned(row + j) - batch(top));
+            batch e = exponential<T>(batch::load_aligned(row + j) - batch(top));
             e.store_aligned(row + j);
             total += e;
         }

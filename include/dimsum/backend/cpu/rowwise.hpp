@@ -265,7 +265,7 @@ void softmax_line(const In* x, Out* y, std::size_t n, T* work, const In* ahead, 
     std::size_t i = 0;
     for (; i + width <= n; i += width) {
         if (ahead && i % line == 0) __builtin_prefetch(ahead + i);
-        batch e = xsimd::exp(load_widened<T>(x + i) - top);
+        batch e = exponential<T>(load_widened<T>(x + i) - top);
         e.store_unaligned(e_out + i);
         total += e;
     }
@@ -273,7 +273,7 @@ void softmax_line(const In* x, Out* y, std::size_t n, T* work, const In* ahead, 
         alignas(64) T tail[width];
         std::fill(std::transform(x + i, x + n, tail, [](In v) { return static_cast<T>(v); }), tail + width,
                   -std::numeric_limits<T>::infinity());
-        batch e = xsimd::exp(batch::load_aligned(tail) - top);
+        batch e = exponential<T>(batch::load_aligned(tail) - top);
         e.store_aligned(tail);
         std::copy(tail, tail + (n - i), e_out + i);
         total += e;
