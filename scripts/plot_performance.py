@@ -27,6 +27,13 @@ TITLES = {
     "copy_bandwidth": "softmax and elementwise: dimsum / memcpy (GB/s, bytes read + written)",
     "pytorch": "attention layer: dimsum / PyTorch at its best (GFLOP/s; higher is better)",
     "pytorch_memory": "attention layer: dimsum's memory / PyTorch's, beyond inputs and weights (lower is better)",
+    # the bf16 rows (dimsum_bench --filter=bf16_)
+    "dimsum_float": "bf16: dimsum in bf16 / dimsum in float on the same values",
+    "dimsum_bf16": "bf16 GEMM: weights prepacked / packed at each call",
+    "onednn_bf16": "bf16 GEMM: dimsum / oneDNN's bf16 matmul primitive (GFLOP/s)",
+    "pytorch_bf16": "bf16 GEMM: dimsum / torch.matmul in bf16 (GFLOP/s)",
+    "vdpbf16ps_peak": "bf16 GEMM and attention: dimsum / the vdpbf16ps peak measured in the same run",
+    "amx_peak": "bf16 GEMM and attention: dimsum / the AMX peak measured in the same run",
 }
 MEMORY_YARDSTICK = "seq_x_seq_scores"
 
