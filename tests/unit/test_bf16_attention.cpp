@@ -61,6 +61,10 @@ struct expected_row {
 //    d 2^-24 sum |q k| (and d 2^-126, sums flushed), times the scale, then 2^-24 |s| for the
 //    scaling itself. An error e in every score moves each weight p_j / l by at most a factor
 //    e^(2e): O by 2e sum_j w_j |v_j|.
+//  - the weights: e^(s_j - m) as 2^y (attention.hpp's bf16_weights), with a polynomial within
+//    2^-22 of itself and y rounded three times, by 2^-24 |y| each: an error in the score of
+//    2^-22 + 3 2^-24 (m - s_j), m at most the row's maximum (AVX-512; elsewhere float's e^x,
+//    within less).
 //  - P: rounded to bf16 before P V, each weight by at most 2^-8 of itself (8 significant bits,
 //    to nearest): O by 2^-8 sum_j w_j |v_j|; nothing when Q = 0, every weight then exp(0) = 1.
 //  - the float sums of P V and of l over n keys, the rescaling by each key block and the
@@ -77,6 +81,7 @@ expected_row expected(const attention_case& c, std::size_t i, Q q, K k, V v) {
     if (visible.empty()) return row;  // every key masked: O = 0
     std::vector<double> s(n);
     double top = -std::numeric_limits<double>::infinity(), score_error = 0;
+    std::vector<double> sum_errors(n);
     for (std::size_t j : visible) {
         double sum = 0, magnitude = 0;
         for (std::size_t p = 0; p < c.d; ++p) {
@@ -90,7 +95,11 @@ expected_row expected(const attention_case& c, std::size_t i, Q q, K k, V v) {
         }
         top = std::max(top, s[j]);
         const double sum_error = double(c.d) * (std::ldexp(magnitude, -24) + std::ldexp(1.0, -126));
-        score_error = std::max(score_error, std::fabs(double(c.scale)) * sum_error + std::ldexp(std::fabs(s[j]), -24));
+        sum_errors[j] = std::fabs(double(c.scale)) * sum_error + std::ldexp(std::fabs(s[j]), -24);
+    }
+    for (std::size_t j : visible) {
+        const double weight_error = std::ldexp(1.0, -22) + 3 * std::ldexp(top - s[j], -24);
+        score_error = std::max(score_error, sum_errors[j] + weight_error);
     }
     double l = 0;
     for (std::size_t j : visible) l += std::exp(s[j] - top);
@@ -224,6 +233,51 @@ TEST_CASE("each bf16 kernel rounds P to nearest even, NaN quiet, a denormal to z
         CHECK(wrong == 0);
         CHECK(std::all_of(to.begin() + std::ptrdiff_t(from.size()), to.end(), [](bf16 b) { return b.bits == 0x1234; }));
     });
+}
+
+TEST_CASE("the bf16 kernels' weights e^(x - m) lie within the bound the attention test derives, 0 where x is masked") {
+    using batch = cpu::simd<float>;
+    constexpr std::size_t width = batch::size;
+    auto weights = [](const std::vector<float>& x, float top) {  // x.size() a multiple of width
+        const cpu::detail::bf16_weights weight(top);
+        std::vector<float> e(x.size());
+        for (std::size_t i = 0; i < x.size(); i += width) weight(batch::load_unaligned(x.data() + i)).store_unaligned(e.data() + i);
+        return e;
+    };
+    SECTION("x - m from -104 (e^(x - m) the smallest denormal) to 0, every 31st float, at several m") {
+        for (const float top : {0.0f, 3.5f, -7.25f, 1000.0f, -1e6f}) {
+            std::vector<float> x;
+            for (std::uint32_t bits = 0x80000000u; bits <= std::bit_cast<std::uint32_t>(-104.0f); bits += 31) {
+                x.push_back(top + std::bit_cast<float>(bits));
+            }
+            while (x.size() % width != 0) x.push_back(top);
+            const std::vector<float> e = weights(x, top);
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < x.size(); ++i) {
+                const double y = double(x[i]) - double(top), want = std::exp(y);
+                // test_bf16_attention's allowance, and half a denormal's unit where e^y is one
+                const double bound = want * (std::ldexp(1.0, -22) + 3 * std::ldexp(-y, -24)) + std::ldexp(1.0, -150);
+                if (!(std::fabs(double(e[i]) - want) <= bound) && wrong++ < 5) UNSCOPED_INFO("m = " << top << ", x - m = " << y << ": " << e[i] << ", e^(x - m) = " << want);
+            }
+            CHECK(wrong == 0);
+        }
+    }
+    SECTION("x = m gives 1, -infinity 0, NaN NaN, in every lane among ordinary values") {
+        std::mt19937 random(5);
+        std::uniform_real_distribution<float> ordinary(-30.0f, 0.0f);
+        const float top = 2.5f;
+        for (const float special : {top, -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+            for (std::size_t lane = 0; lane < width; ++lane) {
+                std::vector<float> x(width);
+                for (auto& v : x) v = top + ordinary(random);
+                x[lane] = special;
+                const float e = weights(x, top)[lane];
+                INFO("x = " << special << " in lane " << lane);
+                if (std::isnan(special)) CHECK(std::isnan(e));
+                else CHECK(e == (special == top ? 1.0f : 0.0f));
+            }
+        }
+    }
 }
 
 TEST_CASE("bf16 attention on the bf16 kernels, within the bound of its roundings, through every edge of the blocks") {

@@ -19,11 +19,12 @@
 //
 // Q, K and V all stored as bf16, on the amx or avx512_bf16 path (bf16_paths.hpp), take the
 // same steps on the bf16 dot-product kernels (bf16_gemm.hpp) instead: Q's rows and K's pairs
-// give S in float, the online softmax runs in float, and P, rounded to bf16 (as
-// FlashAttention rounds it on tensor cores), times V's pairs adds to O in float. V cannot be
-// read in place there (its keys go in pairs), so a task that is a whole item packs it once, as
-// it packs K^T. Only the products differ: the tasks, the masks, the softmax and the merging
-// are the float kernel's.
+// give S in float, the online softmax runs in float, and P, rounded to bf16 (as FlashAttention
+// rounds it on tensor cores), times V's pairs adds to O in float. V cannot be read in place
+// there (its keys go in pairs), so a task that is a whole item packs it once, as it packs K^T.
+// Only the products and the softmax's e^x differ (a shorter one, good to 1.7e-7, since P is
+// rounded next: bf16_weights): the tasks, the masks, the softmax and the merging are the
+// float kernel's.
 
 #include <algorithm>
 #include <atomic>
@@ -164,18 +165,95 @@ void pack_keys(const source<T>& k, std::size_t first, std::size_t count, T* out)
     });
 }
 
-// pass 2 of a block of keys, whichever kernel multiplies: the score function, the masks, the
-// online softmax. scores (queries, cols_pad), `ld` apart: S in, P out (0 past the live keys);
-// out (queries, ld_out): O, rescaled where a row's maximum grew.
+// The largest of a row's live scores, after row[j] *= scale (unless scaled is false) for j <
+// live and row[j] = -infinity for the rest of the batch that holds row[live - 1]: the batches
+// past it are online_softmax's to zero. row aligned to a batch. NaN if any live score is NaN.
+template <class T, bool scaled>
+T scaled_row_max(T* row, std::size_t live, T scale) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size;
+    batch top(-std::numeric_limits<T>::infinity());
+    auto nan = xsimd::isnan(top);
+    std::size_t j = 0;
+    for (; j + width <= live; j += width) {
+        batch v = batch::load_aligned(row + j);
+        if constexpr (scaled) {
+            v *= batch(scale);
+            v.store_aligned(row + j);
+        }
+        nan = nan || xsimd::isnan(v);
+        top = xsimd::max(top, v);
+    }
+    T result = xsimd::any(nan) ? std::numeric_limits<T>::quiet_NaN() : lanes_max(top);
+    for (; j < live; ++j) {  // the batch a mask cuts
+        if constexpr (scaled) row[j] *= scale;
+        result = fn::maximum{}(result, row[j]);
+    }
+    std::fill(row + live, row + round_up(live, width), -std::numeric_limits<T>::infinity());
+    return result;
+}
+
+// e^(x - top) for a row's scaled scores x, whose maximum is top: the weights of the online
+// softmax. On the float kernel, float's e^x (exponential, within 2 ulp).
 template <class T>
+struct float_weights {
+    simd<T> top;
+    explicit float_weights(T row_top) : top(row_top) {}
+    simd<T> operator()(const simd<T>& x) const { return exponential<T>(x - top); }
+};
+
+// On the bf16 kernels, whose P is rounded to bf16 next (by up to 2^-8 of itself), in about
+// two thirds of exponential's instructions: e^(x - top) = 2^y with y = (x - top) log2(e),
+// 2^y = 2^k 2^r with k the integer nearest y and r = y - k (exact, |r| <= 1/2), 2^r by a
+// degree-5 polynomial (a minimax fit of relative error 1.7e-7 in float's arithmetic, measured
+// on 2e6 points), and 2^k by vscalefps. y's roundings add 3 2^-24 |y| (test_bf16_attention
+// derives its bound with both). y is held above -200, where 2^y is 0 in float, so that a
+// masked score (-infinity) gives 0, not NaN; a NaN stays NaN (the max takes y second).
+struct bf16_weights {
+#if defined(__AVX512F__)
+    __m512 top;
+    explicit bf16_weights(float row_top) : top(_mm512_set1_ps(row_top)) {}
+    simd<float> operator()(const simd<float>& x) const {
+        const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+        const __m512 y = _mm512_max_ps(_mm512_set1_ps(-200.0f), _mm512_mul_ps(_mm512_sub_ps(x, top), log2e));
+        const __m512 k = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 r = _mm512_sub_ps(y, k);
+        __m512 p = _mm512_set1_ps(1.3264631852507591e-3f);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.671486914157867e-3f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.550733581185341e-2f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022242426872253e-1f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.931470036506653e-1f));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+        return _mm512_scalef_ps(p, k);
+    }
+#else
+    float_weights<float> exact;  // elsewhere float's own
+    explicit bf16_weights(float row_top) : exact(row_top) {}
+    simd<float> operator()(const simd<float>& x) const { return exact(x); }
+#endif
+};
+
+// pass 2 of a block of keys, whichever kernel multiplies: the scale (where the kernel did not
+// scale Q), the score function, the masks, the online softmax with Weights (above). scores
+// (queries, cols_pad), `ld` apart: S in, P out (0 past the live keys), each row handed to
+// row_done(i, row) while it is still in L1 (the bf16 kernels round it there; a pass over the
+// whole tile afterwards read it back from L2); out (queries, ld_out): O, rescaled where a row's
+// maximum grew.
+template <class T, class Weights, class RowDone>
 void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
-                    std::size_t key, std::size_t cols, std::size_t cols_pad, T* scores, std::size_t ld, T* row_max,
-                    T* row_sum, T* out, std::size_t ld_out) {
+                    std::size_t key, std::size_t cols, std::size_t cols_pad, T scale, T* scores, std::size_t ld, T* row_max,
+                    T* row_sum, T* out, std::size_t ld_out, RowDone&& row_done) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size;
     constexpr T minus_infinity = -std::numeric_limits<T>::infinity();
     const std::size_t m = p.q.rows, n = p.k.rows;
-    if (p.scores.apply) p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, ld);
+    if (p.scores.apply) {  // the function sees scaled scores
+        if (scale != T(1)) {
+            for (std::size_t i = 0; i < queries; ++i) scale_line(scores + i * ld, cols_pad, scale);
+        }
+        scale = T(1);
+        p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, ld);
+    }
     for (std::size_t i = 0; i < queries; ++i) {
         T* row = scores + i * ld;
         std::size_t live = cols;
@@ -183,22 +261,37 @@ void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t
             std::size_t visible = visible_keys(first_query + i, m, n);
             live = visible <= key ? 0 : std::min(cols, visible - key);
         }
-        std::fill(row + live, row + cols_pad, minus_infinity);  // masked, and the padding
-        const T top = fn::maximum{}(row_max[i], line_max(row, cols_pad));
+        const T largest = scale == T(1) ? scaled_row_max<T, false>(row, live, scale) : scaled_row_max<T, true>(row, live, scale);
+        const T top = fn::maximum{}(row_max[i], largest);
         if (top == minus_infinity) {  // nothing visible yet: weights 0, m and l unchanged
             std::fill(row, row + cols_pad, T(0));
+            row_done(i, row);
             continue;
         }
         const T rescale = std::exp(row_max[i] - top);  // 0 when m was -infinity
         row_max[i] = top;
-        batch total(T(0));
-        for (std::size_t j = 0; j < cols_pad; j += width) {
-            batch e = exponential<T>(batch::load_aligned(row + j) - batch(top));
-            e.store_aligned(row + j);
-            total += e;
+        // the weights of the batches with a live score, in two sums (one would be a chain of
+        // dependent additions as long as the row), and 0 past them
+        const Weights weight(top);
+        const std::size_t live_pad = round_up(live, width);
+        batch total[2] = {batch(T(0)), batch(T(0))};
+        std::size_t j = 0;
+        for (; j + 2 * width <= live_pad; j += 2 * width) {
+            const batch e0 = weight(batch::load_aligned(row + j)), e1 = weight(batch::load_aligned(row + j + width));
+            e0.store_aligned(row + j);
+            e1.store_aligned(row + j + width);
+            total[0] += e0;
+            total[1] += e1;
         }
-        row_sum[i] = row_sum[i] * rescale + xsimd::hadd(total);
+        if (j < live_pad) {
+            const batch e = weight(batch::load_aligned(row + j));
+            e.store_aligned(row + j);
+            total[0] += e;
+        }
+        std::fill(row + live_pad, row + cols_pad, T(0));
+        row_sum[i] = row_sum[i] * rescale + xsimd::hadd(total[0] + total[1]);
         if (rescale != T(1)) scale_line(out + i * ld_out, ld_out, rescale);
+        row_done(i, row);
     }
 }
 
@@ -306,7 +399,8 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
         }
 
         // pass 2: P replaces S
-        online_softmax(p, item, first_query, queries, key, cols, cols_pad, scores, block_keys, row_max, row_sum, out, dv_pad);
+        online_softmax<T, float_weights<T>>(p, item, first_query, queries, key, cols, cols_pad, T(1), scores, block_keys, row_max,
+                                            row_sum, out, dv_pad, [](std::size_t, const T*) {});
 
         // pass 3: O += P V_block, V read in place when its rows are whole panels (and of T)
         if (by_rows) {
@@ -334,15 +428,6 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
 
 // bf16 operand `s` (of a problem over float) as a matrix of its own elements.
 inline matrix<const bf16> stored_bf16(const source<float>& s) { return {s.narrow, s.m.rows, s.m.cols, s.m.row_stride, s.m.col_stride}; }
-
-// P (`queries` rows of `cols` floats, `ld` apart; cols a multiple of 32) rounded to bf16 by
-// the kernel into `rows` rows of `cols` (the kernels' A panels, R rows each, are rows one
-// after another); rows past `queries` zero.
-template <class Kernel>
-void round_rows(const float* p, std::size_t ld, std::size_t queries, std::size_t rows, std::size_t cols, bf16* out) {
-    for (std::size_t i = 0; i < queries; ++i) Kernel::round_row(p + i * ld, out + i * cols, cols);
-    std::fill(out + queries * cols, out + rows * cols, bf16{});
-}
 
 // An item's K^T and V in pairs, packed once for all its blocks of queries (pair_blocks).
 struct packed_pairs {
@@ -427,7 +512,7 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
     if (p.causal) end = std::min(end, visible_keys(first_query + queries - 1, m, n));
     for (std::size_t key = first_key; key < end; key += block_keys) {
         const std::size_t cols = std::min(block_keys, end - key), cols_pad = round_up(cols, tile_cols);
-        // pass 1: S = Q K^T, then scaled in float (Q scaled first would round again in bf16)
+        // pass 1: S = Q K^T, scaled in pass 2 (in float: Q scaled first would round again in bf16)
         const bf16* panels = packed.keys ? packed.keys + key * dp : packed_k;
         if (!packed.keys) pack_bf16_b(transposed(sub(k, key, 0, cols, d)), cols, d, dp, packed_k);
         for (std::size_t jr = 0; jr < cols_pad; jr += tile_cols) {
@@ -436,17 +521,16 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
                 kernel.block(packed_q + ir * dp, static_cast<std::ptrdiff_t>(dp), panels + jr * dp, dp, tile, false);
             }
         }
-        if (p.scale != 1.0f) {
-            for (std::size_t i = 0; i < queries; ++i) scale_line(scores + i * block_keys, cols_pad, p.scale);
-        }
 
-        // pass 2: P replaces S
-        online_softmax(p, item, first_query, queries, key, cols, cols_pad, scores, block_keys, row_max, row_sum, out, dv_pad);
+        // pass 2: P replaces S, each row rounded to bf16 as it is done
+        auto round_p = [&](std::size_t i, const float* row) { Kernel::round_row(row, packed_p + i * cols_pad, cols_pad); };
+        online_softmax<float, bf16_weights>(p, item, first_query, queries, key, cols, cols_pad, p.scale, scores, block_keys, row_max,
+                                            row_sum, out, dv_pad, round_p);
+        std::fill(packed_p + queries * cols_pad, packed_p + rows * cols_pad, bf16{});
 
-        // pass 3: O += P V_block, P rounded to bf16, V's block (cols, dv) in pairs of keys:
-        // the item's, packed once, unless a causal mask cut the block short, whose depth past
-        // the last key seen must be zero (P is 0 there, and 0 V is NaN where V is infinite)
-        round_rows<Kernel>(scores, block_keys, queries, rows, cols_pad, packed_p);
+        // pass 3: O += P V_block, V's block (cols, dv) in pairs of keys: the item's, packed
+        // once, unless a causal mask cut the block short, whose depth past the last key seen
+        // must be zero (P is 0 there, and 0 V is NaN where V is infinite)
         const bool item_block = packed.values && cols == std::min(block_keys, n - key);
         const bf16* values = item_block ? packed.values + value_block_offset(key, dv_pad) : packed_v;
         if (!item_block) pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);
