@@ -26,6 +26,9 @@ using ds::bf16;
 namespace {
 
 enum class poison { none, nan_q, nan_k, nan_v };
+// What the kernel writes of O: float; float and bf16 (o_bf16, as a product a bf16 kernel reads
+// next); bf16 alone (o_unread: the float output a scratch no one reads)
+enum class o_output { float_only, float_and_bf16, bf16_only };
 
 struct attention_case {
     std::size_t items = 1, queries = 1, keys = 1, d = 1, dv = 1;
@@ -36,6 +39,7 @@ struct attention_case {
     bool v_transposed = false;  // V stored (dv, keys)
     bool o_columns = false;     // each item's O stored column-major
     bool score_bias = false;    // a score function that adds bias(query, key) after the scale
+    o_output output = o_output::float_only;
     bool zero_queries = false;  // Q = 0: every weight exactly 1 / keys seen, O their mean
     poison nan = poison::none;
     std::uint64_t seed = 1;
@@ -157,6 +161,10 @@ void check_case(const attention_case& c) {
     problem.scale = c.scale;
     problem.causal = c.causal;
     if (c.score_bias) problem.scores.apply = &add_bias;
+    const bf16 unwritten = bf16::from_bits(0x7fc1);  // a NaN no kernel makes
+    std::vector<bf16> o_bf16(c.output == o_output::float_only ? 0 : o.size(), unwritten);
+    if (c.output != o_output::float_only) problem.o_bf16 = o_bf16.data();
+    problem.o_unread = c.output == o_output::bf16_only;
 
     const int unreleased = test::emulated_tiles::unreleased().load();
     cpu::bf16_attention<Kernel>(problem);
@@ -173,8 +181,24 @@ void check_case(const attention_case& c) {
         for (std::size_t i = 0; i < c.queries; ++i) {
             const expected_row want = expected(c, i, q_at, k_at, v_at);
             for (std::size_t col = 0; col < c.dv; ++col) {
-                const float got = o[t * o_item + (c.o_columns ? col * c.queries + i : i * c.dv + col)];
-                const bool ok = std::isnan(want.o[col]) ? std::isnan(got) : std::fabs(double(got) - want.o[col]) <= want.bound[col];
+                const std::size_t at = t * o_item + (c.o_columns ? col * c.queries + i : i * c.dv + col);
+                float got = o[at];
+                double bound = want.bound[col];
+                if (c.output == o_output::float_and_bf16 && o_bf16[at].bits != bf16(got).bits && bad++ == 0) {
+                    UNSCOPED_INFO("first wrong: item " << t << " (" << i << ", " << col << "): bf16 " << std::hex << o_bf16[at].bits
+                                                      << " is not float " << got << " rounded");
+                }
+                if (c.output == o_output::bf16_only) {  // the float output untouched; bf16's rounding on top of the bound
+                    if (std::bit_cast<std::uint32_t>(o[at]) != std::bit_cast<std::uint32_t>(std::numeric_limits<float>::quiet_NaN()) && bad++ == 0) {
+                        UNSCOPED_INFO("first wrong: item " << t << " (" << i << ", " << col << "): float output written, " << o[at]);
+                    }
+                    got = float(o_bf16[at]);
+                    bound += std::ldexp(std::fabs(want.o[col]) + bound, -8);
+                }
+                if (!o_bf16.empty() && o_bf16[at].bits == unwritten.bits && bad++ == 0) {
+                    UNSCOPED_INFO("first wrong: item " << t << " (" << i << ", " << col << "): bf16 output not written");
+                }
+                const bool ok = std::isnan(want.o[col]) ? std::isnan(got) : std::fabs(double(got) - want.o[col]) <= bound;
                 if (!ok && bad++ == 0) {
                     UNSCOPED_INFO("first wrong: item " << t << " (" << i << ", " << col << "): got " << got << ", want "
                                                       << want.o[col] << " within " << want.bound[col]);
@@ -312,6 +336,20 @@ TEST_CASE("bf16 attention reads K and V transposed, writes O column-major, and t
         // one block of queries and many keys: the keys split between the threads, then merged
         check_case<Kernel>({.queries = 30, .keys = 1100, .d = 32, .dv = 20, .scale = 0.18f, .seed = 7});
         check_case<Kernel>({.queries = 5, .keys = 800, .d = 64, .dv = 40, .causal = true, .seed = 8});
+    });
+}
+
+TEST_CASE("bf16 attention rounds O into bf16 as it writes it, and leaves the float output alone where no one reads it") {
+    test::for_kernels_and_threads([]<class Kernel>() {
+        for (const o_output output : {o_output::float_and_bf16, o_output::bf16_only}) {
+            INFO((output == o_output::bf16_only ? "bf16 only" : "float and bf16"));
+            // whole items per thread, blocks of queries per thread, keys split and merged
+            check_case<Kernel>({.items = 5, .queries = 100, .keys = 270, .d = 40, .dv = 33, .scale = 0.2f, .causal = true,
+                                .o_columns = true, .output = output, .seed = 11});
+            check_case<Kernel>({.queries = 130, .keys = 300, .d = 40, .dv = 33, .scale = 0.2f, .causal = true, .output = output});
+            check_case<Kernel>({.queries = 30, .keys = 1100, .d = 32, .dv = 20, .scale = 0.18f, .output = output, .seed = 12});
+            check_case<Kernel>({.queries = 20, .keys = 300, .d = 16, .dv = 24, .output = output, .nan = poison::nan_v, .seed = 13});
+        }
     });
 }
 

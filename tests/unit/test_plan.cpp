@@ -222,10 +222,18 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     CHECK(projected.plan.temporaries[first.bf16_out->index].bf16);
     CHECK(!projected.plan.temporaries[first.out.index].bf16);
     CHECK(first.bf16_out->where == first.out.where);
+    CHECK(first.out_unread);  // its float value read by no one: a kernel may write only the bf16
     REQUIRE(second.bf16_operands[0]);
     CHECK(second.bf16_operands[0]->memory == ev::memory_kind::temporary);
     CHECK(second.bf16_operands[0]->index == first.bf16_out->index);
     CHECK(!second.bf16_out);
+
+    // read as float too: still rounded by its gemm, its float value kept for the other reader
+    auto x = ds::matmul(a, w) + 1.0f;
+    auto read_twice = plan_of(ds::matmul(ds::cast<ds::bf16>(x), w2) + x, reads_bf16);
+    REQUIRE(read_twice.plan.entries.size() >= 2);
+    REQUIRE(read_twice.plan.entries[0].bf16_out);
+    CHECK(!read_twice.plan.entries[0].out_unread);
 
     // computed by a pass: the pass writes the bf16 temporary itself, reading a where it lies
     auto passed = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::exp(a)), w), reads_bf16);
@@ -274,6 +282,7 @@ TEST_CASE("a destination of bf16 is rounded into by the kernel that computes the
     CHECK(gemm.out.where == out.where);
     REQUIRE(gemm.bf16_out);
     CHECK(is_out(*gemm.bf16_out));
+    CHECK(gemm.out_unread);
     CHECK(product.plan.temporaries.size() == 1);  // the float value only
     CHECK(!product.plan.temporaries[0].bf16);
 

@@ -87,6 +87,9 @@ struct entry {
     // gemm, attention: bf16 memory (a temporary, or a destination of bf16) that each finished
     // block of `out` is also rounded into, laid out as `out` (a narrow entry fused into the kernel)
     std::optional<place> bf16_out{};
+    // with bf16_out: `out` is the rounding scratch, which no entry reads, so a kernel that holds
+    // its results elsewhere until they are final may write bf16_out alone (attention does)
+    bool out_unread = false;
 };
 
 // Memory a plan needs for one evaluation: `size` elements of the program's type, or of bf16
@@ -331,9 +334,9 @@ private:
         const bool unplanned = !plan_.placed[id] && !is_view(computed.kind);
         const bool dead_once_rounded = unplanned && plan_.readers[id] == readers;
         if (dead_once_rounded && (computed.kind == step_kind::elementwise || is_rowwise(computed.kind))) return write(id, bf16);
-        bool by_kernel = false;
+        bool by_kernel = false, in_scratch = false;
         if (unplanned) {
-            const bool in_scratch = dead_once_rounded && computed.kind == step_kind::matmul && options_.fuse_epilogues &&
+            in_scratch = dead_once_rounded && computed.kind == step_kind::matmul && options_.fuse_epilogues &&
                                     wide == bf16.where;
             const place value = in_scratch ? rounding_scratch(wide) : temporary(wide);
             write(id, value);
@@ -354,8 +357,12 @@ private:
         } else {
             value(id);
         }
-        if (by_kernel) plan_.entries.back().bf16_out = bf16;
-        else add(entry_kind::narrow, id, bf16);
+        if (by_kernel) {
+            plan_.entries.back().bf16_out = bf16;
+            plan_.entries.back().out_unread = in_scratch;
+        } else {
+            add(entry_kind::narrow, id, bf16);
+        }
     }
     static bool is_rowwise(step_kind kind) {
         return kind == step_kind::softmax || kind == step_kind::layer_norm || kind == step_kind::sum || kind == step_kind::max ||
@@ -474,6 +481,7 @@ private:
         if (product != no_step && bf16_dst) {
             add_product(product, rounding_scratch(dst.where), id, how);
             plan_.entries.back().bf16_out = dst;
+            plan_.entries.back().out_unread = true;
             return;
         }
         if (product != no_step) return add_product(product, dst, id, how);

@@ -295,11 +295,16 @@ void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t
     }
 }
 
-// Row `row` of O (count values, `stride` apart), just written, rounded into the problem's
-// o_bf16 at the same offsets, if it has one.
+// Row `row` of O, final (dv contiguous values), written to the problem's output at `target`
+// (its values `stride` apart): as float, unless no one reads those (o_unread), and rounded into
+// o_bf16 at the same offsets, if the problem has it.
 template <class T>
-void round_row_of_o(const attention_problem<T>& p, const T* row, std::size_t count, std::ptrdiff_t stride) {
-    if (p.o_bf16) round_line(row, stride, p.o_bf16 + (row - p.o.data), stride, count);
+void write_row_of_o(const attention_problem<T>& p, const T* row, T* target, std::ptrdiff_t stride, std::size_t dv) {
+    if (!p.o_bf16 || !p.o_unread) {
+        if (stride == 1) std::copy(row, row + dv, target);
+        else for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * stride] = row[c];
+    }
+    if (p.o_bf16) round_line(row, 1, p.o_bf16 + (target - p.o.data), stride, dv);
 }
 
 // The end of a task, whichever kernel multiplied: O / l into the problem's output, or, with
@@ -320,10 +325,7 @@ void finish_block(const attention_problem<T>& p, std::size_t item, std::size_t f
         const T inverse = row_sum[i] == T(0) ? T(0) : T(1) / row_sum[i];  // 0: every key masked
         T* row = out + i * ld_out;
         scale_line(row, dv, inverse);
-        T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
-        if (o.col_stride == 1) std::copy(row, row + dv, target);
-        else for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = row[c];
-        round_row_of_o(p, target, dv, o.col_stride);
+        write_row_of_o(p, row, o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride, o.col_stride, dv);
     }
 }
 
@@ -558,16 +560,16 @@ void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t
         T total = 0;
         for (std::size_t s = 0; s < splits; ++s) total += parts[s].max[i] == top ? parts[s].sum[i] : parts[s].sum[i] * std::exp(parts[s].max[i] - top);
         const T inverse = total == T(0) ? T(0) : T(1) / total;
-        T* target = o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride;
+        T* merged = parts[0].out + i * ld;  // each column read by its own sum first
         for (std::size_t c = 0; c < dv; ++c) {
             T value = 0;
             for (std::size_t s = 0; s < splits; ++s) {
                 T weight = parts[s].max[i] == top ? T(1) : std::exp(parts[s].max[i] - top);
                 value += weight * parts[s].out[i * ld + c];
             }
-            target[static_cast<std::ptrdiff_t>(c) * o.col_stride] = value * inverse;
+            merged[c] = value * inverse;
         }
-        round_row_of_o(p, target, dv, o.col_stride);
+        write_row_of_o(p, merged, o.data + static_cast<std::ptrdiff_t>(i) * o.row_stride, o.col_stride, dv);
     }
 }
 

@@ -368,7 +368,10 @@ private:
         problem.batch = leading_axes(dst, q, kt, v, dst);
         problem.scale = evaluation::scale_of<T>(match);
         problem.causal = match.causal;
-        if (e.bf16_out) problem.o_bf16 = rounded_into(e, dst);
+        if (e.bf16_out) {
+            problem.o_bf16 = rounded_into(e, dst);
+            problem.o_unread = e.out_unread;
+        }
         score_context context{&s_.fused, 0, {nullptr, r, scores.extents, {}}};
         if (match.score_function != match.scores) {  // the rest of the score function, on each tile
             build_fused(match.score_function, match.scores, context.scores);

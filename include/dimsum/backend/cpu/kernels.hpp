@@ -219,6 +219,9 @@ struct attention_problem {
     // If set, O is also rounded into this memory, of o's layout (the same offsets from it), as
     // each row is written: the value a bf16 kernel reads next.
     bf16* o_bf16 = nullptr;
+    // With o_bf16: o's float values are read by no one (a scratch), so only o_bf16 is written;
+    // o still gives the layout.
+    bool o_unread = false;
 };
 
 template <class T>
