@@ -56,6 +56,9 @@ struct product_case {
     bool b_packed_once = false;  // one B for every item, its pairs packed once (pack_pairs)
     layouts layout{};
     values kind = values::normal;
+    // C unread (gemm_problem::c_unread): the epilogue gets each block in the kernel's buffer and
+    // writes 2 x + 1 into a result of C's layout, where a bf16 destination would be rounded
+    bool c_unread = false;
     std::uint64_t seed = 1;
 };
 
@@ -64,6 +67,7 @@ struct epilogue_state {
     std::ptrdiff_t item_stride = 0;
     std::vector<int>* seen = nullptr;  // per element of every item, row-major
     std::size_t m = 0, n = 0;
+    float* result = nullptr;  // with c_unread: item 0 of the result, laid out as c
 };
 
 void twice_plus_one(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) {
@@ -74,6 +78,19 @@ void twice_plus_one(const void* context, std::size_t item, std::size_t row, std:
             float& x = base[static_cast<std::ptrdiff_t>(i) * s.c.row_stride + static_cast<std::ptrdiff_t>(j) * s.c.col_stride];
             x = 2 * x + 1;
             ++(*s.seen)[(item * s.m + i) * s.n + j];
+        }
+    }
+}
+
+void twice_plus_one_to_block(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
+                             std::size_t cols, float* block, std::ptrdiff_t ld) {
+    const auto& s = *static_cast<const epilogue_state*>(context);
+    float* base = s.result + static_cast<std::ptrdiff_t>(item) * s.item_stride;
+    for (std::size_t i = 0; i < rows; ++i) {
+        for (std::size_t j = 0; j < cols; ++j) {
+            const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(row + i) * s.c.row_stride + static_cast<std::ptrdiff_t>(col + j) * s.c.col_stride;
+            base[at] = 2 * block[static_cast<std::ptrdiff_t>(i) * ld + static_cast<std::ptrdiff_t>(j)] + 1;
+            ++(*s.seen)[(item * s.m + row + i) * s.n + col + j];
         }
     }
 }
@@ -144,10 +161,19 @@ void check_case(const product_case& p) {
     }
 
     std::vector<int> seen(p.items * p.m * p.n, 0);
-    const epilogue_state state{problem.c, std::ptrdiff_t(c_item), &seen, p.m, p.n};
+    std::vector<float> result(p.c_unread ? c.size() : 0, std::numeric_limits<float>::quiet_NaN());
+    const epilogue_state state{problem.c, std::ptrdiff_t(c_item), &seen, p.m, p.n, result.data()};
+    cpu::gemm_epilogue epilogue{&twice_plus_one, nullptr, &state};
+    if (p.c_unread) {
+        problem.c_unread = true;
+        epilogue.apply_to_block = &twice_plus_one_to_block;
+    }
+    // the blocks in the kernel's buffer, but for empty sums and depths of more than one span,
+    // which go through C
+    const bool buffered = p.c_unread && p.k > 0 && p.k <= cpu::bf16_blocking::k_span;
     const int unreleased = test::emulated_tiles::unreleased().load();
     const long dots = dots_so_far();
-    cpu::bf16_gemm<Kernel>(problem, cpu::gemm_epilogue{&twice_plus_one, nullptr, &state});
+    cpu::bf16_gemm<Kernel>(problem, epilogue);
     REQUIRE(test::emulated_tiles::unreleased().load() == unreleased);
     if (const long per_step = dots_per_step<Kernel>(); per_step > 0) {
         // every micro-tile (Kernel::rows x 32 of C) takes the same instructions per 32 depths,
@@ -168,9 +194,13 @@ void check_case(const product_case& p) {
                 }
                 const double want = 2 * sum + 1;
                 const double bound = 2 * (double(p.k) * std::ldexp(magnitude, -24) + double(p.k) * std::ldexp(1.0, -126));
-                const float got = problem.c.data[static_cast<std::ptrdiff_t>(t) * problem.batch.strides[2][0] +
-                                                 static_cast<std::ptrdiff_t>(i) * problem.c.row_stride +
-                                                 static_cast<std::ptrdiff_t>(j) * problem.c.col_stride];
+                const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(t) * problem.batch.strides[2][0] +
+                                          static_cast<std::ptrdiff_t>(i) * problem.c.row_stride +
+                                          static_cast<std::ptrdiff_t>(j) * problem.c.col_stride;
+                const float got = buffered ? result[std::size_t(at)] : problem.c.data[at];
+                if (buffered && !std::isnan(problem.c.data[at]) && bad++ == 0) {
+                    UNSCOPED_INFO("C written at (" << i << ", " << j << ") of item " << t << ", where only the epilogue should write");
+                }
                 bool ok = false;
                 if (std::isnan(want)) ok = std::isnan(got);
                 else if (std::isinf(want)) ok = double(got) == want;
@@ -214,6 +244,23 @@ TEST_CASE("bf16 products of small integers are exact, through every edge of the 
         for (const bool once : {false, true}) {
             check_case<Kernel>({.items = 1, .m = 260, .k = deep, .n = 33, .b_packed_once = once, .kind = values::small_integers, .seed = 8});
         }
+    });
+}
+
+TEST_CASE("bf16 products with C unread hand each block to the epilogue in their own buffer, and never write C") {
+    test::for_kernels_and_threads([]<class Kernel>() {
+        for (const auto [m, k, n] : sizes) {
+            INFO(m << " x " << k << " x " << n);
+            check_case<Kernel>({.items = 1, .m = m, .k = k, .n = n, .kind = values::small_integers, .c_unread = true, .seed = m + 3 * k});
+            check_case<Kernel>({.items = 2, .m = m, .k = k, .n = n, .b_packed_once = true, .kind = values::specials, .c_unread = true});
+        }
+        const layouts strided_c{.a_transposed = true, .b_transposed = true, .c = layouts::c_kind::padded_rows};
+        check_case<Kernel>({.items = 3, .m = 70, .k = 300, .n = 33, .layout = strided_c, .kind = values::normal, .c_unread = true});
+        check_case<Kernel>({.items = 2, .m = 45, .k = 70, .n = 33, .layout = {.c = layouts::c_kind::columns}, .c_unread = true});
+        // what goes through C all the same: empty sums, and more depths than one span
+        check_case<Kernel>({.items = 2, .m = 9, .k = 0, .n = 5, .kind = values::small_integers, .c_unread = true});
+        check_case<Kernel>({.items = 1, .m = 30, .k = ds::backend::cpu::bf16_blocking::k_span + 40, .n = 33,
+                            .kind = values::small_integers, .c_unread = true});
     });
 }
 
@@ -395,6 +442,64 @@ TEST_CASE("formulas over bf16 on each bf16 path this CPU runs, against the refer
                 test::require_close(ds::tensor<float, Rows, Cols>(ds::cast<float>(formula)), want, 1.0 / 256, bound);
                 test::require_close(ds::tensor<bf16, Rows, Cols>(formula), want, 1.0 / 256, bound);
                 CHECK(cpu::bf16_products(path) - before == 2);  // both products ran on this path
+            }
+        }
+        ds::set_num_threads(0);
+    }
+}
+
+// A product whose float value only its rounding reads (a bf16 destination, or a bf16 temporary
+// the next product reads) keeps each block's sums in the kernel's buffer and rounds them from
+// there (gemm_problem::c_unread): the same sums as where C is written, so the float result of
+// the same formula, rounded once, bit for bit; the epilogue reads its other operands at the
+// block's place, through batches and a transposed destination.
+TEST_CASE("bf16 products rounded from the kernel's own buffer: the float result rounded, bit for bit, on each path") {
+    using Batch = ds::axis<"batch">;
+    using Rows = ds::axis<"rows">;
+    using Inner = ds::axis<"inner">;
+    using Cols = ds::axis<"cols">;
+    auto rounded = [](const auto& wide) {  // wide's float values rounded to bf16, as bits
+        std::vector<std::uint16_t> bits(wide.size());
+        for (std::size_t i = 0; i < wide.size(); ++i) bits[i] = bf16(wide.data()[i]).bits;
+        return bits;
+    };
+    auto bits_of = [](const auto& narrow) {
+        std::vector<std::uint16_t> bits(narrow.size());
+        for (std::size_t i = 0; i < narrow.size(); ++i) bits[i] = narrow.data()[i].bits;
+        return bits;
+    };
+    for (const cpu::bf16_path path : {cpu::bf16_path::amx, cpu::bf16_path::avx512_bf16}) {
+        if (!cpu::support_of(path).usable) continue;
+        const cpu::scoped_bf16_path chosen(path);
+        for (const int threads : {1, 2}) {
+            ds::set_num_threads(threads);
+            for (const auto [m, k, n] : {extents{5, 31, 17}, extents{97, 257, 65}, extents{300, 768, 600}}) {
+                INFO(cpu::name(path) << ", " << threads << " threads, " << m << " x " << k << " x " << n);
+                ds::tensor<bf16, Batch, Rows, Inner> x(Batch{3}, Rows{m}, Inner{k});
+                ds::tensor<bf16, Cols, Inner> w(Cols{n}, Inner{k});
+                ds::tensor<bf16, Cols> bias(Cols{n});
+                ds::tensor<bf16, Batch, Rows, Cols> residual(Batch{3}, Rows{m}, Cols{n});
+                ds::tensor<bf16, Cols, Cols> w2(Cols{n}, Cols{n});
+                ds::fill_normal(x, 1);
+                ds::fill_uniform(w, 2, -0.1, 0.1);
+                ds::fill_normal(bias, 3);
+                ds::fill_normal(residual, 4);
+                ds::fill_uniform(w2, 5, -0.1, 0.1);
+                x.data()[7] = std::numeric_limits<bf16>::quiet_NaN();
+                x.data()[m * k + 40 % k] = std::numeric_limits<bf16>::infinity();
+                auto formula = ds::tanh(ds::matmul(x, ds::transpose(w)) + bias) * residual + 0.5f;
+                const ds::tensor<float, Batch, Rows, Cols> wide = ds::cast<float>(formula);
+                const ds::tensor<bf16, Batch, Rows, Cols> narrow = formula;
+                REQUIRE(bits_of(narrow) == rounded(wide));
+                // written transposed: the destination's layout, not the product's
+                const ds::tensor<float, Cols, Batch, Rows> wide_t = ds::permute<Cols, Batch, Rows>(ds::cast<float>(formula));
+                const ds::tensor<bf16, Cols, Batch, Rows> narrow_t = ds::permute<Cols, Batch, Rows>(formula);
+                REQUIRE(bits_of(narrow_t) == rounded(wide_t));
+                // into a bf16 temporary that the next product reads
+                const ds::tensor<bf16, Batch, Rows, Cols> stored = formula;
+                const ds::tensor<float, Batch, Rows, Cols> chained = ds::cast<float>(ds::matmul(ds::cast<bf16>(formula), w2));
+                const ds::tensor<float, Batch, Rows, Cols> chained_want = ds::cast<float>(ds::matmul(stored, w2));
+                REQUIRE(rounded(chained) == rounded(chained_want));
             }
         }
         ds::set_num_threads(0);

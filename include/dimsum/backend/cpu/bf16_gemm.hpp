@@ -377,13 +377,20 @@ inline std::size_t pair_block_offset(std::size_t cols, std::size_t pc, std::size
 // model's widths are; else all but the last): the kernels read exactly dp depths of a row.
 // Else, and for the rows of a last panel short of the kernel's, A is packed, zero past its
 // edges.
+//
+// With `sums` (C unread, and depths of one span), a block of rows sums into that buffer
+// instead of C (mc x the task's columns rounded up to whole micro-tiles, so that every
+// micro-tile is whole), which the epilogue then gets (apply_to_block): C never written, its
+// float values never sent to memory only to be rounded to bf16 (a causal layer's products
+// wrote 33 MiB of them per call).
 template <class Kernel>
 void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const bf16>& b, const bf16* pairs, const matrix<float>& c,
                std::size_t item, std::size_t row_first, std::size_t row_last, std::size_t col_first, std::size_t col_last,
-               const gemm_epilogue& epilogue, bf16* packed_a, bf16* packed_b) {
+               const gemm_epilogue& epilogue, bf16* packed_a, bf16* packed_b, float* sums) {
     constexpr std::size_t rows_per_tile = Kernel::rows, cols_per_tile = bf16_blocking::cols, mc = bf16_mc<Kernel>;
-    const std::size_t k = a.cols, cols = col_last - col_first;
+    const std::size_t k = a.cols, cols = col_last - col_first, sums_ld = round_up(cols, cols_per_tile);
     auto depth_block = [&](std::size_t pc) { return std::min(bf16_blocking::kc, k - pc); };
+    if (sums && k > bf16_blocking::k_span) throw std::logic_error("dimsum: bf16_task: a product buffered by blocks has one span of depths");
     for (std::size_t span = 0; span < k; span += bf16_blocking::k_span) {
         const std::size_t span_end = std::min(k, span + bf16_blocking::k_span);
         // where the depth block starting at pc (dp depths) of the task's columns lies: in the
@@ -414,8 +421,9 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
                 // pass 3: micro-tile by micro-tile, each B panel against every A panel
                 for (std::size_t jr = 0; jr < cols; jr += cols_per_tile) {
                     for (std::size_t ir = 0; ir < rows; ir += rows_per_tile) {
-                        const matrix<float> tile = sub(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir),
-                                                           std::min(cols_per_tile, cols - jr));
+                        const matrix<float> tile =
+                            sums ? matrix<float>{sums + ir * sums_ld + jr, rows_per_tile, cols_per_tile, static_cast<std::ptrdiff_t>(sums_ld), 1}
+                                 : sub(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir), std::min(cols_per_tile, cols - jr));
                         const bf16* const b_panel = block_b(pc, dp) + jr * dp;
                         if (ir < first_packed) {
                             const bf16* const a_rows =
@@ -428,7 +436,9 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
                     }
                 }
             }
-            if (span_end == k) epilogue(item, ic, col_first, rows, cols);
+            if (span_end != k) continue;
+            if (sums) epilogue.apply_to_block(epilogue.context, item, ic, col_first, rows, cols, sums, static_cast<std::ptrdiff_t>(sums_ld));
+            else epilogue(item, ic, col_first, rows, cols);
         }
     }
 }
@@ -485,14 +495,19 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
         throw std::logic_error("dimsum: gemm: an operand packed once does not fit this product");
     }
     const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = pairs ? 0 : block_cols * span_pad;  // a span of a task's columns
+    // C unread: each block of rows sums into this buffer instead (bf16_task), where its depths are one span
+    const bool buffered = problem.c_unread && epilogue.apply_to_block && k <= bf16_blocking::k_span;
+    const std::size_t sums_size = buffered ? detail::bf16_mc<Kernel> * block_cols : 0;
     auto prepare = [&] {
         scratch<bf16>(scratch_use::packed_a, packed_a_size);
         scratch<bf16>(scratch_use::packed_b, packed_b_size);
+        scratch<float>(scratch_use::product_block, sums_size);
         epilogue.prepare();
     };
     split_range(int(std::min<std::size_t>(std::size_t(threads), tasks)), tasks, prepare, [&](std::size_t first, std::size_t last) {
         bf16* const packed_a = scratch<bf16>(scratch_use::packed_a, packed_a_size);  // taken by prepare: no allocation
         bf16* const packed_b = scratch<bf16>(scratch_use::packed_b, packed_b_size);
+        float* const sums = buffered ? scratch<float>(scratch_use::product_block, sums_size) : nullptr;
         // configured for this thread's tasks, released however they end (an epilogue is a fused
         // elementwise pass: it never multiplies, so never reconfigures the tiles under us)
         configured_kernel<Kernel> configured;
@@ -518,7 +533,7 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
                 epilogue(item, row_first, col_first, row_last - row_first, col_last - col_first);
                 continue;
             }
-            detail::bf16_task(kernel, a, b, pairs, c, item, row_first, row_last, col_first, col_last, epilogue, packed_a, packed_b);
+            detail::bf16_task(kernel, a, b, pairs, c, item, row_first, row_last, col_first, col_last, epilogue, packed_a, packed_b, sums);
         }
     });
 }

@@ -75,6 +75,9 @@ void collect_blocks(const E& e, block_table<T>& table) {
     expr::for_each_operand(e, [&table](const auto& operand) { collect_blocks<T>(operand, table); });
 }
 
+// No input of a fused program (state::in_place_input where none reads the destination).
+inline constexpr std::size_t no_input = ~std::size_t(0);
+
 // Everything one evaluation needs, kept per thread and element type so that it is allocated
 // once: the program, its bindings, its plan, and the executor's own tables.
 template <class T>
@@ -86,7 +89,7 @@ struct state {
     std::vector<void*> temporaries;  // the plan's, in this evaluation's memory: T, or bf16
     fused_program<T> fused;
     std::vector<std::size_t> fused_steps;  // the step of each of fused.nodes
-    std::size_t in_place_input = 0;  // which of fused.inputs reads the destination (or the scores tile)
+    std::size_t in_place_input = no_input;  // which of fused.inputs reads the destination (or the scores tile), if one does
 
     static state& of_this_thread() {
         thread_local state s;
@@ -200,6 +203,7 @@ private:
     void build_fused(std::size_t root, std::size_t in_place, const strided<T>& dst) {
         s_.fused.clear();
         s_.fused_steps.clear();
+        s_.in_place_input = no_input;
         add_nodes(root, in_place, dst);
     }
 
@@ -245,6 +249,7 @@ private:
     struct epilogue_context {
         const fused_program<T>* program;  // null: none
         strided<T> dst;
+        std::size_t product_input = no_input;  // which of the program's inputs reads the product from dst
         bf16* rounded = nullptr;  // where dst's values are also rounded to, in dst's layout (entry::bf16_out)
     };
     // The box of an array of `shape`'s extents that a kernel's tile covers: batch item `item`
@@ -280,9 +285,37 @@ private:
             round_line(c.dst.data + at, c.dst.strides[r - 1], c.rounded + at, c.dst.strides[r - 1], cols);
         }
     }
+    // apply_epilogue for a block whose sums the kernel holds in its own buffer, C unread
+    // (gemm_problem::c_unread, set only where C is the rounding scratch): the program moved to
+    // the block, as the score function is to its tile, and its result, the only one, rounded
+    // into c.rounded; without a program, the sums rounded.
+    static void apply_epilogue_to_block(const void* context, std::size_t item, std::size_t row, std::size_t col,
+                                        std::size_t rows, std::size_t cols, float* block, std::ptrdiff_t ld) {
+        if constexpr (!std::is_same_v<T, float>) {
+            throw std::logic_error("dimsum: a product of float sums for an evaluation in another type");
+        } else {
+            const auto& c = *static_cast<const epilogue_context*>(context);
+            const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
+            const std::size_t r = c.dst.rank;
+            std::ptrdiff_t first = 0;
+            for (std::size_t axis = 0; axis < r; ++axis) first += static_cast<std::ptrdiff_t>(region.first[axis]) * c.dst.strides[axis];
+            if (!c.program) {
+                for (std::size_t i = 0; i < rows; ++i) {
+                    const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.dst.strides[r - 2];
+                    round_line(block + static_cast<std::ptrdiff_t>(i) * ld, 1, c.rounded + at, c.dst.strides[r - 1], cols);
+                }
+                return;
+            }
+            strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
+            sums.strides[r - 2] = ld;
+            sums.strides[r - 1] = 1;
+            const strided<T> out{c.dst.data + first, r, region.extents, c.dst.strides};  // its layout; only bf16 is written
+            run_fused<T>(moved_to(*c.program, c.product_input, region, sums), out, false, nullptr, c.rounded + first);
+        }
+    }
     static void reserve_epilogue(const void* context) {
         const auto& c = *static_cast<const epilogue_context*>(context);
-        if (c.program) prepare_fused<T>(*c.program);
+        if (c.program) reserve_moved(*c.program);
     }
 
     // The score function's fused program, run on one tile of scores (attention.hpp): its
@@ -300,36 +333,42 @@ private:
         strided<T> result{tile, r, place.extents, {}};  // the tile itself: batch axes of extent 1
         result.strides[r - 2] = query_stride;
         result.strides[r - 1] = 1;
-        fused_program<T>& local = tile_program();
-        local.nodes = c.program->nodes;  // within the capacity reserve_score_function took
-        local.inputs = c.program->inputs;
-        local.bf16_inputs = c.program->bf16_inputs;
+        run_fused<T>(moved_to(*c.program, c.tile_input, place, {tile, r, result.extents, result.strides}), result, false);
+    }
+
+    // `program` moved to one block of its result, `place`: its input `in_block` (the product,
+    // or the scores) read from `block`, every other from the block's place in it. Per thread,
+    // since the team runs blocks at once, in the capacity reserve_moved took.
+    static const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in_block, const fused_region& place,
+                                            const strided<const T>& block) {
+        fused_program<T>& local = moved_program();
+        local.nodes = program.nodes;
+        local.inputs = program.inputs;
+        local.bf16_inputs = program.bf16_inputs;
         for (std::size_t i = 0; i < local.inputs.size(); ++i) {
             strided<const T>& input = local.inputs[i];
-            if (i == c.tile_input) {
-                input = {tile, r, result.extents, result.strides};
+            if (i == in_block) {
+                input = block;
                 continue;
             }
             std::ptrdiff_t offset = 0;
-            for (std::size_t axis = 0; axis < r; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * input.strides[axis];
+            for (std::size_t axis = 0; axis < block.rank; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * input.strides[axis];
             if (local.bf16_inputs[i]) local.bf16_inputs[i] += offset;  // (its data null)
             else input.data += offset;
         }
-        run_fused<T>(local, result, false);
+        return local;
     }
-
-    // The score function's program as moved to one tile: per thread, since the team runs tiles at once.
-    static fused_program<T>& tile_program() {
+    static fused_program<T>& moved_program() {
         thread_local fused_program<T> local;
         return local;
     }
-    static void reserve_score_function(const void* context) {
-        const auto& c = *static_cast<const score_context*>(context);
-        tile_program().nodes.reserve(c.program->nodes.size());
-        tile_program().inputs.reserve(c.program->inputs.size());
-        tile_program().bf16_inputs.reserve(c.program->bf16_inputs.size());
-        prepare_fused<T>(*c.program);
+    static void reserve_moved(const fused_program<T>& program) {
+        moved_program().nodes.reserve(program.nodes.size());
+        moved_program().inputs.reserve(program.inputs.size());
+        moved_program().bf16_inputs.reserve(program.bf16_inputs.size());
+        prepare_fused<T>(program);
     }
+    static void reserve_score_function(const void* context) { reserve_moved(*static_cast<const score_context*>(context)->program); }
 
     // A strided array's last two axes as a matrix (its first element's).
     template <class X>
@@ -467,8 +506,15 @@ private:
         problem.b_bf16 = b_bf16;
         if (!fused && !e.bf16_out) return gemm<T>(problem);
         epilogue_context context{fused ? &s_.fused : nullptr, dst};
-        if (e.bf16_out) context.rounded = rounded_into(e, dst);
-        gemm<T>(problem, gemm_epilogue{&apply_epilogue, &reserve_epilogue, &context});
+        if (fused) context.product_input = s_.in_place_input;
+        gemm_epilogue epilogue{&apply_epilogue, &reserve_epilogue, &context};
+        if (e.bf16_out) {
+            context.rounded = rounded_into(e, dst);
+            // dst the rounding scratch: the bf16 kernels keep each block's sums to themselves
+            problem.c_unread = e.out_unread && std::is_same_v<T, float>;
+            epilogue.apply_to_block = &apply_epilogue_to_block;
+        }
+        gemm<T>(problem, epilogue);
     }
 
     state<T>& s_;

@@ -130,17 +130,28 @@ struct gemm_problem {
     // With packed_b, b_bf16 may hold the same values, for the products that stream them faster.
     const bf16* a_bf16 = nullptr;
     const bf16* b_bf16 = nullptr;
+    // C's values read by no one but the epilogue, which writes what there is to write (a bf16
+    // result): a kernel may then keep each block's sums in its own buffer and hand the epilogue
+    // that (gemm_epilogue::apply_to_block), never writing C itself. The bf16 kernels do.
+    bool c_unread = false;
 };
 
 // Called for each region of C once its values are final: rows [row, row + rows) and columns
 // [col, col + cols) of batch item `item`. It may read and rewrite that region, nothing else,
 // and must not allocate: `prepare`, called on every thread that will apply it before any
 // writes, takes that thread's memory for it.
+//
+// With C unread (gemm_problem::c_unread), a kernel of float sums may instead call
+// apply_to_block with the region's values in its own buffer, element (i, j) at
+// block[i * ld + j], where they may be rewritten too; the epilogue then writes whatever the
+// product's result is (C itself is never read again).
 struct gemm_epilogue {
     void (*apply)(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
                   std::size_t cols) = nullptr;
     void (*reserve)(const void* context) = nullptr;
     const void* context = nullptr;
+    void (*apply_to_block)(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
+                           std::size_t cols, float* block, std::ptrdiff_t ld) = nullptr;
     void operator()(std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) const {
         if (apply) apply(context, item, row, col, rows, cols);
     }
