@@ -415,37 +415,45 @@ TEST_CASE("the bf16 path: the best this CPU can run unless set or named, an erro
 }
 
 #if defined(DIMSUM_TEST_BF16_HARDWARE)
+// body(path, threads) on each bf16 path this CPU runs, chosen, on 1 and 2 threads.
+template <class Body>
+void on_each_path(Body&& body) {
+    for (const cpu::bf16_path path : {cpu::bf16_path::amx, cpu::bf16_path::avx512_bf16}) {
+        if (!cpu::support_of(path).usable) continue;
+        const cpu::scoped_bf16_path chosen(path);
+        for (const int threads : {1, 2}) {
+            ds::set_num_threads(threads);
+            body(path, threads);
+        }
+        ds::set_num_threads(0);
+    }
+}
+
 // The whole way from a formula: a bf16 product with a fused epilogue, in float and rounded
 // into bf16, on each path this CPU runs, against the reference backend.
 TEST_CASE("formulas over bf16 on each bf16 path this CPU runs, against the reference backend") {
     using Rows = ds::axis<"rows">;
     using Inner = ds::axis<"inner">;
     using Cols = ds::axis<"cols">;
-    for (const cpu::bf16_path path : {cpu::bf16_path::amx, cpu::bf16_path::avx512_bf16}) {
-        if (!cpu::support_of(path).usable) continue;
-        const cpu::scoped_bf16_path chosen(path);
-        for (const int threads : {1, 2}) {
-            ds::set_num_threads(threads);
-            for (const auto [m, k, n] : {extents{5, 31, 17}, extents{97, 257, 65}, extents{300, 768, 200}}) {
-                INFO(cpu::name(path) << ", " << threads << " threads, " << m << " x " << k << " x " << n);
-                ds::tensor<bf16, Rows, Inner> x(Rows{m}, Inner{k});
-                ds::tensor<bf16, Cols, Inner> w(Cols{n}, Inner{k});  // as nn.Linear stores it
-                ds::tensor<bf16, Cols> bias(Cols{n});
-                ds::fill_uniform(x, 1);
-                ds::fill_uniform(w, 2);
-                ds::fill_uniform(bias, 3);
-                auto formula = ds::matmul(x, ds::transpose(w)) + bias;
-                const auto want = test::to_xt(ds::eval(ds::cast<float>(formula), ds::backend::reference::evaluator{}));
-                const std::size_t before = cpu::bf16_products(path);
-                // values below 1: |error| <= k 2^-24 k, and at most 2^-8 relative where rounded to bf16
-                const double bound = double(k) * double(k) * std::ldexp(1.0, -24);
-                test::require_close(ds::tensor<float, Rows, Cols>(ds::cast<float>(formula)), want, 1.0 / 256, bound);
-                test::require_close(ds::tensor<bf16, Rows, Cols>(formula), want, 1.0 / 256, bound);
-                CHECK(cpu::bf16_products(path) - before == 2);  // both products ran on this path
-            }
+    on_each_path([](cpu::bf16_path path, int threads) {
+        for (const auto [m, k, n] : {extents{5, 31, 17}, extents{97, 257, 65}, extents{300, 768, 200}}) {
+            INFO(cpu::name(path) << ", " << threads << " threads, " << m << " x " << k << " x " << n);
+            ds::tensor<bf16, Rows, Inner> x(Rows{m}, Inner{k});
+            ds::tensor<bf16, Cols, Inner> w(Cols{n}, Inner{k});  // as nn.Linear stores it
+            ds::tensor<bf16, Cols> bias(Cols{n});
+            ds::fill_uniform(x, 1);
+            ds::fill_uniform(w, 2);
+            ds::fill_uniform(bias, 3);
+            auto formula = ds::matmul(x, ds::transpose(w)) + bias;
+            const auto want = test::to_xt(ds::eval(ds::cast<float>(formula), ds::backend::reference::evaluator{}));
+            const std::size_t before = cpu::bf16_products(path);
+            // values below 1: |error| <= k 2^-24 k, and at most 2^-8 relative where rounded to bf16
+            const double bound = double(k) * double(k) * std::ldexp(1.0, -24);
+            test::require_close(ds::tensor<float, Rows, Cols>(ds::cast<float>(formula)), want, 1.0 / 256, bound);
+            test::require_close(ds::tensor<bf16, Rows, Cols>(formula), want, 1.0 / 256, bound);
+            CHECK(cpu::bf16_products(path) - before == 2);  // both products ran on this path
         }
-        ds::set_num_threads(0);
-    }
+    });
 }
 
 // A product whose float value only its rounding reads (a bf16 destination, or a bf16 temporary
@@ -468,41 +476,35 @@ TEST_CASE("bf16 products rounded from the kernel's own buffer: the float result 
         for (std::size_t i = 0; i < narrow.size(); ++i) bits[i] = narrow.data()[i].bits;
         return bits;
     };
-    for (const cpu::bf16_path path : {cpu::bf16_path::amx, cpu::bf16_path::avx512_bf16}) {
-        if (!cpu::support_of(path).usable) continue;
-        const cpu::scoped_bf16_path chosen(path);
-        for (const int threads : {1, 2}) {
-            ds::set_num_threads(threads);
-            for (const auto [m, k, n] : {extents{5, 31, 17}, extents{97, 257, 65}, extents{300, 768, 600}}) {
-                INFO(cpu::name(path) << ", " << threads << " threads, " << m << " x " << k << " x " << n);
-                ds::tensor<bf16, Batch, Rows, Inner> x(Batch{3}, Rows{m}, Inner{k});
-                ds::tensor<bf16, Cols, Inner> w(Cols{n}, Inner{k});
-                ds::tensor<bf16, Cols> bias(Cols{n});
-                ds::tensor<bf16, Batch, Rows, Cols> residual(Batch{3}, Rows{m}, Cols{n});
-                ds::tensor<bf16, Cols, Cols> w2(Cols{n}, Cols{n});
-                ds::fill_normal(x, 1);
-                ds::fill_uniform(w, 2, -0.1, 0.1);
-                ds::fill_normal(bias, 3);
-                ds::fill_normal(residual, 4);
-                ds::fill_uniform(w2, 5, -0.1, 0.1);
-                x.data()[7] = std::numeric_limits<bf16>::quiet_NaN();
-                x.data()[m * k + 40 % k] = std::numeric_limits<bf16>::infinity();
-                auto formula = ds::tanh(ds::matmul(x, ds::transpose(w)) + bias) * residual + 0.5f;
-                const ds::tensor<float, Batch, Rows, Cols> wide = ds::cast<float>(formula);
-                const ds::tensor<bf16, Batch, Rows, Cols> narrow = formula;
-                REQUIRE(bits_of(narrow) == rounded(wide));
-                // written transposed: the destination's layout, not the product's
-                const ds::tensor<float, Cols, Batch, Rows> wide_t = ds::permute<Cols, Batch, Rows>(ds::cast<float>(formula));
-                const ds::tensor<bf16, Cols, Batch, Rows> narrow_t = ds::permute<Cols, Batch, Rows>(formula);
-                REQUIRE(bits_of(narrow_t) == rounded(wide_t));
-                // into a bf16 temporary that the next product reads
-                const ds::tensor<bf16, Batch, Rows, Cols> stored = formula;
-                const ds::tensor<float, Batch, Rows, Cols> chained = ds::cast<float>(ds::matmul(ds::cast<bf16>(formula), w2));
-                const ds::tensor<float, Batch, Rows, Cols> chained_want = ds::cast<float>(ds::matmul(stored, w2));
-                REQUIRE(rounded(chained) == rounded(chained_want));
-            }
+    on_each_path([&](cpu::bf16_path path, int threads) {
+        for (const auto [m, k, n] : {extents{5, 31, 17}, extents{97, 257, 65}, extents{300, 768, 600}}) {
+            INFO(cpu::name(path) << ", " << threads << " threads, " << m << " x " << k << " x " << n);
+            ds::tensor<bf16, Batch, Rows, Inner> x(Batch{3}, Rows{m}, Inner{k});
+            ds::tensor<bf16, Cols, Inner> w(Cols{n}, Inner{k});
+            ds::tensor<bf16, Cols> bias(Cols{n});
+            ds::tensor<bf16, Batch, Rows, Cols> residual(Batch{3}, Rows{m}, Cols{n});
+            ds::tensor<bf16, Cols, Cols> w2(Cols{n}, Cols{n});
+            ds::fill_normal(x, 1);
+            ds::fill_uniform(w, 2, -0.1, 0.1);
+            ds::fill_normal(bias, 3);
+            ds::fill_normal(residual, 4);
+            ds::fill_uniform(w2, 5, -0.1, 0.1);
+            x.data()[7] = std::numeric_limits<bf16>::quiet_NaN();
+            x.data()[m * k + 40 % k] = std::numeric_limits<bf16>::infinity();
+            auto formula = ds::tanh(ds::matmul(x, ds::transpose(w)) + bias) * residual + 0.5f;
+            const ds::tensor<float, Batch, Rows, Cols> wide = ds::cast<float>(formula);
+            const ds::tensor<bf16, Batch, Rows, Cols> narrow = formula;
+            REQUIRE(bits_of(narrow) == rounded(wide));
+            // written transposed: the destination's layout, not the product's
+            const ds::tensor<float, Cols, Batch, Rows> wide_t = ds::permute<Cols, Batch, Rows>(ds::cast<float>(formula));
+            const ds::tensor<bf16, Cols, Batch, Rows> narrow_t = ds::permute<Cols, Batch, Rows>(formula);
+            REQUIRE(bits_of(narrow_t) == rounded(wide_t));
+            // into a bf16 temporary that the next product reads
+            const ds::tensor<bf16, Batch, Rows, Cols> stored = formula;
+            const ds::tensor<float, Batch, Rows, Cols> chained = ds::cast<float>(ds::matmul(ds::cast<bf16>(formula), w2));
+            const ds::tensor<float, Batch, Rows, Cols> chained_want = ds::cast<float>(ds::matmul(stored, w2));
+            REQUIRE(rounded(chained) == rounded(chained_want));
         }
-        ds::set_num_threads(0);
-    }
+    });
 }
 #endif
