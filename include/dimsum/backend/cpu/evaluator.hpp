@@ -278,11 +278,23 @@ private:
         if (c.program) run_fused<T>(*c.program, c.dst, false, &region);
         if (!c.rounded) return;
         const std::size_t r = c.dst.rank;
-        std::ptrdiff_t first = 0;
-        for (std::size_t axis = 0; axis < r; ++axis) first += static_cast<std::ptrdiff_t>(region.first[axis]) * c.dst.strides[axis];
+        const std::ptrdiff_t first = offset_of(region, c.dst.strides, r);
+        round_rows(c, c.dst.data + first, c.dst.strides[r - 2], c.dst.strides[r - 1], first, rows, cols);
+    }
+    // Where `place` starts in an array of these strides.
+    static std::ptrdiff_t offset_of(const fused_region& place, const std::array<std::ptrdiff_t, max_rank>& strides, std::size_t rank) {
+        std::ptrdiff_t offset = 0;
+        for (std::size_t axis = 0; axis < rank; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * strides[axis];
+        return offset;
+    }
+    // rows x cols values, row i at from + i * row_stride, its values col_stride apart, rounded
+    // into c.rounded at the block of dst that starts `first` from dst's data.
+    static void round_rows(const epilogue_context& c, const T* from, std::ptrdiff_t row_stride, std::ptrdiff_t col_stride,
+                           std::ptrdiff_t first, std::size_t rows, std::size_t cols) {
+        const std::size_t r = c.dst.rank;
         for (std::size_t i = 0; i < rows; ++i) {
-            const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.dst.strides[r - 2];
-            round_line(c.dst.data + at, c.dst.strides[r - 1], c.rounded + at, c.dst.strides[r - 1], cols);
+            const auto at = static_cast<std::ptrdiff_t>(i);
+            round_line(from + at * row_stride, col_stride, c.rounded + first + at * c.dst.strides[r - 2], c.dst.strides[r - 1], cols);
         }
     }
     // apply_epilogue for a block whose sums the kernel holds in its own buffer, C unread
@@ -297,15 +309,8 @@ private:
             const auto& c = *static_cast<const epilogue_context*>(context);
             const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
             const std::size_t r = c.dst.rank;
-            std::ptrdiff_t first = 0;
-            for (std::size_t axis = 0; axis < r; ++axis) first += static_cast<std::ptrdiff_t>(region.first[axis]) * c.dst.strides[axis];
-            if (!c.program) {
-                for (std::size_t i = 0; i < rows; ++i) {
-                    const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.dst.strides[r - 2];
-                    round_line(block + static_cast<std::ptrdiff_t>(i) * ld, 1, c.rounded + at, c.dst.strides[r - 1], cols);
-                }
-                return;
-            }
+            const std::ptrdiff_t first = offset_of(region, c.dst.strides, r);
+            if (!c.program) return round_rows(c, block, ld, 1, first, rows, cols);
             strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
             sums.strides[r - 2] = ld;
             sums.strides[r - 1] = 1;
@@ -351,8 +356,7 @@ private:
                 input = block;
                 continue;
             }
-            std::ptrdiff_t offset = 0;
-            for (std::size_t axis = 0; axis < block.rank; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * input.strides[axis];
+            const std::ptrdiff_t offset = offset_of(place, input.strides, block.rank);
             if (local.bf16_inputs[i]) local.bf16_inputs[i] += offset;  // (its data null)
             else input.data += offset;
         }
