@@ -18,6 +18,7 @@
 #include <iostream>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -264,6 +265,108 @@ TEST_CASE("bf16 products with C unread hand each block to the epilogue in their 
     });
 }
 
+// An epilogue that is a rounding (gemm_epilogue::rounding): with C unread, each micro-tile is
+// rounded from the kernel's buffer, plus the bias where there is one, and neither C, the
+// epilogue's functions nor apply_to_block are touched. The same sums as where C is written,
+// so that C plus the bias, rounded: bit for bit (where both are NaN, a NaN: which one, C++ leaves
+// to the compiler).
+enum class bias_kind { none, bf16, float_strided };
+
+void never_called(const void*, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t) {
+    throw std::logic_error("the epilogue's function called where the kernel rounds");
+}
+void never_called_to_block(const void*, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, float*, std::ptrdiff_t) {
+    throw std::logic_error("apply_to_block called where the kernel rounds");
+}
+
+template <class Kernel>
+void check_rounding(std::size_t items, std::size_t m, std::size_t k, std::size_t n, layouts::c_kind c_layout, bias_kind bias) {
+    INFO(items << " x " << m << " x " << k << " x " << n << ", C layout " << int(c_layout) << ", bias kind " << int(bias));
+    std::mt19937_64 random(m * 31 + k * 7 + n);
+    std::vector<bf16> a(items * m * k), b(items * k * n);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = value_of(values::specials, random, i);
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = value_of(values::normal, random, i);
+    // a bias of bf16 (one per column), or of float every third element, with NaN and infinities
+    std::vector<bf16> bias_bf16(n);
+    std::vector<float> bias_float(3 * n);
+    for (std::size_t j = 0; j < n; ++j) {
+        bias_bf16[j] = value_of(values::specials, random, j * 13);
+        bias_float[3 * j] = float(value_of(values::specials, random, j * 13 + 1)) * 1.001f;  // not a bf16
+    }
+    const std::size_t c_pad = c_layout == layouts::c_kind::padded_rows ? 5 : 0;
+    const std::size_t c_item = c_layout == layouts::c_kind::columns ? m * n : m * (n + c_pad);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> c(items * c_item, nan), unread(items * c_item, nan);
+
+    cpu::gemm_problem<float> problem;
+    problem.a = {nullptr, m, k, std::ptrdiff_t(k), 1};
+    problem.b = {nullptr, k, n, std::ptrdiff_t(n), 1};
+    problem.c = c_layout == layouts::c_kind::columns ? cpu::matrix<float>{c.data(), m, n, 1, std::ptrdiff_t(m)}
+                                                     : cpu::matrix<float>{c.data(), m, n, std::ptrdiff_t(n + c_pad), 1};
+    problem.a_bf16 = a.data();
+    problem.b_bf16 = b.data();
+    problem.batch.rank = 1;
+    problem.batch.extents[0] = items;
+    problem.batch.strides[0][0] = std::ptrdiff_t(m * k);
+    problem.batch.strides[1][0] = std::ptrdiff_t(k * n);
+    problem.batch.strides[2][0] = std::ptrdiff_t(c_item);
+    cpu::bf16_gemm<Kernel>(problem, {});  // C written: the sums to compare with
+
+    // every element of the rounded result written, at C's offsets (a sentinel elsewhere)
+    constexpr std::uint16_t sentinel = 0x7fa5;
+    std::vector<bf16> rounded(items * c_item, bf16::from_bits(sentinel));
+    cpu::gemm_problem<float> buffered = problem;
+    buffered.c.data = unread.data();
+    buffered.c_unread = true;
+    cpu::gemm_epilogue epilogue{&never_called, nullptr, nullptr, &never_called_to_block};
+    epilogue.rounding.rounded = rounded.data();
+    if (bias == bias_kind::bf16) {
+        epilogue.rounding.bias_bf16 = bias_bf16.data();
+        epilogue.rounding.bias_stride = 1;
+    } else if (bias == bias_kind::float_strided) {
+        epilogue.rounding.bias = bias_float.data();
+        epilogue.rounding.bias_stride = 3;
+    }
+    cpu::bf16_gemm<Kernel>(buffered, epilogue);
+
+    std::size_t bad = 0;
+    for (std::size_t t = 0; t < items; ++t) {
+        for (std::size_t i = 0; i < m; ++i) {
+            for (std::size_t j = 0; j < n; ++j) {
+                const std::size_t at = t * c_item + std::size_t(std::ptrdiff_t(i) * problem.c.row_stride + std::ptrdiff_t(j) * problem.c.col_stride);
+                float want = c[at];
+                if (bias == bias_kind::bf16) want += float(bias_bf16[j]);
+                if (bias == bias_kind::float_strided) want += bias_float[3 * j];
+                const bool same = std::isnan(want) ? std::isnan(float(rounded[at])) : rounded[at].bits == bf16(want).bits;
+                if (!same && bad++ == 0) {
+                    UNSCOPED_INFO("first wrong: item " << t << " (" << i << ", " << j << "): got bits " << rounded[at].bits << ", want "
+                                                      << bf16(want).bits);
+                }
+                if (!std::isnan(unread[at]) && bad++ == 0) UNSCOPED_INFO("C written at (" << i << ", " << j << ") of item " << t);
+            }
+        }
+    }
+    for (std::size_t at = 0; at < rounded.size(); ++at) {  // what lies between C's elements stays
+        const bool element = c_layout != layouts::c_kind::padded_rows || at % (n + c_pad) < n;
+        if (!element && rounded[at].bits != sentinel && bad++ == 0) UNSCOPED_INFO("written between elements, at " << at);
+    }
+    REQUIRE(bad == 0);
+}
+
+TEST_CASE("bf16 products whose epilogue is a rounding round each micro-tile from their buffer, with the bias, bit for bit") {
+    test::for_kernels_and_threads([]<class Kernel>() {
+        for (const auto [m, k, n] : sizes) {
+            for (const bias_kind bias : {bias_kind::none, bias_kind::bf16, bias_kind::float_strided}) {
+                check_rounding<Kernel>(1, m, k, n, layouts::c_kind::rows, bias);
+            }
+        }
+        for (const auto c : {layouts::c_kind::rows, layouts::c_kind::padded_rows, layouts::c_kind::columns}) {
+            check_rounding<Kernel>(3, 70, 300, 45, c, bias_kind::bf16);
+            check_rounding<Kernel>(2, 13, 33, 600, c, bias_kind::float_strided);
+        }
+    });
+}
+
 TEST_CASE("bf16 products read transposed operands and write strided and column-major C") {
     test::for_kernels_and_threads([]<class Kernel>() {
         for (const auto [m, k, n] : {extents{33, 70, 47}, extents{70, 300, 33}}) {
@@ -491,7 +594,20 @@ TEST_CASE("bf16 products rounded from the kernel's own buffer: the float result 
             ds::fill_uniform(w2, 5, -0.1, 0.1);
             x.data()[7] = std::numeric_limits<bf16>::quiet_NaN();
             x.data()[m * k + 40 % k] = std::numeric_limits<bf16>::infinity();
-            auto formula = ds::tanh(ds::matmul(x, ds::transpose(w)) + bias) * residual + 0.5f;
+            // the epilogues that bf16_gemm rounds itself, per micro-tile (gemm_epilogue::rounding)
+            auto product = ds::matmul(x, ds::transpose(w));
+            const auto same_bits = [&](const auto& f) {
+                const ds::tensor<float, Batch, Rows, Cols> wide = ds::cast<float>(f);
+                const ds::tensor<bf16, Batch, Rows, Cols> narrow = f;
+                return bits_of(narrow) == rounded(wide);
+            };
+            REQUIRE(same_bits(product));
+            REQUIRE(same_bits(product + bias));
+            REQUIRE(same_bits(bias + product));
+            // and those the fused pass runs, moved to each block: an addend of every row's own, and
+            // a longer formula
+            REQUIRE(same_bits(product + residual));
+            auto formula = ds::tanh(product + bias) * residual + 0.5f;
             const ds::tensor<float, Batch, Rows, Cols> wide = ds::cast<float>(formula);
             const ds::tensor<bf16, Batch, Rows, Cols> narrow = formula;
             REQUIRE(bits_of(narrow) == rounded(wide));

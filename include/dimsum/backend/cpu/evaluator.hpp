@@ -517,8 +517,41 @@ private:
             // dst the rounding scratch: the bf16 kernels keep each block's sums to themselves
             problem.c_unread = e.out_unread && std::is_same_v<T, float>;
             epilogue.apply_to_block = &apply_epilogue_to_block;
+            if (problem.c_unread) epilogue.rounding = rounding_of(e, context.rounded);
         }
         gemm<T>(problem, epilogue);
+    }
+
+    // Entry e's epilogue as data (gemm_rounding), where it is one: the product rounded, or the
+    // product plus a vector along the columns (a bias, read where it lies) rounded. Else none
+    // (rounded null): the kernels run the fused pass. Called once the batch is folded, so that
+    // the bias's strides are the problem's.
+    gemm_rounding rounding_of(const entry& e, bf16* rounded) const {
+        gemm_rounding rounding;
+        if constexpr (std::is_same_v<T, float>) {  // (only float sums are rounded by the bf16 kernels)
+            if (e.epilogue == no_step) {
+                rounding.rounded = rounded;
+                return rounding;
+            }
+            const step& s = steps_[e.epilogue];
+            const auto& nodes = s_.fused.nodes;  // an add's two operands first, in order, then the add
+            if (s.kind != step_kind::elementwise || s.op != op_code::add || nodes.size() != 3) return rounding;
+            const fused_node<T>& first = nodes[0];
+            const fused_node<T>& second = nodes[1];
+            if (first.what != fused_node<T>::kind::input || second.what != fused_node<T>::kind::input) return rounding;
+            const std::size_t product = s_.in_place_input;
+            if (first.input != product && second.input != product) return rounding;
+            const std::size_t bias = first.input == product ? second.input : first.input;  // either order: + commutes
+            const strided<const T>& in = s_.fused.inputs[bias];
+            for (std::size_t axis = 0; axis + 1 < in.rank; ++axis) {
+                if (in.strides[axis] != 0 && in.extents[axis] != 1) return rounding;  // not one vector for every row
+            }
+            rounding.bias_bf16 = s_.fused.bf16_inputs[bias];
+            if (!rounding.bias_bf16) rounding.bias = in.data;
+            rounding.bias_stride = in.strides[in.rank - 1];
+            rounding.rounded = rounded;
+        }
+        return rounding;
     }
 
     state<T>& s_;

@@ -145,6 +145,18 @@ struct gemm_problem {
 // apply_to_block with the region's values in its own buffer, element (i, j) at
 // block[i * ld + j], where they may be rewritten too; the epilogue then writes whatever the
 // product's result is (C itself is never read again).
+//
+// Most bf16 products' epilogue is also given as data (`rounding`): C's values, plus a vector
+// along its columns where `bias` or `bias_bf16` is set (a layer's bias), rounded to bf16 into
+// `rounded` at C's offsets (item, row and column as C's). A kernel holding each micro-tile's
+// final sums in its own buffer (C unread) rounds them so while they are in L1, instead of
+// calling apply_to_block on the whole block once it is summed.
+struct gemm_rounding {
+    bf16* rounded = nullptr;  // null: the epilogue is not this
+    const float* bias = nullptr;
+    const bf16* bias_bf16 = nullptr;
+    std::ptrdiff_t bias_stride = 0;  // column j's at bias[j * bias_stride]
+};
 struct gemm_epilogue {
     void (*apply)(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
                   std::size_t cols) = nullptr;
@@ -152,6 +164,7 @@ struct gemm_epilogue {
     const void* context = nullptr;
     void (*apply_to_block)(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
                            std::size_t cols, float* block, std::ptrdiff_t ld) = nullptr;
+    gemm_rounding rounding{};
     void operator()(std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) const {
         if (apply) apply(context, item, row, col, rows, cols);
     }
