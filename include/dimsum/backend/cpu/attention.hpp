@@ -254,44 +254,61 @@ void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t
         scale = T(1);
         p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, ld);
     }
-    for (std::size_t i = 0; i < queries; ++i) {
-        T* row = scores + i * ld;
-        std::size_t live = cols;
-        if (p.causal) {
-            std::size_t visible = visible_keys(first_query + i, m, n);
-            live = visible <= key ? 0 : std::min(cols, visible - key);
+    // Rows a batch's lanes at a time: their maxima first (independent chains, whose latencies
+    // overlap), then their rescalings e^(m - top) in one exponential, then each row's weights.
+    // Row by row, each row waited on its own maximum and its e^x (measured on a Zen 5).
+    constexpr std::size_t group = width;
+    for (std::size_t first = 0; first < queries; first += group) {
+        const std::size_t rows = std::min(group, queries - first);
+        alignas(64) T old_max[group] = {}, top[group] = {}, rescale[group];
+        std::size_t live[group];
+        for (std::size_t g = 0; g < rows; ++g) {
+            T* row = scores + (first + g) * ld;
+            live[g] = cols;
+            if (p.causal) {
+                const std::size_t visible = visible_keys(first + g + first_query, m, n);
+                live[g] = visible <= key ? 0 : std::min(cols, visible - key);
+            }
+            const T largest =
+                scale == T(1) ? scaled_row_max<T, false>(row, live[g], scale) : scaled_row_max<T, true>(row, live[g], scale);
+            old_max[g] = row_max[first + g];
+            top[g] = fn::maximum{}(old_max[g], largest);
         }
-        const T largest = scale == T(1) ? scaled_row_max<T, false>(row, live, scale) : scaled_row_max<T, true>(row, live, scale);
-        const T top = fn::maximum{}(row_max[i], largest);
-        if (top == minus_infinity) {  // nothing visible yet: weights 0, m and l unchanged
-            std::fill(row, row + cols_pad, T(0));
+        // 0 where m was -infinity, 1 where the maximum stayed (NaN for a row with nothing
+        // visible yet, which takes none)
+        exponential<T>(batch::load_aligned(old_max) - batch::load_aligned(top)).store_aligned(rescale);
+        for (std::size_t g = 0; g < rows; ++g) {
+            const std::size_t i = first + g;
+            T* row = scores + i * ld;
+            if (top[g] == minus_infinity) {  // nothing visible yet: weights 0, m and l unchanged
+                std::fill(row, row + cols_pad, T(0));
+                row_done(i, row);
+                continue;
+            }
+            row_max[i] = top[g];
+            // the weights of the batches with a live score, in two sums (one would be a chain of
+            // dependent additions as long as the row), and 0 past them
+            const Weights weight(top[g]);
+            const std::size_t live_pad = round_up(live[g], width);
+            batch total[2] = {batch(T(0)), batch(T(0))};
+            std::size_t j = 0;
+            for (; j + 2 * width <= live_pad; j += 2 * width) {
+                const batch e0 = weight(batch::load_aligned(row + j)), e1 = weight(batch::load_aligned(row + j + width));
+                e0.store_aligned(row + j);
+                e1.store_aligned(row + j + width);
+                total[0] += e0;
+                total[1] += e1;
+            }
+            if (j < live_pad) {
+                const batch e = weight(batch::load_aligned(row + j));
+                e.store_aligned(row + j);
+                total[0] += e;
+            }
+            std::fill(row + live_pad, row + cols_pad, T(0));
+            row_sum[i] = row_sum[i] * rescale[g] + xsimd::hadd(total[0] + total[1]);
+            if (rescale[g] != T(1)) scale_line(out + i * ld_out, ld_out, rescale[g]);
             row_done(i, row);
-            continue;
         }
-        const T rescale = std::exp(row_max[i] - top);  // 0 when m was -infinity
-        row_max[i] = top;
-        // the weights of the batches with a live score, in two sums (one would be a chain of
-        // dependent additions as long as the row), and 0 past them
-        const Weights weight(top);
-        const std::size_t live_pad = round_up(live, width);
-        batch total[2] = {batch(T(0)), batch(T(0))};
-        std::size_t j = 0;
-        for (; j + 2 * width <= live_pad; j += 2 * width) {
-            const batch e0 = weight(batch::load_aligned(row + j)), e1 = weight(batch::load_aligned(row + j + width));
-            e0.store_aligned(row + j);
-            e1.store_aligned(row + j + width);
-            total[0] += e0;
-            total[1] += e1;
-        }
-        if (j < live_pad) {
-            const batch e = weight(batch::load_aligned(row + j));
-            e.store_aligned(row + j);
-            total[0] += e;
-        }
-        std::fill(row + live_pad, row + cols_pad, T(0));
-        row_sum[i] = row_sum[i] * rescale + xsimd::hadd(total[0] + total[1]);
-        if (rescale != T(1)) scale_line(out + i * ld_out, ld_out, rescale);
-        row_done(i, row);
     }
 }
 
