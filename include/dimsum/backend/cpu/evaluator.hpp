@@ -279,7 +279,10 @@ private:
         if (!c.rounded) return;
         const std::size_t r = c.dst.rank;
         const std::ptrdiff_t first = offset_of(region, c.dst.strides, r);
-        round_rows(c, c.dst.data + first, c.dst.strides[r - 2], c.dst.strides[r - 1], first, rows, cols);
+        for (std::size_t i = 0; i < rows; ++i) {  // into bf16 memory of dst's layout: the same offsets
+            const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.dst.strides[r - 2];
+            round_line(c.dst.data + at, c.dst.strides[r - 1], c.rounded + at, c.dst.strides[r - 1], cols);
+        }
     }
     // Where `place` starts in an array of these strides.
     static std::ptrdiff_t offset_of(const fused_region& place, const std::array<std::ptrdiff_t, max_rank>& strides, std::size_t rank) {
@@ -287,20 +290,11 @@ private:
         for (std::size_t axis = 0; axis < rank; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * strides[axis];
         return offset;
     }
-    // rows x cols values, row i at from + i * row_stride, its values col_stride apart, rounded
-    // into c.rounded at the block of dst that starts `first` from dst's data.
-    static void round_rows(const epilogue_context& c, const T* from, std::ptrdiff_t row_stride, std::ptrdiff_t col_stride,
-                           std::ptrdiff_t first, std::size_t rows, std::size_t cols) {
-        const std::size_t r = c.dst.rank;
-        for (std::size_t i = 0; i < rows; ++i) {
-            const auto at = static_cast<std::ptrdiff_t>(i);
-            round_line(from + at * row_stride, col_stride, c.rounded + first + at * c.dst.strides[r - 2], c.dst.strides[r - 1], cols);
-        }
-    }
     // apply_epilogue for a block whose sums the kernel holds in its own buffer, C unread
     // (gemm_problem::c_unread, set only where C is the rounding scratch): the program moved to
     // the block, as the score function is to its tile, and its result, the only one, rounded
-    // into c.rounded; without a program, the sums rounded.
+    // into c.rounded. (An epilogue without a program is a rounding, which the kernels do
+    // themselves: rounding_of.)
     static void apply_epilogue_to_block(const void* context, std::size_t item, std::size_t row, std::size_t col,
                                         std::size_t rows, std::size_t cols, float* block, std::ptrdiff_t ld) {
         if constexpr (!std::is_same_v<T, float>) {
@@ -310,7 +304,6 @@ private:
             const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
             const std::size_t r = c.dst.rank;
             const std::ptrdiff_t first = offset_of(region, c.dst.strides, r);
-            if (!c.program) return round_rows(c, block, ld, 1, first, rows, cols);
             strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
             sums.strides[r - 2] = ld;
             sums.strides[r - 1] = 1;
@@ -516,8 +509,8 @@ private:
             context.rounded = rounded_into(e, dst);
             // dst the rounding scratch: the bf16 kernels keep each block's sums to themselves
             problem.c_unread = e.out_unread && std::is_same_v<T, float>;
-            epilogue.apply_to_block = &apply_epilogue_to_block;
             if (problem.c_unread) epilogue.rounding = rounding_of(e, context.rounded);
+            if (!epilogue.rounding.rounded) epilogue.apply_to_block = &apply_epilogue_to_block;
         }
         gemm<T>(problem, epilogue);
     }

@@ -149,8 +149,8 @@ struct gemm_problem {
 // Most bf16 products' epilogue is also given as data (`rounding`): C's values, plus a vector
 // along its columns where `bias` or `bias_bf16` is set (a layer's bias), rounded to bf16 into
 // `rounded` at C's offsets (item, row and column as C's). A kernel holding each micro-tile's
-// final sums in its own buffer (C unread) rounds them so while they are in L1, instead of
-// calling apply_to_block on the whole block once it is summed.
+// final sums in its own buffer (C unread) rounds them so while they are in L1. An epilogue for
+// C unread has apply_to_block (a program to run on each block), or this, or both: then this.
 struct gemm_rounding {
     bf16* rounded = nullptr;  // null: the epilogue is not this
     const float* bias = nullptr;
