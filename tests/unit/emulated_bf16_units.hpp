@@ -158,6 +158,15 @@ struct emulated_pairs {
         std::memcpy(p.v, from, sizeof(p.v));
         return p;
     }
+    static void store_pairs(dimsum::bf16* to, const pairs& p) { std::memcpy(to, p.v, sizeof(p.v)); }
+    // rows 2q and 2q + 1 of a row-major B's 32 columns as a panel's pairs q: columns [0, 16) in
+    // left, [16, 32) in right, each column's even depth first (the layout of bf16_gemm.hpp)
+    static void pair_rows(const dimsum::bf16* even, const dimsum::bf16* odd, pairs& left, pairs& right) {
+        for (int n = 0; n < 16; ++n) {
+            left.v[2 * n] = even[n].bits, left.v[2 * n + 1] = odd[n].bits;
+            right.v[2 * n] = even[16 + n].bits, right.v[2 * n + 1] = odd[16 + n].bits;
+        }
+    }
     static pairs broadcast_pair(const dimsum::bf16* from) {
         pairs p;
         for (int n = 0; n < 16; ++n) {

@@ -28,11 +28,17 @@ using ds::bf16;
 
 namespace {
 
-// The instructions a kernel issues per micro-tile and 32 depths, counted by the stand-ins.
+// The instructions a kernel issues per micro-tile of live_rows rows and 32 depths (fewer for a
+// short last panel), counted by the stand-ins.
 template <class Kernel>
-long dots_per_step() {
-    if constexpr (std::is_same_v<Kernel, cpu::tile_kernel<test::emulated_tiles>>) return 4;  // 2 x 2 tiles
-    if constexpr (std::is_same_v<Kernel, cpu::pair_kernel<test::emulated_pairs>>) return 2 * 12 * 16;  // 24 registers, 16 pairs
+long dots_per_step(std::size_t live_rows) {
+    if constexpr (std::is_same_v<Kernel, cpu::tile_kernel<test::emulated_tiles>>) {
+        return live_rows <= 16 ? 2 : 4;  // 1 or 2 x 2 tiles
+    }
+    if constexpr (std::is_same_v<Kernel, cpu::pair_kernel<test::emulated_pairs>>) {
+        const long rows = live_rows <= 4 ? 4 : live_rows <= 8 ? 8 : 12;
+        return 2 * rows * 16;  // 2 registers a row, 16 pairs
+    }
     return 0;  // not counted
 }
 long dots_so_far() {
@@ -176,11 +182,14 @@ void check_case(const product_case& p) {
     const long dots = dots_so_far();
     cpu::bf16_gemm<Kernel>(problem, epilogue);
     REQUIRE(test::emulated_tiles::unreleased().load() == unreleased);
-    if (const long per_step = dots_per_step<Kernel>(); per_step > 0) {
-        // every micro-tile (Kernel::rows x 32 of C) takes the same instructions per 32 depths,
-        // and no micro-tile is computed twice: the blocks' edges are multiples of the tiles'
+    if (const long per_step = dots_per_step<Kernel>(Kernel::rows); per_step > 0) {
+        // every micro-tile (Kernel::rows x 32 of C) takes the same instructions per 32 depths
+        // but the last of m's rows, which takes its live rows' (no more), and no micro-tile is
+        // computed twice: the blocks' edges are multiples of the tiles'
         auto tiles = [](std::size_t x, std::size_t per) { return long((x + per - 1) / per); };
-        CHECK(dots_so_far() - dots == long(p.items) * tiles(p.m, Kernel::rows) * tiles(p.n, 32) * per_step * tiles(p.k, 32));
+        const std::size_t edge = p.m % Kernel::rows;
+        const long per_column_step = long(p.m / Kernel::rows) * per_step + (edge ? dots_per_step<Kernel>(edge) : 0);
+        CHECK(dots_so_far() - dots == long(p.items) * tiles(p.n, 32) * tiles(p.k, 32) * per_column_step);
     }
 
     std::size_t bad = 0, unseen = 0;
@@ -229,7 +238,7 @@ struct extents {
 };
 const extents sizes[] = {{1, 1, 1},     {5, 31, 17},   {12, 32, 16},  {13, 33, 33},   {16, 32, 16},   {31, 64, 32},
                          {32, 65, 31},  {33, 100, 47}, {70, 255, 64}, {64, 256, 96},  {97, 257, 65},  {252, 40, 33},
-                         {253, 40, 33}, {257, 300, 40}, {40, 520, 545}};
+                         {253, 40, 33}, {257, 300, 40}, {40, 520, 545}, {3, 64, 64}};
 
 }  // namespace
 

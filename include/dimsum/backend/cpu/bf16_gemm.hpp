@@ -118,6 +118,35 @@ struct amx_tiles {
 #endif
 
 #if defined(__AVX512F__)
+// Rows 2q and 2q + 1 of 32 columns of a row-major B as a B panel's pairs q of its two halves
+// (the layout below): columns [0, 16) in `left`, [16, 32) in `right`, each column's two depths
+// in one 32-bit lane. With AVX512BW, two word permutes of the two rows' 64 bytes each; they
+// made the packing of a row-major B 3 to 4% of a 128 x 768 x 768 product faster than widening
+// each half's 16 words and shifting one row into the upper halves (Zen 5).
+inline void pair_rows_of_b(const bf16* even, const bf16* odd, __m512i& left, __m512i& right) {
+#if defined(__AVX512BW__)
+    alignas(64) static constexpr std::array<std::int16_t, 64> order = [] {
+        std::array<std::int16_t, 64> o{};  // word i of a result: e's word o[i] (o[i] < 32), else o's word o[i] - 32
+        for (std::int16_t n = 0; n < 16; ++n) {
+            o[2 * n] = n, o[2 * n + 1] = std::int16_t(32 + n);                            // left
+            o[32 + 2 * n] = std::int16_t(16 + n), o[33 + 2 * n] = std::int16_t(48 + n);  // right
+        }
+        return o;
+    }();
+    const __m512i e = _mm512_loadu_si512(even), o = _mm512_loadu_si512(odd);
+    left = _mm512_permutex2var_epi16(e, _mm512_load_si512(order.data()), o);
+    right = _mm512_permutex2var_epi16(e, _mm512_load_si512(order.data() + 32), o);
+#else
+    auto half = [&](std::size_t first) {
+        const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + first)));
+        const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + first)));
+        return _mm512_or_si512(low, _mm512_slli_epi32(high, 16));
+    };
+    left = half(0);
+    right = half(16);
+#endif
+}
+
 // vdpbf16ps on 512-bit registers (assembly, as amx_tiles: the intrinsic needs a target the
 // kernels are not compiled for, and the CPU is asked at run time).
 struct avx512_pairs {
@@ -128,6 +157,8 @@ struct avx512_pairs {
     static void store_sums(float* to, sums s) { _mm512_storeu_ps(to, s); }
     static sums add(sums s, sums t) { return _mm512_add_ps(s, t); }
     static pairs load_pairs(const bf16* from) { return _mm512_loadu_si512(from); }
+    static void store_pairs(bf16* to, pairs p) { _mm512_storeu_si512(to, p); }
+    static void pair_rows(const bf16* even, const bf16* odd, pairs& left, pairs& right) { pair_rows_of_b(even, odd, left, right); }
     static pairs broadcast_pair(const bf16* from) {
         std::int32_t pair;
         std::memcpy(&pair, from, sizeof(pair));
@@ -182,16 +213,20 @@ void round_row(const float* from, bf16* to, std::size_t n) {
 template <class Tiles>
 struct tile_kernel {
     static constexpr std::size_t rows = 32;
+    static constexpr bool packs_row_major_b = false;  // B's panels packed before their first block
     Tiles unit;
 
     void configure() { unit.configure(); }
     void release() { unit.release(); }
     // P for the products, as the CPU with these units rounds it (round_pairs_on_instruction)
     static void round_row(const float* from, bf16* to, std::size_t n) { detail::round_row<Tiles>(from, to, n); }
+    // C's micro-tile = or += the A panel times the B panel at b; a micro-tile of at most 16 rows
+    // (a short last panel) on the upper tiles only
     void block(const bf16* a, std::ptrdiff_t a_stride, const bf16* b, std::size_t dp, const matrix<float>& c, bool accumulate) {
         constexpr std::size_t half = 16;
+        const bool lower_too = c.rows > half;
         alignas(64) float buffer[rows * bf16_blocking::cols];
-        const bool in_place = c.rows == rows && c.cols == bf16_blocking::cols && c.col_stride == 1;
+        const bool in_place = c.rows == (lower_too ? rows : half) && c.cols == bf16_blocking::cols && c.col_stride == 1;
         if (!in_place && accumulate) detail::fill_edge(buffer, rows, c);
         float* out = in_place ? c.data : buffer;
         const std::ptrdiff_t ld = in_place ? c.row_stride : static_cast<std::ptrdiff_t>(bf16_blocking::cols);  // floats
@@ -200,61 +235,115 @@ struct tile_kernel {
         if (accumulate) {
             unit.template load<0>(out, ld_bytes);
             unit.template load<1>(out + half, ld_bytes);
-            unit.template load<2>(lower, ld_bytes);
-            unit.template load<3>(lower + half, ld_bytes);
+            if (lower_too) {
+                unit.template load<2>(lower, ld_bytes);
+                unit.template load<3>(lower + half, ld_bytes);
+            }
         } else {
             unit.template zero<0>();
             unit.template zero<1>();
-            unit.template zero<2>();
-            unit.template zero<3>();
+            if (lower_too) {
+                unit.template zero<2>();
+                unit.template zero<3>();
+            }
         }
         const std::ptrdiff_t a_ld_bytes = a_stride * static_cast<std::ptrdiff_t>(sizeof(bf16)), b_ld_bytes = 64;
         const bf16* const b_right = b + dp * half;  // the second half: columns [16, 32)
         for (std::size_t p = 0; p < dp; p += bf16_blocking::depth_step) {
             unit.template load<4>(a + p, a_ld_bytes);
-            unit.template load<5>(a + static_cast<std::ptrdiff_t>(half) * a_stride + p, a_ld_bytes);
             unit.template load<6>(b + p * half, b_ld_bytes);  // p / 2 pairs of 16 columns in
             unit.template load<7>(b_right + p * half, b_ld_bytes);
             unit.template dot<0, 4, 6>();
             unit.template dot<1, 4, 7>();
-            unit.template dot<2, 5, 6>();
-            unit.template dot<3, 5, 7>();
+            if (lower_too) {
+                unit.template load<5>(a + static_cast<std::ptrdiff_t>(half) * a_stride + p, a_ld_bytes);
+                unit.template dot<2, 5, 6>();
+                unit.template dot<3, 5, 7>();
+            }
         }
         unit.template store<0>(out, ld_bytes);
         unit.template store<1>(out + half, ld_bytes);
-        unit.template store<2>(lower, ld_bytes);
-        unit.template store<3>(lower + half, ld_bytes);
+        if (lower_too) {
+            unit.template store<2>(lower, ld_bytes);
+            unit.template store<3>(lower + half, ld_bytes);
+        }
         if (!in_place) detail::write_edge(buffer, c);
     }
 };
 
 // 12 x 32 of C in 24 registers of 16 sums; per pair of depths, two B registers (the panel's
-// halves) and one A pair broadcast per row: 27 of the 32 registers.
+// halves) and one A pair broadcast per row: 27 of the 32 registers. A short last panel takes 8
+// or 4 rows' registers and work (with_rows).
 template <class Pairs>
 struct pair_kernel {
     static constexpr std::size_t rows = 12;
+    static constexpr bool packs_row_major_b = true;  // block_packing_b
 
     void configure() {}
     void release() {}
     static void round_row(const float* from, bf16* to, std::size_t n) { detail::round_row<Pairs>(from, to, n); }
-    // Out of line: inlined into bf16_task, g++ 12 no longer kept the 24 sums and two B pairs in
-    // registers across the depth loop (a vmovaps between registers for every few vdpbf16ps).
+    // C's micro-tile = or += the A panel times the B panel at b. Out of line: inlined into
+    // bf16_task, g++ 12 no longer kept the 24 sums and two B pairs in registers across the
+    // depth loop (a vmovaps between registers for every few vdpbf16ps).
     [[gnu::noinline]] void block(const bf16* a, std::ptrdiff_t a_stride, const bf16* b, std::size_t dp, const matrix<float>& c,
                                  bool accumulate) {
-        constexpr std::size_t half = 16, cols = bf16_blocking::cols;
-        using sums = typename Pairs::sums;
-        alignas(64) float buffer[rows * cols];
-        const bool in_place = c.rows == rows && c.cols == cols && c.col_stride == 1;
-        if (!in_place && accumulate) detail::fill_edge(buffer, rows, c);
+        const bf16* const b_right = b + dp * half;
+        with_rows(c.rows, [&]<std::size_t R>() {
+            multiply<R>(a, a_stride, dp, c, accumulate, [&](std::size_t q, pairs& left, pairs& right) {
+                left = Pairs::load_pairs(b + q * cols);
+                right = Pairs::load_pairs(b_right + q * cols);
+            });
+        });
+    }
+    // The same, with B's 32 columns read where they lie, row-major (dp rows, `b_stride`
+    // apart), and the B panel they make written to `panel` as they are read: the first
+    // micro-tile of each panel packs it, the loads of B's rows from L3 or memory then waiting
+    // behind the products instead of in a pass of their own (that pass was 11% of a 128 x 768 x
+    // 768 product, where B serves few rows; Zen 5).
+    [[gnu::noinline]] void block_packing_b(const bf16* a, std::ptrdiff_t a_stride, const bf16* b_rows, std::ptrdiff_t b_stride,
+                                           bf16* panel, std::size_t dp, const matrix<float>& c, bool accumulate) {
+        bf16* const panel_right = panel + dp * half;
+        with_rows(c.rows, [&]<std::size_t R>() {
+            multiply<R>(a, a_stride, dp, c, accumulate, [&](std::size_t q, pairs& left, pairs& right) {
+                const bf16* even = b_rows + static_cast<std::ptrdiff_t>(2 * q) * b_stride;
+                Pairs::pair_rows(even, even + b_stride, left, right);
+                Pairs::store_pairs(panel + q * cols, left);
+                Pairs::store_pairs(panel_right + q * cols, right);
+            });
+        });
+    }
+
+private:
+    static constexpr std::size_t half = 16, cols = bf16_blocking::cols;
+    using sums = typename Pairs::sums;
+    using pairs = typename Pairs::pairs;
+
+    // body.template operator()<R>() with R the fewest rows of 4, 8 or 12 that hold C's `live`:
+    // a last panel of 8 rows (a product of 128) then takes 8 rows' work, not 12
+    template <class Body>
+    [[gnu::always_inline]] static inline void with_rows(std::size_t live, Body&& body) {
+        if (live <= 4) body.template operator()<4>();
+        else if (live <= 8) body.template operator()<8>();
+        else body.template operator()<rows>();
+    }
+
+    // C's R rows (at most) of the micro-tile; pairs_of(q, left, right): the B panel's pairs q of
+    // its halves (columns [0, 16), [16, 32))
+    template <std::size_t R, class PairsOf>
+    [[gnu::always_inline]] inline void multiply(const bf16* a, std::ptrdiff_t a_stride, std::size_t dp, const matrix<float>& c,
+                                                bool accumulate, PairsOf pairs_of) {
+        alignas(64) float buffer[R * cols];
+        const bool in_place = c.rows == R && c.cols == cols && c.col_stride == 1;
+        if (!in_place && accumulate) detail::fill_edge(buffer, R, c);
         float* const out = in_place ? c.data : buffer;
         const std::ptrdiff_t ld = in_place ? c.row_stride : static_cast<std::ptrdiff_t>(cols);
         // C's rows lie far apart, where no hardware prefetcher follows them: asked for now,
         // they arrive while this block's sums are formed from zero, and are added after (as
         // gemm.hpp's micro_kernel does). Loaded first, they stalled the kernel: 13% of its samples
         // outside the depth loop in a causal layer's products (Zen 5).
-        sums left[rows], right[rows];
+        sums left[R], right[R];
 #pragma GCC unroll 12
-        for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t r = 0; r < R; ++r) {
             const float* row = out + static_cast<std::ptrdiff_t>(r) * ld;
             if (accumulate) {
                 __builtin_prefetch(row, 1);
@@ -262,18 +351,18 @@ struct pair_kernel {
             }
             left[r] = right[r] = Pairs::zero();
         }
-        const bf16* const b_right = b + dp * half;
         for (std::size_t q = 0; q < dp / 2; ++q) {
-            const auto b0 = Pairs::load_pairs(b + q * 2 * half), b1 = Pairs::load_pairs(b_right + q * 2 * half);
+            pairs b0, b1;
+            pairs_of(q, b0, b1);
 #pragma GCC unroll 12
-            for (std::size_t r = 0; r < rows; ++r) {
+            for (std::size_t r = 0; r < R; ++r) {
                 const auto ar = Pairs::broadcast_pair(a + static_cast<std::ptrdiff_t>(r) * a_stride + 2 * q);
                 left[r] = Pairs::dot(left[r], ar, b0);
                 right[r] = Pairs::dot(right[r], ar, b1);
             }
         }
 #pragma GCC unroll 12
-        for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t r = 0; r < R; ++r) {
             float* row = out + static_cast<std::ptrdiff_t>(r) * ld;
             if (accumulate) {
                 left[r] = Pairs::add(Pairs::load_sums(row), left[r]);
@@ -326,10 +415,23 @@ void pack_bf16_a(const matrix<const bf16>& a, std::size_t rows, std::size_t dept
 // (n, k), as nn.Linear's, read transposed) already holds each pair as one 32-bit word.
 inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size_t depth, std::size_t dp, bf16* out) {
     constexpr std::size_t half = bf16_blocking::cols / 2;
-    for (std::size_t panel = 0; panel < cols; panel += bf16_blocking::cols) {
+    for (std::size_t panel = 0; panel < cols; panel += bf16_blocking::cols, out += bf16_blocking::cols * dp) {
+        std::size_t q_first = 0;  // the pairs of depths that both halves hold already
+#if defined(__AVX512F__)
+        if (b.col_stride == 1 && panel + bf16_blocking::cols <= cols) {  // both halves at once, from whole rows
+            const bf16* row = b.data + static_cast<std::ptrdiff_t>(panel);
+            for (; 2 * q_first + 1 < depth; ++q_first, row += 2 * b.row_stride) {
+                __m512i left, right;
+                pair_rows_of_b(row, row + b.row_stride, left, right);
+                _mm512_storeu_si512(out + q_first * 2 * half, left);
+                _mm512_storeu_si512(out + dp * half + q_first * 2 * half, right);
+            }
+        }
+#endif
         for (std::size_t h = 0; h < 2; ++h) {
             const std::size_t first = panel + h * half, live = first < cols ? std::min(half, cols - first) : 0;
-            for (std::size_t q = 0; q < dp / 2; ++q, out += 2 * half) {
+            for (std::size_t q = q_first; q < dp / 2; ++q) {
+                bf16* const to = out + h * dp * half + q * 2 * half;  // pair q of half h
                 const bf16* even = b.data + static_cast<std::ptrdiff_t>(2 * q) * b.row_stride +
                                    static_cast<std::ptrdiff_t>(first) * b.col_stride;  // B(2q, first)
                 const bool whole = live == half && 2 * q + 1 < depth;
@@ -338,20 +440,20 @@ inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size
                     const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
                     const __m512i high = _mm512_slli_epi32(
                         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + b.row_stride))), 16);
-                    _mm512_storeu_si512(out, _mm512_or_si512(low, high));
+                    _mm512_storeu_si512(to, _mm512_or_si512(low, high));
                     continue;
                 }
 #endif
                 if (whole && b.row_stride == 1) {
-                    for (std::size_t n = 0; n < half; ++n) std::memcpy(out + 2 * n, even + static_cast<std::ptrdiff_t>(n) * b.col_stride, 4);
+                    for (std::size_t n = 0; n < half; ++n) std::memcpy(to + 2 * n, even + static_cast<std::ptrdiff_t>(n) * b.col_stride, 4);
                     continue;
                 }
                 for (std::size_t e = 0; e < 2; ++e) {
                     const std::size_t p = 2 * q + e, n_live = p < depth ? live : 0;
                     const bf16* row = b.data + static_cast<std::ptrdiff_t>(p) * b.row_stride +
                                       static_cast<std::ptrdiff_t>(first) * b.col_stride;
-                    for (std::size_t n = 0; n < n_live; ++n) out[2 * n + e] = row[static_cast<std::ptrdiff_t>(n) * b.col_stride];
-                    for (std::size_t n = n_live; n < half; ++n) out[2 * n + e] = bf16{};
+                    for (std::size_t n = 0; n < n_live; ++n) to[2 * n + e] = row[static_cast<std::ptrdiff_t>(n) * b.col_stride];
+                    for (std::size_t n = n_live; n < half; ++n) to[2 * n + e] = bf16{};
                 }
             }
         }
@@ -400,13 +502,14 @@ inline void round_tile(const float* sums, std::size_t ld, std::size_t rows, std:
 }
 
 // One task of bf16_gemm: rows [row_first, row_last) x columns [col_first, col_last) of C,
-// every depth. The task's columns of B are packed once, every depth block of a span of at
-// most k_span depths (or read from B's pairs packed once); then each block of mc rows takes
-// every depth block of the span in turn, so that its partial sums in C (mc x the task's
-// columns, at most 256 x 512 floats: 512 KiB) stay in L2 from one depth block to the next,
-// and the epilogue sees the region once its every depth is summed. (Depths outermost instead sent the whole task's C, megabytes, through
-// memory once per depth block: 17% of the kernel's time went to loading it back, measured
-// on a Zen 5.) A is read where it lies when its rows are contiguous and the depth block is a
+// every depth. Each block of mc rows takes every depth block of a span of at most k_span
+// depths in turn, so that its partial sums in C (mc x the task's columns, at most 256 x 512
+// floats: 512 KiB) stay in L2 from one depth block to the next, and the epilogue sees the
+// region once its every depth is summed. (Depths outermost instead sent the whole task's C,
+// megabytes, through memory once per depth block: 17% of the kernel's time went to loading it
+// back, measured on a Zen 5.) The task's columns of B are packed once per span, by its first
+// block of rows, panel by panel as it comes to each (or read from B's pairs packed once); a
+// kernel that can (packs_row_major_b) packs a row-major panel while it multiplies by it. A is read where it lies when its rows are contiguous and the depth block is a
 // whole number of the kernels' 32 depths (every block where K is a multiple of 32, as a
 // model's widths are; else all but the last): the kernels read exactly dp depths of a row.
 // Else, and for the rows of a last panel short of the kernel's, A is packed, zero past its
@@ -414,7 +517,7 @@ inline void round_tile(const float* sums, std::size_t ld, std::size_t rows, std:
 //
 // With `sums` (C unread, and depths of one span), a block of rows sums into that buffer
 // instead of C (mc x the task's columns rounded up to whole micro-tiles, so that every
-// micro-tile is whole), which the epilogue then gets (apply_to_block): C never written, its
+// micro-tile's columns are whole: the kernels write their rows in place), which the epilogue then gets (apply_to_block): C never written, its
 // float values never sent to memory only to be rounded to bf16 (a causal layer's products
 // wrote 33 MiB of them per call). Where the epilogue is a rounding (`rounded`, this item's
 // bf16 result: gemm_rounding), each micro-tile is rounded as soon as its last depth block is
@@ -436,42 +539,55 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
         auto block_b = [&](std::size_t pc, std::size_t dp) -> const bf16* {
             return pairs ? pairs + pair_block_offset(b.cols, pc, col_first, dp) : packed_block(pc, dp);
         };
-        // pass 1: the task's columns of B, each depth block of the span in panels of 32 columns
-        if (!pairs) {
-            for (std::size_t pc = span; pc < span_end; pc += bf16_blocking::kc) {
-                const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
-                pack_bf16_b(sub(b, pc, col_first, depth, cols), cols, depth, dp, packed_block(pc, dp));
-            }
-        }
         for (std::size_t ic = row_first; ic < row_last; ic += mc) {
             const std::size_t rows = std::min(mc, row_last - ic);
+            // the first block of rows packs the task's columns of B, each panel (32 columns of a
+            // depth block) where it first multiplies by it; the later blocks read the panels
+            const bool packs_b = !pairs && ic == row_first;
             for (std::size_t pc = span; pc < span_end; pc += bf16_blocking::kc) {
                 const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
-                // pass 2: this block of A, in panels of the kernel's rows: all of them, or only a
-                // short last one where A is read in place
+                // this block of A, in panels of the kernel's rows: all of them, or only a short
+                // last one where A is read in place
                 const bool a_in_place = a.col_stride == 1 && depth == dp;
                 const std::size_t first_packed = a_in_place ? rows / rows_per_tile * rows_per_tile : 0;
                 if (first_packed < rows) {
                     pack_bf16_a<rows_per_tile>(sub(a, ic + first_packed, pc, rows - first_packed, depth), rows - first_packed, depth,
                                                dp, packed_a);
                 }
-                // pass 3: micro-tile by micro-tile, each B panel against every A panel
+                // micro-tile by micro-tile, each B panel against every A panel
                 for (std::size_t jr = 0; jr < cols; jr += cols_per_tile) {
+                    const std::size_t panel_cols = std::min(cols_per_tile, cols - jr);
+                    const bf16* const b_panel = block_b(pc, dp) + jr * dp;
+                    // 32 columns of a row-major B, every depth of the panel its own: the kernel
+                    // packs them as its first micro-tile multiplies by them; any other panel is
+                    // packed here
+                    const bool kernel_packs = packs_b && Kernel::packs_row_major_b && b.col_stride == 1 && depth == dp &&
+                                              panel_cols == cols_per_tile;
+                    bf16* const panel = packs_b ? packed_block(pc, dp) + jr * dp : nullptr;
+                    if (packs_b && !kernel_packs) pack_bf16_b(sub(b, pc, col_first + jr, depth, panel_cols), panel_cols, depth, dp, panel);
                     for (std::size_t ir = 0; ir < rows; ir += rows_per_tile) {
+                        const std::size_t live_rows = std::min(rows_per_tile, rows - ir);
                         const matrix<float> tile =
-                            sums ? matrix<float>{sums + ir * sums_ld + jr, rows_per_tile, cols_per_tile, static_cast<std::ptrdiff_t>(sums_ld), 1}
-                                 : sub(c, ic + ir, col_first + jr, std::min(rows_per_tile, rows - ir), std::min(cols_per_tile, cols - jr));
-                        const bf16* const b_panel = block_b(pc, dp) + jr * dp;
-                        if (ir < first_packed) {
-                            const bf16* const a_rows =
-                                a.data + static_cast<std::ptrdiff_t>(ic + ir) * a.row_stride + static_cast<std::ptrdiff_t>(pc);
-                            kernel.block(a_rows, a.row_stride, b_panel, dp, tile, pc != 0);
+                            sums ? matrix<float>{sums + ir * sums_ld + jr, live_rows, cols_per_tile, static_cast<std::ptrdiff_t>(sums_ld), 1}
+                                 : sub(c, ic + ir, col_first + jr, live_rows, panel_cols);
+                        const bool in_place = ir < first_packed;
+                        const bf16* const a_rows = in_place ? a.data + static_cast<std::ptrdiff_t>(ic + ir) * a.row_stride +
+                                                                  static_cast<std::ptrdiff_t>(pc)
+                                                            : packed_a + (ir - first_packed) * dp;
+                        const std::ptrdiff_t a_stride = in_place ? a.row_stride : static_cast<std::ptrdiff_t>(dp);
+                        if constexpr (Kernel::packs_row_major_b) {
+                            if (kernel_packs && ir == 0) {
+                                const bf16* const b_rows = b.data + static_cast<std::ptrdiff_t>(pc) * b.row_stride +
+                                                           static_cast<std::ptrdiff_t>(col_first + jr);
+                                kernel.block_packing_b(a_rows, a_stride, b_rows, b.row_stride, panel, dp, tile, pc != 0);
+                            } else {
+                                kernel.block(a_rows, a_stride, b_panel, dp, tile, pc != 0);
+                            }
                         } else {
-                            kernel.block(packed_a + (ir - first_packed) * dp, static_cast<std::ptrdiff_t>(dp), b_panel, dp, tile,
-                                         pc != 0);
+                            kernel.block(a_rows, a_stride, b_panel, dp, tile, pc != 0);
                         }
                         if (rounded && pc + depth == k) {
-                            round_tile(tile.data, sums_ld, std::min(rows_per_tile, rows - ir), std::min(cols_per_tile, cols - jr),
+                            round_tile(tile.data, sums_ld, live_rows, panel_cols,
                                        epilogue.rounding, col_first + jr, sub(*rounded, ic + ir, col_first + jr));
                         }
                     }
