@@ -536,7 +536,9 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
         if (!packed.keys) pack_bf16_b(transposed(sub(k, key, 0, cols, d)), cols, d, dp, packed_k);
         for (std::size_t jr = 0; jr < cols_pad; jr += tile_cols) {
             for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
-                const matrix<float> tile{scores + ir * block_keys + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(block_keys), 1};
+                // the live rows only: a short last panel takes fewer rows' work (bf16_gemm.hpp)
+                const matrix<float> tile{scores + ir * block_keys + jr, std::min(tile_rows, queries - ir), tile_cols,
+                                         static_cast<std::ptrdiff_t>(block_keys), 1};
                 kernel.block(packed_q + ir * dp, static_cast<std::ptrdiff_t>(dp), panels + jr * dp, dp, tile, false);
             }
         }
@@ -555,7 +557,8 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
         if (!item_block) pack_bf16_b(sub(v, key, 0, cols, dv), dv, cols, cols_pad, packed_v);
         for (std::size_t jr = 0; jr < dv_pad; jr += tile_cols) {
             for (std::size_t ir = 0; ir < rows; ir += tile_rows) {
-                const matrix<float> tile{out + ir * dv_pad + jr, tile_rows, tile_cols, static_cast<std::ptrdiff_t>(dv_pad), 1};
+                const matrix<float> tile{out + ir * dv_pad + jr, std::min(tile_rows, queries - ir), tile_cols,
+                                         static_cast<std::ptrdiff_t>(dv_pad), 1};
                 kernel.block(packed_p + ir * cols_pad, static_cast<std::ptrdiff_t>(cols_pad), values + jr * cols_pad, cols_pad, tile, true);
             }
         }
