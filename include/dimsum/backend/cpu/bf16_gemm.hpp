@@ -287,11 +287,12 @@ struct pair_kernel {
     // depth loop (a vmovaps between registers for every few vdpbf16ps).
     [[gnu::noinline]] void block(const bf16* a, std::ptrdiff_t a_stride, const bf16* b, std::size_t dp, const matrix<float>& c,
                                  bool accumulate) {
-        const bf16* const b_right = b + dp * half;
+        const std::ptrdiff_t right_half = static_cast<std::ptrdiff_t>(dp * half);
         with_rows(c.rows, [&]<std::size_t R>() {
-            multiply<R>(a, a_stride, dp, c, accumulate, [&](std::size_t q, pairs& left, pairs& right) {
-                left = Pairs::load_pairs(b + q * cols);
-                right = Pairs::load_pairs(b_right + q * cols);
+            multiply<R>(a, a_stride, dp, c, accumulate, [b, right_half](pairs& left, pairs& right) mutable {
+                left = Pairs::load_pairs(b);
+                right = Pairs::load_pairs(b + right_half);
+                b += cols;
             });
         });
     }
@@ -302,13 +303,14 @@ struct pair_kernel {
     // 768 product, where B serves few rows; Zen 5).
     [[gnu::noinline]] void block_packing_b(const bf16* a, std::ptrdiff_t a_stride, const bf16* b_rows, std::ptrdiff_t b_stride,
                                            bf16* panel, std::size_t dp, const matrix<float>& c, bool accumulate) {
-        bf16* const panel_right = panel + dp * half;
+        const std::ptrdiff_t right_half = static_cast<std::ptrdiff_t>(dp * half);
         with_rows(c.rows, [&]<std::size_t R>() {
-            multiply<R>(a, a_stride, dp, c, accumulate, [&](std::size_t q, pairs& left, pairs& right) {
-                const bf16* even = b_rows + static_cast<std::ptrdiff_t>(2 * q) * b_stride;
-                Pairs::pair_rows(even, even + b_stride, left, right);
-                Pairs::store_pairs(panel + q * cols, left);
-                Pairs::store_pairs(panel_right + q * cols, right);
+            multiply<R>(a, a_stride, dp, c, accumulate, [b_rows, b_stride, panel, right_half](pairs& left, pairs& right) mutable {
+                Pairs::pair_rows(b_rows, b_rows + b_stride, left, right);
+                Pairs::store_pairs(panel, left);
+                Pairs::store_pairs(panel + right_half, right);
+                b_rows += 2 * b_stride;
+                panel += cols;
             });
         });
     }
@@ -327,8 +329,9 @@ private:
         else body.template operator()<rows>();
     }
 
-    // C's R rows (at most) of the micro-tile; pairs_of(q, left, right): the B panel's pairs q of
-    // its halves (columns [0, 16), [16, 32))
+    // C's R rows (at most) of the micro-tile; pairs_of(left, right): the B panel's next pairs of
+    // its halves (columns [0, 16), [16, 32)), depth by depth. (A callable that moves its own
+    // pointers: given q, g++ 12 took another register for each and spilled two to the stack.)
     template <std::size_t R, class PairsOf>
     [[gnu::always_inline]] inline void multiply(const bf16* a, std::ptrdiff_t a_stride, std::size_t dp, const matrix<float>& c,
                                                 bool accumulate, PairsOf pairs_of) {
@@ -353,7 +356,7 @@ private:
         }
         for (std::size_t q = 0; q < dp / 2; ++q) {
             pairs b0, b1;
-            pairs_of(q, b0, b1);
+            pairs_of(b0, b1);
 #pragma GCC unroll 12
             for (std::size_t r = 0; r < R; ++r) {
                 const auto ar = Pairs::broadcast_pair(a + static_cast<std::ptrdiff_t>(r) * a_stride + 2 * q);
