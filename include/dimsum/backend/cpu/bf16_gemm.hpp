@@ -118,6 +118,14 @@ struct amx_tiles {
 #endif
 
 #if defined(__AVX512F__)
+// 16 columns of rows 2q and 2q + 1 of a row-major B as one half's pairs q of a B panel (the
+// layout below): each word widened to 32 bits, the odd row's shifted into the upper halves.
+inline __m512i pair_half_of_b(const bf16* even, const bf16* odd) {
+    const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
+    const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd)));
+    return _mm512_or_si512(low, _mm512_slli_epi32(high, 16));
+}
+
 // Rows 2q and 2q + 1 of 32 columns of a row-major B as a B panel's pairs q of its two halves
 // (the layout below): columns [0, 16) in `left`, [16, 32) in `right`, each column's two depths
 // in one 32-bit lane. With AVX512BW, two word permutes of the two rows' 64 bytes each: a 128 x
@@ -137,13 +145,8 @@ inline void pair_rows_of_b(const bf16* even, const bf16* odd, __m512i& left, __m
     left = _mm512_permutex2var_epi16(e, _mm512_load_si512(order.data()), o);
     right = _mm512_permutex2var_epi16(e, _mm512_load_si512(order.data() + 32), o);
 #else
-    auto half = [&](std::size_t first) {
-        const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + first)));
-        const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + first)));
-        return _mm512_or_si512(low, _mm512_slli_epi32(high, 16));
-    };
-    left = half(0);
-    right = half(16);
+    left = pair_half_of_b(even, odd);
+    right = pair_half_of_b(even + 16, odd + 16);
 #endif
 }
 
@@ -412,10 +415,11 @@ void pack_bf16_a(const matrix<const bf16>& a, std::size_t rows, std::size_t dept
 }
 
 // Packs columns [0, cols) and depths [0, depth) of b into panels of 32 columns, the depths
-// of each column in pairs (the layout at the top). Two layouts have a faster way for 16 full
-// columns and both depths of a pair: a row-major B interleaves two rows (AVX-512: widened to
-// 32 bits, the second shifted into the upper half), and a column-major B (a weight stored
-// (n, k), as nn.Linear's, read transposed) already holds each pair as one 32-bit word.
+// of each column in pairs (the layout at the top). Two layouts have a faster way for full
+// columns and both depths of a pair: a row-major B interleaves two rows (AVX-512: a whole
+// panel's 32 columns by pair_rows_of_b, a last panel's whole half of 16 by pair_half_of_b),
+// and a column-major B (a weight stored (n, k), as nn.Linear's, read transposed) already holds
+// each pair as one 32-bit word.
 inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size_t depth, std::size_t dp, bf16* out) {
     constexpr std::size_t half = bf16_blocking::cols / 2;
     for (std::size_t panel = 0; panel < cols; panel += bf16_blocking::cols, out += bf16_blocking::cols * dp) {
@@ -439,11 +443,8 @@ inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size
                                    static_cast<std::ptrdiff_t>(first) * b.col_stride;  // B(2q, first)
                 const bool whole = live == half && 2 * q + 1 < depth;
 #if defined(__AVX512F__)
-                if (whole && b.col_stride == 1) {
-                    const __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even)));
-                    const __m512i high = _mm512_slli_epi32(
-                        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + b.row_stride))), 16);
-                    _mm512_storeu_si512(to, _mm512_or_si512(low, high));
+                if (whole && b.col_stride == 1) {  // a whole half of a last panel short of 32 columns
+                    _mm512_storeu_si512(to, pair_half_of_b(even, even + b.row_stride));
                     continue;
                 }
 #endif
