@@ -62,7 +62,7 @@ template packed_operand<float> pack_operand<float, float>(const matrix<const flo
 template packed_operand<float> pack_operand<float, bf16>(const matrix<const bf16>&, float*);
 template packed_operand<double> pack_operand<double, double>(const matrix<const double>&, double*);
 template std::size_t pair_elements<void>(std::size_t, std::size_t);
-template void pack_pairs<void>(const matrix<const bf16>&, bf16*);
+template std::size_t pack_pairs<void>(const matrix<const bf16>&, bf16*, bf16_path);
 DIMSUM_KERNELS_FOR(float)
 DIMSUM_KERNELS_FOR(double)
 

@@ -61,6 +61,9 @@ struct product_case {
     std::size_t items = 1, m = 0, k = 0, n = 0;
     bool a_broadcast = false;  // one A for every item (stride 0 along the batch)
     bool b_packed_once = false;  // one B for every item, its pairs packed once (pack_pairs)
+    // with b_packed_once: the depth blocks of the pairs, 0 for the kernel's own. Another
+    // kernel's are left alone (the path changed since the packing): B is read instead.
+    std::size_t pairs_kc = 0;
     layouts layout{};
     values kind = values::normal;
     // C unread (gemm_problem::c_unread): the epilogue gets each block in the kernel's buffer and
@@ -160,11 +163,13 @@ void check_case(const product_case& p) {
     std::vector<bf16> pairs;
     cpu::packed_operand<float> packed_b{nullptr, p.k, p.n, 0, 0, 0, nullptr};
     if (p.b_packed_once) {
+        const std::size_t kc = p.pairs_kc ? p.pairs_kc : Kernel::kc;
         pairs.assign(cpu::pair_elements(p.k, p.n), std::numeric_limits<bf16>::quiet_NaN());
         packed_b.pairs = pairs.data();
-        cpu::pack_pairs({b.data(), p.k, p.n, problem.b.row_stride, problem.b.col_stride}, pairs.data());
+        packed_b.pairs_kc = kc;
+        cpu::detail::pack_pairs_in_blocks({b.data(), p.k, p.n, problem.b.row_stride, problem.b.col_stride}, pairs.data(), kc);
         problem.packed_b = &packed_b;
-        problem.b_bf16 = nullptr;  // the kernel must read the pairs alone
+        if (kc == Kernel::kc) problem.b_bf16 = nullptr;  // the kernel must read the pairs alone
     }
 
     std::vector<int> seen(p.items * p.m * p.n, 0);
@@ -232,13 +237,15 @@ void check_case(const product_case& p) {
 }
 
 // Extents around the micro-tiles' (32 x 32 on tiles, 12 x 32 on pairs, 32 depths) and the
-// blocks' (kc = 256 depths, mc = 256 or 252 rows, nc = 512 columns): under, at and over each.
+// blocks' (kc = 256 depths on tiles, 512 on pairs; mc = 256 or 252 rows, nc = 512 columns):
+// under, at and over each.
 struct extents {
     std::size_t m, k, n;
 };
 const extents sizes[] = {{1, 1, 1},     {5, 31, 17},   {12, 32, 16},  {13, 33, 33},   {16, 32, 16},   {31, 64, 32},
                          {32, 65, 31},  {33, 100, 47}, {70, 255, 64}, {64, 256, 96},  {97, 257, 65},  {252, 40, 33},
-                         {253, 40, 33}, {257, 300, 40}, {40, 520, 545}, {3, 64, 64}};
+                         {253, 40, 33}, {257, 300, 40}, {30, 511, 40}, {45, 512, 33}, {26, 513, 64},
+                         {40, 520, 545}, {3, 64, 64}};
 
 }  // namespace
 
@@ -254,6 +261,11 @@ TEST_CASE("bf16 products of small integers are exact, through every edge of the 
         for (const bool once : {false, true}) {
             check_case<Kernel>({.items = 1, .m = 260, .k = deep, .n = 33, .b_packed_once = once, .kind = values::small_integers, .seed = 8});
         }
+        // pairs packed for the other kernel's depth blocks: read, they would give wrong sums
+        // past the first block
+        const std::size_t other_kc = Kernel::kc == 512 ? 256 : 512;
+        check_case<Kernel>({.items = 2, .m = 40, .k = 600, .n = 70, .b_packed_once = true, .pairs_kc = other_kc,
+                            .kind = values::small_integers, .seed = 9});
     });
 }
 

@@ -19,12 +19,13 @@
 //            depths in pairs: element (pair q, column n, e) = B(2q + e, n). Both kernels read
 //            it: an AMX tile is 16 pairs of one half, a vdpbf16ps operand one pair.
 //
-// Blocking. A B panel of kc depths (32 columns, 16 KiB) stays in L1 while every A panel of
-// the block passes it; the A block (mc x kc, 128 KiB) and C's partial sums of mc rows (at most
-// mc x nc floats, 512 KiB) stay in L2 (bf16_task). On an AMD Zen 5 (48 KiB
-// L1d, 1 MiB L2) the pair kernel spends about 91% of a product in its micro-tiles, and kc
-// 384 or 512, mc 192 or 384, nc 1024 measured no better (docs/performance.md). Not yet tuned
-// for AMX, which has not run.
+// Blocking. A B panel of the kernel's kc depths (32 columns: 32 KiB on pairs, 16 KiB on
+// tiles) stays in L1 while every A panel of the block passes it; the A block (mc x kc) and C's
+// partial sums of mc rows (at most mc x nc floats, 512 KiB) stay in L2 (bf16_task). Each
+// micro-tile sends its sums to C and back once per kc depths. On an AMD Zen 5 (48 KiB L1d,
+// 1 MiB L2) the pair kernel spends about 95% of a product in its micro-tiles, and mc 192 or
+// 384, nc 1024 measured no better (docs/performance.md). Not yet tuned for AMX, which has not
+// run.
 
 #include <algorithm>
 #include <array>
@@ -47,12 +48,11 @@ namespace dimsum::backend::cpu {
 struct bf16_blocking {
     static constexpr std::size_t cols = 32;        // of a micro-tile of C, and of a B panel
     static constexpr std::size_t depth_step = 32;  // depths are padded to this (an AMX tile of A)
-    static constexpr std::size_t kc = 256;
     static constexpr std::size_t mc = 256;         // rounded down to the kernel's rows
     static constexpr std::size_t nc = 512;
-    // Depths whose B a task packs at once (bf16_task): 16 blocks of kc, so that a thread's
-    // packing of B stays within nc x 4096 bf16 (4 MiB) however deep the product.
-    static constexpr std::size_t k_span = 16 * kc;
+    // Depths whose B a task packs at once (bf16_task), a whole number of every kernel's kc, so
+    // that a thread's packing of B stays within nc x 4096 bf16 (4 MiB) however deep the product.
+    static constexpr std::size_t k_span = 4096;
 };
 
 // ---- the instructions
@@ -216,6 +216,9 @@ void round_row(const float* from, bf16* to, std::size_t n) {
 template <class Tiles>
 struct tile_kernel {
     static constexpr std::size_t rows = 32;
+    // depths per block: B's panel (16 KiB) and A's (32 rows, 16 KiB) within a 48 KiB L1 (Sapphire
+    // and Emerald Rapids); not measured, as AMX has not run
+    static constexpr std::size_t kc = 256;
     static constexpr bool packs_row_major_b = false;  // B's panels packed before their first block
     Tiles unit;
 
@@ -280,6 +283,10 @@ struct tile_kernel {
 template <class Pairs>
 struct pair_kernel {
     static constexpr std::size_t rows = 12;
+    // depths per block: B's panel (32 KiB) and A's (12 rows, 12 KiB) within a 48 KiB L1. Half as
+    // many round trips of C's sums as at 256, whose cost was 3% of a 1024 x 1024 x 1024 product:
+    // 1 to 4% faster at 1024 x 768 x 768, 1024 x 1024 x 1024 and 2048 x 1024 x 3072 (Zen 5)
+    static constexpr std::size_t kc = 512;
     static constexpr bool packs_row_major_b = true;  // block_packing_b
 
     void configure() {}
@@ -468,8 +475,8 @@ template <class Kernel>
 inline constexpr std::size_t bf16_mc = bf16_blocking::mc / Kernel::rows * Kernel::rows;
 
 // Where, in a bf16 matrix's pairs (pack_pairs) of `cols` columns, the depth block starting
-// at pc (of dp depths, padded) holds column col: the blocks before it hold kc depths each, a
-// multiple of 32, across all columns rounded up to 32.
+// at pc (of dp depths, padded) holds column col: the blocks before it hold the kernel's kc
+// depths each, a multiple of 32, across all columns rounded up to 32.
 inline std::size_t pair_block_offset(std::size_t cols, std::size_t pc, std::size_t col, std::size_t dp) {
     return pc * round_up(cols, bf16_blocking::cols) + col * dp;
 }
@@ -533,7 +540,7 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
                const gemm_epilogue& epilogue, bf16* packed_a, bf16* packed_b, float* sums, const matrix<bf16>* rounded) {
     constexpr std::size_t rows_per_tile = Kernel::rows, cols_per_tile = bf16_blocking::cols, mc = bf16_mc<Kernel>;
     const std::size_t k = a.cols, cols = col_last - col_first, sums_ld = round_up(cols, cols_per_tile);
-    auto depth_block = [&](std::size_t pc) { return std::min(bf16_blocking::kc, k - pc); };
+    auto depth_block = [&](std::size_t pc) { return std::min(Kernel::kc, k - pc); };
     if (sums && k > bf16_blocking::k_span) throw std::logic_error("dimsum: bf16_task: a product buffered by blocks has one span of depths");
     for (std::size_t span = 0; span < k; span += bf16_blocking::k_span) {
         const std::size_t span_end = std::min(k, span + bf16_blocking::k_span);
@@ -548,7 +555,7 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
             // the first block of rows packs the task's columns of B, each panel (32 columns of a
             // depth block) where it first multiplies by it; the later blocks read the panels
             const bool packs_b = !pairs && ic == row_first;
-            for (std::size_t pc = span; pc < span_end; pc += bf16_blocking::kc) {
+            for (std::size_t pc = span; pc < span_end; pc += Kernel::kc) {
                 const std::size_t depth = depth_block(pc), dp = round_up(depth, bf16_blocking::depth_step);
                 // this block of A, in panels of the kernel's rows: all of them, or only a short
                 // last one where A is read in place
@@ -607,19 +614,21 @@ void bf16_task(Kernel& kernel, const matrix<const bf16>& a, const matrix<const b
 }  // namespace detail
 
 // (kernels.hpp) The pairs of a bf16 matrix (k x n): each block of kc depths after the other,
-// each as pack_bf16_b lays out all n columns (detail::pair_block_offset).
+// each as pack_bf16_b lays out all n columns (detail::pair_block_offset). Their number does not
+// depend on kc, a multiple of 32.
 template <class>
 std::size_t pair_elements(std::size_t rows, std::size_t cols) {
     return detail::round_up(cols, bf16_blocking::cols) * detail::round_up(rows, bf16_blocking::depth_step);
 }
-template <class>
-void pack_pairs(const matrix<const bf16>& m, bf16* pairs) {
-    for (std::size_t pc = 0; pc < m.rows; pc += bf16_blocking::kc) {
-        const std::size_t depth = std::min(bf16_blocking::kc, m.rows - pc);
-        const std::size_t dp = detail::round_up(depth, bf16_blocking::depth_step);
-        detail::pack_bf16_b(sub(m, pc, 0, depth, m.cols), m.cols, depth, dp, pairs + detail::pair_block_offset(m.cols, pc, 0, dp));
+namespace detail {
+inline void pack_pairs_in_blocks(const matrix<const bf16>& m, bf16* pairs, std::size_t kc) {
+    for (std::size_t pc = 0; pc < m.rows; pc += kc) {
+        const std::size_t depth = std::min(kc, m.rows - pc);
+        const std::size_t dp = round_up(depth, bf16_blocking::depth_step);
+        pack_bf16_b(sub(m, pc, 0, depth, m.cols), m.cols, depth, dp, pairs + pair_block_offset(m.cols, pc, 0, dp));
     }
 }
+}  // namespace detail
 
 // C = A B (gemm's problem with both operands of bf16, a_bf16 and b_bf16, at any strides; B's
 // pairs read where packed once, its float panels never), then the epilogue on each finished
@@ -648,12 +657,19 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     const std::size_t wanted_groups = (std::size_t(threads) + items * col_blocks - 1) / (items * col_blocks);
     const std::size_t row_groups = std::max<std::size_t>(1, std::min(wanted_groups, row_tiles));
     const std::size_t tasks = items * col_blocks * row_groups;
-    const std::size_t dp = std::max<std::size_t>(1, std::min(bf16_blocking::kc, detail::round_up(k, bf16_blocking::depth_step)));
+    const std::size_t dp = std::max<std::size_t>(1, std::min(Kernel::kc, detail::round_up(k, bf16_blocking::depth_step)));
     const std::size_t span_pad = std::max<std::size_t>(1, detail::round_up(std::min(k, bf16_blocking::k_span), bf16_blocking::depth_step));
-    // B's pairs packed once are the same for every item (gemm's check_packed) and of B's extents
-    const bf16* const pairs = problem.packed_b ? problem.packed_b->pairs : nullptr;
-    if (pairs && (problem.packed_b->rows != k || problem.packed_b->cols != n)) {
+    // B's pairs packed once are the same for every item (gemm's check_packed) and of B's
+    // extents. Pairs packed in another kernel's depth blocks (the path changed since the
+    // packing) are left alone: B is then packed at each call, as if never packed.
+    const packed_operand<float>* const once = problem.packed_b;
+    const bf16* const pairs = once && once->pairs && once->pairs_kc == Kernel::kc ? once->pairs : nullptr;
+    if (pairs && (once->rows != k || once->cols != n)) {
         throw std::logic_error("dimsum: gemm: an operand packed once does not fit this product");
+    }
+    if (!pairs && !problem.b_bf16 && k > 0) {
+        throw std::logic_error("dimsum: gemm: B's pairs were packed in depth blocks of " + std::to_string(once ? once->pairs_kc : 0) +
+                               ", not this kernel's " + std::to_string(Kernel::kc) + ", and B itself is not given");
     }
     const std::size_t packed_a_size = detail::bf16_mc<Kernel> * dp, packed_b_size = pairs ? 0 : block_cols * span_pad;  // a span of a task's columns
     // C unread: each block of rows sums into this buffer instead (bf16_task), where its depths are one span
@@ -731,6 +747,17 @@ bool with_bf16_kernel(bf16_path path, const char* who, Run&& run) {
         case bf16_path::widen: return false;
     }
     return false;
+}
+
+// (kernels.hpp) m's pairs in the depth blocks of the kernel of `path`, whose kc it returns.
+template <class>
+std::size_t pack_pairs(const matrix<const bf16>& m, bf16* pairs, bf16_path path) {
+    std::size_t kc = 0;
+    if (!with_bf16_kernel(path, "prepack", [&]<class Kernel>() { kc = Kernel::kc; })) {
+        throw std::logic_error("dimsum: prepack: the widen path has no pairs to pack");
+    }
+    detail::pack_pairs_in_blocks(m, pairs, kc);
+    return kc;
 }
 
 }  // namespace dimsum::backend::cpu

@@ -92,13 +92,15 @@ struct batch_layout {
 // The right operand of products packed once (ds::prepack): every panel gemm would pack from
 // it, in the order gemm reads them, for the tiling (nr, kc, nc) it was packed for.
 // A matrix of bf16 may also hold `pairs`: its panels for the bf16 instructions (bf16_gemm.hpp),
-// which the amx and avx512_bf16 paths read instead (null: they pack B at each call).
+// in the depth blocks (pairs_kc) of one path's kernel, which reads them instead (null, or
+// another kernel: B packed at each call).
 template <class T>
 struct packed_operand {
     const T* panels = nullptr;
     std::size_t rows = 0, cols = 0;
     std::size_t nr = 0, kc = 0, nc = 0;
     const bf16* pairs = nullptr;
+    std::size_t pairs_kc = 0;
 };
 
 // The elements of a packed_operand of rows x cols, and the packing of m into `panels` of that
@@ -107,11 +109,13 @@ template <class T>
 std::size_t packed_elements(std::size_t rows, std::size_t cols);
 template <class T, class U>
 packed_operand<T> pack_operand(const matrix<const U>& m, T* panels);
-// Likewise for a bf16 matrix's pairs (packed_operand::pairs): their elements, and m packed.
+enum class bf16_path;  // bf16_paths.hpp
+// Likewise for a bf16 matrix's pairs (packed_operand::pairs): their elements, and m packed for
+// the kernel of `path` (amx or avx512_bf16), in its depth blocks, whose depth it returns.
 template <class = void>
 std::size_t pair_elements(std::size_t rows, std::size_t cols);
 template <class = void>
-void pack_pairs(const matrix<const bf16>& m, bf16* pairs);
+std::size_t pack_pairs(const matrix<const bf16>& m, bf16* pairs, bf16_path path);
 
 // C = A B for each item of the batch; A, B and C hold item 0.
 template <class T>

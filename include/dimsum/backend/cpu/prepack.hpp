@@ -14,7 +14,9 @@
 // size for bf16. A bf16 w packed where the bf16 path in use is amx or avx512_bf16 also holds
 // its pairs for those instructions (bf16_gemm.hpp; rows rounded up to 32, columns to 32):
 // once more its size, three times in all, since products of a float A by w (a layer's
-// intermediate values) still read the float panels. `bytes()` tells.
+// intermediate values) still read the float panels. `bytes()` tells. The pairs are laid out
+// for that path's kernel: after a change of path (set_bf16_path), products pack B at each call
+// until w is packed again.
 
 #include <cstddef>
 #include <memory>
@@ -53,9 +55,9 @@ std::shared_ptr<const matrix_panels<compute_type_t<T>>> pack_panels(const tensor
     panels->memory = detail::aligned_buffer<C>(backend::cpu::packed_elements<C>(m.rows, m.cols));
     panels->operand = backend::cpu::pack_operand<C, T>(m, panels->memory.data());
     if constexpr (std::is_same_v<T, bf16>) {
-        if (backend::cpu::current_bf16_path() != backend::cpu::bf16_path::widen) {
+        if (const auto path = backend::cpu::current_bf16_path(); path != backend::cpu::bf16_path::widen) {
             panels->pairs = detail::aligned_buffer<bf16>(backend::cpu::pair_elements(m.rows, m.cols));
-            backend::cpu::pack_pairs(m, panels->pairs.data());
+            panels->operand.pairs_kc = backend::cpu::pack_pairs(m, panels->pairs.data(), path);
             panels->operand.pairs = panels->pairs.data();
         }
     }
