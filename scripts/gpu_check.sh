@@ -10,9 +10,16 @@
 # GPU, driver, the binaries' libraries, NVIDIA_TF32_OVERRIDE, which changes cuBLAS's choice
 # behind a program's back), then the CUDA backend's parity tests against the reference backend
 # with DIMSUM_REQUIRE_GPU=1, so that a machine without a usable GPU fails instead of skipping,
-# and examples/gpu_attention, then large cases against PyTorch in float64 on the device, then
-# dimsum_gpu_bench (src/gpu_bench.cpp) and PyTorch on the same cases (gpu_torch.py), with the
-# side-by-side table printed last.
+# and examples/gpu_attention, then bf16 on the machine's own processor where it has AMX (see
+# below), then large cases against PyTorch in float64 on the device, then dimsum_gpu_bench
+# (src/gpu_bench.cpp) and PyTorch on the same cases (gpu_torch.py), with the side-by-side
+# table printed last.
+#
+# AMX: no machine of this project has exposed Intel's tile unit (docs/performance.md, "where
+# the targets stand"), while a GPU machine's host is often a Xeon that has it. So the binaries
+# carried include the bf16 kernels' hardware tests and dimsum_bench, built for x86-64-v4
+# (AVX-512) and run only where the processor reports avx512bw and amx_tile: the tile kernels'
+# first run, and the AMX peak beside the bf16 products and attention.
 # Each part has its own time limit; the outputs are also written to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +32,22 @@ if [ "${1:-}" = "--prepare" ]; then
     cmake --build build-gpu-prepare -j2 --target test_cuda_gpu dimsum_gpu_bench gpu_attention
     mkdir -p "$bin"
     cp build-gpu-prepare/tests/test_cuda_gpu build-gpu-prepare/src/dimsum_gpu_bench build-gpu-prepare/examples/gpu_attention "$bin/"
-    ldd "$bin/test_cuda_gpu"
+    # the bf16 hardware tests and the bench, for a host with AVX-512 (and perhaps AMX), with the
+    # C++ and OpenMP runtimes in the binaries as for the GPU programs: OpenMP's library is
+    # named to FindOpenMP as the static archive (given as a linker flag instead, it hides the
+    # library from FindOpenMP, which then links none)
+    cmake -S . -B build-gpu-prepare-host -DCMAKE_BUILD_TYPE=Release -DDIMSUM_CUDA=OFF -DDIMSUM_ARCH=x86-64-v4 \
+        "-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc" "-DOpenMP_gomp_LIBRARY=$(g++ -print-file-name=libgomp.a)" \
+        >/dev/null
+    cmake --build build-gpu-prepare-host -j2 --target bf16_instructions_on_this_cpu dimsum_bench
+    cp build-gpu-prepare-host/tests/bf16_instructions_on_this_cpu build-gpu-prepare-host/src/dimsum_bench "$bin/"
+    for program in test_cuda_gpu bf16_instructions_on_this_cpu dimsum_bench; do
+        ldd "$bin/$program"
+        if ldd "$bin/$program" | grep -E -q 'libstdc\+\+|libgomp'; then
+            echo "FAILED: $program links the C++ or OpenMP runtime dynamically"
+            exit 1
+        fi
+    done
     du -sh "$bin"
     echo "ready: carry $bin/ to the GPU machine and run scripts/gpu_check.sh there"
     exit 0
@@ -63,6 +85,30 @@ echo "== the CUDA backend against the reference backend"
 DIMSUM_REQUIRE_GPU=1 DIMSUM_CUDA_SYNC=1 timeout 90 "$bin/test_cuda_gpu" 2>&1 | tee "$out/tests.txt" | tail -n 40 || status=1
 echo "== examples/gpu_attention: the README's attention on device tensors, against the CPU backend"
 timeout 30 "$bin/gpu_attention" 2>&1 | tee "$out/gpu_attention.txt" | tail -n 3 || status=1  # 77: no device
+
+echo "== bf16 on this machine's processor: AMX where it has it"
+grep -m 1 'model name' /proc/cpuinfo
+flags=$(grep -m 1 '^flags' /proc/cpuinfo)
+for flag in avx512bw avx512_bf16 amx_tile amx_bf16; do
+    printf '%s: %s\n' "$flag" "$(grep -q -w "$flag" <<<"$flags" && echo yes || echo no)"
+done
+if grep -q -w avx512bw <<<"$flags" && grep -q -w amx_tile <<<"$flags"; then
+    # the kernels on their instructions against the reference backend; it names the paths it ran
+    # (77: no path could run, e.g. Linux refused the tiles: a skip, with its reasons)
+    timeout 90 "$bin/bf16_instructions_on_this_cpu" >"$out/bf16_instructions.txt" 2>&1
+    tests_status=$?
+    head -n 2 "$out/bf16_instructions.txt"  # which paths ran
+    tail -n 8 "$out/bf16_instructions.txt"
+    [ $tests_status = 0 ] || [ $tests_status = 77 ] || status=1
+    # the AMX peak (a tile loop), the products on each path, BERT's attention layer on the best;
+    # the yardsticks of this machine (OpenBLAS, oneDNN, PyTorch) are skipped where absent
+    timeout 75 "$bin/dimsum_bench" --filter=bf16_gemm_1024 --threads=1,2 --csv="$out/bf16_gemm.csv" 2>&1 |
+        tee "$out/bf16_gemm.txt" | grep -E 'peak|amx|skipped' || echo "(the bf16 products' run failed or was cut)"
+    timeout 60 "$bin/dimsum_bench" --filter=bf16_attention_8x128 --threads=1,2 --csv="$out/bf16_attention.csv" 2>&1 |
+        tee "$out/bf16_attention.txt" | grep -E 'peak|bf16_attention|skipped' || echo "(the bf16 attention's run failed or was cut)"
+else
+    echo "no AVX-512 with AMX here: the bf16 checks are skipped"
+fi
 
 echo "== against PyTorch in float64 on the device, at sizes too large for the reference backend"
 rm -rf "$out/parity" && mkdir -p "$out/parity"
