@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The tests again under the sanitizers; any report fails the run:
 # 1. the unit and parity tests and the examples under AddressSanitizer and UBSan (g++);
-# 2. the tests that run teams of threads under ThreadSanitizer (clang with libomp, whose
-#    Archer tool tells TSan about OpenMP's barriers, so that it sees what g++'s libgomp hides);
+# 2. the tests that run teams of threads under ThreadSanitizer (clang; dimsum's own team is
+#    std::thread and atomics, which TSan sees; libomp's Archer tool tells it about OpenMP's
+#    barriers, for the tests that evaluate inside an OpenMP region of their own);
 # 3. load_npy, and ds::load of .npz and .safetensors files, each fuzzed for DIMSUM_FUZZ_SECONDS
 #    (60) with libFuzzer, ASan and UBSan, seeded with the reference files; a finding stops the
 #    run and is left in build-fuzz/.
@@ -19,7 +20,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-sanitize --output-on-failure -j2 -E '^(compile_fail|consumer|docs)\.'
 
 # 2. ThreadSanitizer
-threaded_tests=(test_parity_gemm test_parity_kernels test_parity_attention test_bf16 test_bf16_gemm test_bf16_attention)
+threaded_tests=(test_threads test_parity_gemm test_parity_kernels test_parity_attention test_bf16 test_bf16_gemm test_bf16_attention)
 # -O1: half the compile time of -O2 here (test_bf16: 77 s against 155 s), and fast enough to run
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
     -DCMAKE_CXX_COMPILER=clang++ -DDIMSUM_SANITIZE=thread -DDIMSUM_CUDA=OFF >/dev/null

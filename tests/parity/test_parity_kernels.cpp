@@ -140,30 +140,31 @@ TEST_CASE("a call from inside the caller's parallel region runs on its own threa
     REQUIRE(inner_threads[1] == 1);
 }
 
-TEST_CASE("an exception in one thread of a team reaches the caller, after the team is done") {
-    std::atomic<std::size_t> finished{0}, team_size{0};
-    auto body = [&](std::size_t member, std::size_t team) {
-        team_size = team;
-        if (member + 1 == team) throw std::runtime_error("the last member failed");
+TEST_CASE("an exception in one chunk of a parallel loop reaches the caller, after the chunks started have ended") {
+    std::atomic<std::size_t> started{0}, finished{0};
+    auto body = [&](std::size_t first, std::size_t) {
+        ++started;
+        if (first == 0) throw std::runtime_error("the first chunk failed");
         ++finished;
     };
-    REQUIRE_THROWS_WITH(ds::backend::cpu::run_parallel(2, body), "the last member failed");
-    REQUIRE(finished.load() + 1 == team_size.load());  // the others ran to their end
+    REQUIRE_THROWS_WITH(ds::backend::cpu::split_range(2, 64, [] {}, body), "the first chunk failed");
+    REQUIRE(finished.load() + 1 == started.load());  // every chunk started has ended
 }
 
-TEST_CASE("a member that fails to prepare stops the whole team before any body runs") {
-    std::atomic<std::size_t> bodies{0}, prepared{0};
-    auto prepare = [&](std::size_t member, std::size_t team) {
-        if (member + 1 == team) throw std::bad_alloc();
-        ++prepared;
-    };
-    auto body = [&](std::size_t, std::size_t) { ++bodies; };
-    REQUIRE_THROWS_AS(ds::backend::cpu::run_parallel(2, prepare, body), std::bad_alloc);
-    REQUIRE(bodies.load() == 0);
-    // and a team whose members all prepare runs every body
-    prepared = 0;
-    ds::backend::cpu::run_parallel(2, [&](std::size_t, std::size_t) { ++prepared; }, body);
-    REQUIRE(bodies.load() == prepared.load());
+TEST_CASE("a failed prepare: on the caller nothing runs; on a helper its chunks go to the others") {
+    std::atomic<std::size_t> covered{0};
+    auto body = [&](std::size_t first, std::size_t last) { covered += last - first; };
+    // the caller prepares first, before any chunk is handed out
+    REQUIRE_THROWS_AS(ds::backend::cpu::split_range(2, 64, [] { throw std::bad_alloc(); }, body), std::bad_alloc);
+    REQUIRE(covered.load() == 0);
+    // a helper's prepare fails: the range is still covered, once
+    const auto caller = std::this_thread::get_id();
+    for (int round = 0; round < 20; ++round) {
+        covered = 0;
+        ds::backend::cpu::split_range(
+            2, 64, [&] { if (std::this_thread::get_id() != caller) throw std::bad_alloc(); }, body);
+        REQUIRE(covered.load() == 64);
+    }
 }
 
 TEST_CASE("layer_norm in float: large means, huge and tiny magnitudes, constant lines, against double") {

@@ -1,7 +1,7 @@
 #pragma once
 // Host memory that is kept and reused, so that a formula evaluated in a loop allocates
-// nothing after its first evaluation. Each thread owns its scratch (OpenMP keeps its worker
-// threads alive between parallel regions, so their scratch survives too). Page faults on
+// nothing after its first evaluation. Each thread owns its scratch (the thread team keeps its
+// workers alive between loops, so their scratch survives too). Page faults on
 // fresh memory are slow on virtual machines; large buffers are on huge pages (allocate_host),
 // and are never returned until release_workspace() or the thread's end.
 
@@ -12,8 +12,7 @@
 #include <deque>
 #include <new>
 
-#include <omp.h>
-
+#include "dimsum/runtime/thread_team.hpp"
 #include "dimsum/runtime/threads.hpp"
 #include "dimsum/core/checked_math.hpp"
 #include "dimsum/core/host_memory.hpp"
@@ -171,15 +170,12 @@ inline void release_thread_scratch() noexcept {
 namespace dimsum {
 
 // Frees the memory dimsum keeps between evaluations: the calling thread's temporaries and
-// kernel scratch, and the kernel scratch of the OpenMP threads a kernel started here would
-// use (OpenMP keeps the same worker threads from one team to the next). The next evaluation
-// allocates again.
+// kernel scratch, and the kernel scratch of the workers of dimsum's thread team (kept from one
+// loop to the next, and so their scratch). The next evaluation allocates again.
 inline void release_workspace() {
     runtime::thread_temporaries().release();
     runtime::release_thread_scratch();
-    if (omp_in_parallel() || num_threads() <= 1) return;
-#pragma omp parallel num_threads(num_threads())
-    runtime::release_thread_scratch();
+    runtime::thread_team::instance().on_each_worker(runtime::release_thread_scratch);
 }
 
 }  // namespace dimsum

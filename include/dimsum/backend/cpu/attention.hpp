@@ -732,16 +732,7 @@ void run_attention(const attention_problem<T>& p, const Blocks& blocks) {
         blocks.attend(item, first_query, queries, first_key, last_key, &partial, not_packed);
     };
     const std::size_t tasks = whole_items ? items : units * splits;
-    if (threads == 1) {
-        prepare();
-        for (std::size_t task = 0; task < tasks; ++task) run_task(task);
-    } else {
-        std::atomic<std::size_t> next{0};
-        auto prepare_member = [&](std::size_t, std::size_t) { prepare(); };
-        run_parallel(int(std::min<std::size_t>(std::size_t(threads), tasks)), prepare_member, [&](std::size_t, std::size_t) {
-            for (std::size_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) run_task(task);
-        });
-    }
+    for_each_index(threads, tasks, prepare, run_task);
     if (splits == 1) return;
     for (std::size_t unit = 0; unit < units; ++unit) {
         std::size_t item, first_query, queries;

@@ -303,12 +303,11 @@ struct source {
     }
 };
 
-// The calling thread's share of one product: rows [row_first, row_last), with the column
-// panels [col_panel_first, col_panel_last) of each B block. It is thread `member` of `team`
-// threads that pack B together into the shared `packed_b` (every member must call
-// product_share); or, with a team of 1, a thread that packs only the panels it uses. With
-// `direct_b` (`direct_a`), B's (A's) full panels are read in place and only a last, partial
-// one is packed.
+// A share of one product: rows [row_first, row_last), with the column panels
+// [col_panel_first, col_panel_last) of each B block, computed by one thread that packs the
+// panels of B it uses into `packed_b` (unless B was packed once). With `direct_b`
+// (`direct_a`), B's (A's) full panels are read in place and only a last, partial one is
+// packed.
 template <class T>
 struct share {
     std::size_t item = 0;  // which product of the batch, for the epilogue
@@ -316,7 +315,6 @@ struct share {
     std::size_t col_panel_first = 0, col_panel_last = 0;
     T* packed_b = nullptr;
     const T* packed_once = nullptr;  // B's panels packed before (ds::prepack), or nullptr
-    int member = 0, team = 1;
     bool direct_a = false, direct_b = false;
 };
 
@@ -327,67 +325,125 @@ std::size_t packed_block_offset(std::size_t k, std::size_t jc, std::size_t pc, s
     return jc * k + round_up(block_cols, gemm_tiling<T>::nr) * pc;
 }
 
-// Computes the calling thread's share `part` of c = a b. Its scratch and the epilogue's
-// were reserved before the team's work began (gemm's prepare): nothing here allocates or
-// throws, so every member reaches every barrier.
+// One block of B (`depth` rows from pc, `block_cols` columns from jc), as the product works
+// through it.
+struct b_block {
+    std::size_t jc = 0, pc = 0, depth = 0, block_cols = 0;
+};
+
+// Packs the panels [first_panel, last_panel) of B's block into `packed_b` (panel p at
+// p * nr * depth); with `direct_b`, only a last, partial panel.
+template <class T>
+void pack_b_panels(const source<T>& b, const b_block& block, std::size_t first_panel, std::size_t last_panel, bool direct_b,
+                   T* packed_b) {
+    constexpr std::size_t nr = gemm_tiling<T>::nr;
+    for (std::size_t panel = first_panel; panel < last_panel; ++panel) {
+        std::size_t col = panel * nr;
+        if (direct_b && col + nr <= block.block_cols) continue;
+        b.visit([&](const auto& m) {
+            pack_b_panel<T>(sub(m, block.pc, block.jc + col), std::min(nr, block.block_cols - col), block.depth,
+                            packed_b + col * block.depth);
+        });
+    }
+}
+
+// Multiplies rows [row_first, row_last) of A's block by the columns [first, last) of B's
+// block (packed in `packed_b`), into C; the epilogue follows the block's last depths. Uses the
+// calling thread's packed_a scratch, reserved before (gemm's prepare): nothing here allocates.
+template <class T>
+void multiply_block(const source<T>& a, const source<T>& b, const matrix<T>& c, const b_block& block, std::size_t item,
+                    std::size_t row_first, std::size_t row_last, std::size_t first, std::size_t last, const T* packed_b,
+                    bool direct_a, bool direct_b, const gemm_epilogue& epilogue) {
+    using tiling = gemm_tiling<T>;
+    const std::size_t k = a.m.cols, jc = block.jc, pc = block.pc, depth = block.depth;
+    T* packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
+    for (std::size_t ic = row_first; ic < row_last; ic += tiling::mc) {
+        std::size_t rows = std::min(tiling::mc, row_last - ic);
+        std::size_t packed_from = direct_a ? rows / tiling::mr * tiling::mr : 0;
+        if (packed_from < rows) {
+            a.visit([&](const auto& m) {
+                pack_a<T>(sub(m, ic + packed_from, pc), rows - packed_from, depth, packed_a + packed_from * depth);
+            });
+        }
+        // (an operand of bf16 is never read in place: gemm sets neither then)
+        const T* a_in_place = direct_a ? sub(a.m, ic, pc).data : nullptr;
+        const T* b_in_place = direct_b ? sub(b.m, pc, jc + first).data : nullptr;
+        const matrix<T> c_block = sub(c, ic, jc + first, rows, last - first);
+        macro_kernel<T>({.a = {.packed = packed_a, .direct = a_in_place, .ld = a.m.row_stride},
+                         .b = {.packed = packed_b + first * depth, .direct = b_in_place, .ld = b.m.row_stride},
+                         .depth = depth,
+                         .c = c_block,
+                         .accumulate = pc != 0});
+        if (pc + depth == k) epilogue(item, ic, jc + first, rows, last - first);
+    }
+}
+
+// Computes the share `part` of c = a b on the calling thread: for each block of B, pass 1
+// packs the panels it uses (unless B was packed once), pass 2 multiplies.
 template <class T>
 void product_share(const source<T>& a, const source<T>& b, const matrix<T>& c, const share<T>& part,
                    const gemm_epilogue& epilogue) {
-    const std::size_t item = part.item, row_first = part.row_first, row_last = part.row_last;
-    const std::size_t col_panel_first = part.col_panel_first, col_panel_last = part.col_panel_last;
-    const int member = part.member, team = part.team;
-    const bool direct_a = part.direct_a, direct_b = part.direct_b;
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
     std::size_t n = c.cols, k = a.m.cols;
-    T* packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
     for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
         std::size_t block_cols = std::min(tiling::nc, n - jc);
         std::size_t panels = (block_cols + nr - 1) / nr;
         for (std::size_t pc = 0; pc < k; pc += tiling::kc) {
-            std::size_t depth = std::min(tiling::kc, k - pc);
-            // pass 1: the team packs this B block, panel by panel, unless it was packed before
+            const b_block block{jc, pc, std::min(tiling::kc, k - pc), block_cols};
             const T* const packed_b =
                 part.packed_once ? part.packed_once + packed_block_offset<T>(k, jc, pc, block_cols) : part.packed_b;
-            std::size_t first_panel = team > 1 ? std::size_t(member) : std::min(col_panel_first, panels);
-            std::size_t last_panel = team > 1 ? panels : std::min(col_panel_last, panels);
-            for (std::size_t panel = first_panel; !part.packed_once && panel < last_panel; panel += static_cast<std::size_t>(team)) {
-                std::size_t col = panel * nr;
-                if (direct_b && col + nr <= block_cols) continue;
-                b.visit([&](const auto& m) {
-                    pack_b_panel<T>(sub(m, pc, jc + col), std::min(nr, block_cols - col), depth, part.packed_b + col * depth);
+            // pass 1
+            if (!part.packed_once) {
+                pack_b_panels(b, block, std::min(part.col_panel_first, panels), std::min(part.col_panel_last, panels),
+                              part.direct_b, part.packed_b);
+            }
+            // pass 2
+            std::size_t first = std::min(part.col_panel_first * nr, block_cols);
+            std::size_t last = std::min(part.col_panel_last * nr, block_cols);
+            if (first < last) {
+                multiply_block(a, b, c, block, part.item, part.row_first, part.row_last, first, last, packed_b,
+                               part.direct_a, part.direct_b, epilogue);
+            }
+        }
+    }
+}
+
+// One large product shared by the threads: for each block of B, the threads pack its panels
+// together into `packed_b` (pass 1), then multiply tiles of rows by columns of it (pass 2),
+// each pass cut into chunks that the threads claim (threads.hpp), so that a thread taken off
+// its core holds the others up by one chunk at most. `prepare` reserves a thread's scratch.
+template <class T, class Prepare>
+void shared_product(const source<T>& a, const source<T>& b, const matrix<T>& c, std::size_t item, int threads, T* packed_b,
+                    const T* packed_once, Prepare&& prepare, const gemm_epilogue& epilogue) {
+    using tiling = gemm_tiling<T>;
+    constexpr std::size_t nr = tiling::nr;
+    const std::size_t m = c.rows, n = c.cols, k = a.m.cols;
+    const std::size_t row_blocks = (m + tiling::mc - 1) / tiling::mc;
+    for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
+        const std::size_t block_cols = std::min(tiling::nc, n - jc), panels = (block_cols + nr - 1) / nr;
+        // tiles of mc rows by column groups: at least two per thread where the block has them
+        const std::size_t col_groups =
+            std::clamp<std::size_t>((2 * std::size_t(threads) + row_blocks - 1) / row_blocks, 1, panels);
+        for (std::size_t pc = 0; pc < k; pc += tiling::kc) {
+            const b_block block{jc, pc, std::min(tiling::kc, k - pc), block_cols};
+            const T* const panels_of_b = packed_once ? packed_once + packed_block_offset<T>(k, jc, pc, block_cols) : packed_b;
+            if (!packed_once) {  // pass 1
+                split_range(threads, panels, prepare, [&](std::size_t first, std::size_t last) {
+                    pack_b_panels(b, block, first, last, false, packed_b);
                 });
             }
-            if (team > 1) {
-#pragma omp barrier
-            }
-            // pass 2: each member multiplies its rows by its columns of the block
-            std::size_t first = std::min(col_panel_first * nr, block_cols);
-            std::size_t last = std::min(col_panel_last * nr, block_cols);
-            if (first < last) {
-                for (std::size_t ic = row_first; ic < row_last; ic += tiling::mc) {
-                    std::size_t rows = std::min(tiling::mc, row_last - ic);
-                    std::size_t packed_from = direct_a ? rows / tiling::mr * tiling::mr : 0;
-                    if (packed_from < rows) {
-                        a.visit([&](const auto& m) {
-                            pack_a<T>(sub(m, ic + packed_from, pc), rows - packed_from, depth, packed_a + packed_from * depth);
-                        });
-                    }
-                    // (an operand of bf16 is never read in place: gemm sets neither then)
-                    const T* a_in_place = direct_a ? sub(a.m, ic, pc).data : nullptr;
-                    const T* b_in_place = direct_b ? sub(b.m, pc, jc + first).data : nullptr;
-                    const matrix<T> c_block = sub(c, ic, jc + first, rows, last - first);
-                    macro_kernel<T>({.a = {.packed = packed_a, .direct = a_in_place, .ld = a.m.row_stride},
-                                     .b = {.packed = packed_b + first * depth, .direct = b_in_place, .ld = b.m.row_stride},
-                                     .depth = depth,
-                                     .c = c_block,
-                                     .accumulate = pc != 0});
-                    if (pc + depth == k) epilogue(item, ic, jc + first, rows, last - first);
+            // pass 2
+            split_range(threads, row_blocks * col_groups, prepare, [&](std::size_t first_tile, std::size_t last_tile) {
+                for (std::size_t tile = first_tile; tile < last_tile; ++tile) {
+                    const std::size_t row_block = tile / col_groups, group = tile % col_groups;
+                    const std::size_t first = std::min(block_cols, panels * group / col_groups * nr);
+                    const std::size_t last = std::min(block_cols, panels * (group + 1) / col_groups * nr);
+                    if (first >= last) continue;
+                    const std::size_t row_first = row_block * tiling::mc, row_last = std::min(m, row_first + tiling::mc);
+                    multiply_block(a, b, c, block, item, row_first, row_last, first, last, panels_of_b, false, false, epilogue);
                 }
-            }
-            if (team > 1) {
-#pragma omp barrier
-            }
+            });
         }
     }
 }
@@ -607,7 +663,7 @@ packed_operand<T> pack_operand(const matrix<const U>& m, T* panels) {
 template <class T>
 void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
-    constexpr std::size_t mr = tiling::mr, nr = tiling::nr;
+    constexpr std::size_t nr = tiling::nr;
     std::size_t m = problem.c.rows, n = problem.c.cols, k = problem.a.cols, items = problem.batch.count();
     const packed_operand<T>* const once = problem.packed_b;
     if (once) detail::check_packed(*once, problem);
@@ -699,9 +755,9 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
 
     // A few large products: each is shared by all threads. When C is wider than tall, each
     // thread takes a range of columns and packs only its part of B, with no need to wait for
-    // the others. Otherwise each takes a range of mr-row panels, and they pack B together.
+    // the others. Otherwise they pack each block of B together, then share its tiles.
     T* packed_b = scratch<T>(scratch_use::packed_b, packed_b_size);
-    std::size_t row_panels = (m + mr - 1) / mr, col_panels = (std::min(n, tiling::nc) + nr - 1) / nr;
+    std::size_t col_panels = (std::min(n, tiling::nc) + nr - 1) / nr;
     bool split_columns = m < n && col_panels >= std::size_t(threads);
     for (std::size_t item = 0; item < items; ++item) {
         const detail::item_operands<T> operands = detail::item_of(problem, item);
@@ -723,25 +779,7 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
             });
             continue;
         }
-        auto prepare_member = [&](std::size_t, std::size_t) { prepare_a(); };
-        run_parallel(threads, prepare_member, [&](std::size_t member_index, std::size_t team_size) {
-            int member = int(member_index), team = int(team_size);
-            std::size_t row_groups = std::min<std::size_t>(std::size_t(team), row_panels);
-            std::size_t col_groups = std::size_t(team) / row_groups;
-            std::size_t row_group = std::size_t(member) % row_groups, col_group = std::size_t(member) / row_groups;
-            std::size_t first = 0, last = 0, col_first = 0, col_last = 0;
-            if (col_group < col_groups) {  // threads beyond the grid only help to pack
-                first = std::min(m, row_panels * row_group / row_groups * mr);
-                last = std::min(m, row_panels * (row_group + 1) / row_groups * mr);
-                col_first = col_panels * col_group / col_groups;
-                col_last = col_panels * (col_group + 1) / col_groups;
-            }
-            detail::product_share<T>(a, b, c,
-                                     {.item = item, .row_first = first, .row_last = last,
-                                      .col_panel_first = col_first, .col_panel_last = col_last, .packed_b = packed_b,
-                                      .packed_once = packed_once, .member = member, .team = team},
-                                     epilogue);
-        });
+        detail::shared_product<T>(a, b, c, item, threads, packed_b, packed_once, prepare_a, epilogue);
     }
 }
 

@@ -1,0 +1,281 @@
+#pragma once
+// The host threads that run the CPU kernels' parallel loops: workers started once and kept,
+// to whom a caller lends a loop cut into chunks. The caller works too, every member claims
+// one chunk at a time, and the caller waits only for the chunks already claimed.
+//
+// Why not an OpenMP team per loop: at the end of a parallel region the caller waits for every
+// member to arrive, and on a machine shared with other work a member that the scheduler has
+// taken off its core arrives a time slice (milliseconds) late. An evaluation is many loops
+// (a decoding step is dozens of small ones), so it paid that many times: beside one busy
+// process, 2 threads ran 4 to 28 times slower than 1 (issue 41). Here a member that wakes
+// late finds nothing left to claim and costs nothing; a member taken off its core in the
+// middle of a chunk costs at most that chunk.
+//
+// One loop runs at a time: a caller that finds the team busy (another thread of the user's
+// is evaluating) runs its loop alone, as does a caller inside a loop or inside the user's own
+// OpenMP parallel region (threads.hpp), so the cores are never oversubscribed.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dimsum/runtime/threads.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace dimsum::runtime {
+
+// A callable passed down without a copy or an allocation: the caller's lambda outlives the loop.
+class function_ref {
+public:
+    template <class F>
+    function_ref(F& f) : object_(&f), call_([](void* o, std::size_t i) { (*static_cast<F*>(o))(i); }) {}
+    void operator()(std::size_t i) const { call_(object_, i); }
+
+private:
+    void* object_;
+    void (*call_)(void*, std::size_t);
+};
+
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
+
+class thread_team {
+public:
+    // The most workers a team keeps: a loop's chunks are counted in 24 bits and its helpers in
+    // 12 (the claim word below); far beyond any machine this runs on.
+    static constexpr std::size_t max_workers = 1023;
+    static constexpr std::size_t max_chunks = (std::size_t(1) << 24) - 1;
+
+    static thread_team& instance() {
+        static thread_team team;
+        return team;
+    }
+
+    // Runs chunk(c) for every c in [0, chunks), on the caller and on up to `helpers` workers.
+    // Each member calls prepare() once before its first chunk: where a worker's prepare
+    // throws, that worker leaves the loop and its chunk is run by the caller, so a failed
+    // allocation of a helper costs speed, never a result. The caller's own prepare() runs
+    // before any chunk is handed out: if it throws, nothing has run. An exception from a chunk
+    // stops the chunks not yet started and is rethrown here once every started one has ended.
+    // Returns false, having run nothing, where the loop must run on the caller alone (the team
+    // is busy, the caller is inside a loop, or no worker could be started).
+    bool run(std::size_t helpers, std::size_t chunks, function_ref prepare, function_ref chunk) {
+        if (inside_parallel_loop() || chunks < 2 || helpers == 0) return false;
+        std::unique_lock<std::mutex> owner(owner_, std::try_to_lock);
+        if (!owner) return false;
+        helpers = std::min({helpers, chunks - 1, start_workers(helpers)});
+        if (helpers == 0) return false;
+        prepare(0);  // may throw: nothing is published yet
+
+        loop_ = {&prepare, &chunk};
+        ++loop_id_;
+        loops_run_.fetch_add(1, std::memory_order_relaxed);
+        done_.store(0, std::memory_order_relaxed);
+        orphans_.store(0, std::memory_order_relaxed);
+        failed_.store(false, std::memory_order_relaxed);
+        failure_ = nullptr;
+        const std::size_t total = std::min(chunks, max_chunks);
+        claims_.store(claim_word(helpers, 0, total), std::memory_order_release);
+        wake_.fetch_add(1, std::memory_order_release);
+        wake_.notify_all();
+
+        inside_parallel_loop() = true;
+        for (std::size_t c; claim(claims_, c, std::size_t(-1));) run_chunk(c);
+        // Wait for the chunks the workers claimed; run those whose worker could not prepare.
+        for (std::size_t spins = 0, taken = 0; done_.load(std::memory_order_acquire) < total;) {
+            if (taken < orphans_.load(std::memory_order_acquire)) {
+                std::size_t c;
+                while ((c = orphan_[taken].load(std::memory_order_acquire)) == no_chunk) spin_pause();
+                ++taken;
+                run_chunk(c);
+                continue;
+            }
+            wait_a_little(spins);
+        }
+        inside_parallel_loop() = false;
+        for (std::size_t i = 0, n = orphans_.load(std::memory_order_relaxed); i < n; ++i) {
+            orphan_[i].store(no_chunk, std::memory_order_relaxed);
+        }
+        // chunks beyond max_chunks (never in practice: split_range makes a few per thread)
+        for (std::size_t c = total; c < chunks; ++c) chunk(c);
+        if (failure_) std::rethrow_exception(failure_);
+        return true;
+    }
+
+    // Runs task() once on every worker started so far (to free what their threads keep),
+    // and returns when all have.
+    void on_each_worker(void (*task)()) {
+        std::lock_guard<std::mutex> owner(owner_);
+        if (workers_.empty()) return;
+        chore_ = task;
+        chores_done_.store(0, std::memory_order_relaxed);
+        chore_id_.fetch_add(1, std::memory_order_release);
+        wake_.fetch_add(1, std::memory_order_release);
+        wake_.notify_all();
+        for (std::size_t spins = 0; chores_done_.load(std::memory_order_acquire) < workers_.size();) wait_a_little(spins);
+    }
+
+    // How many loops the team has run (not those run alone): what the tests watch.
+    std::uint64_t loops_run() const { return loops_run_.load(std::memory_order_relaxed); }
+
+    thread_team(const thread_team&) = delete;
+    thread_team& operator=(const thread_team&) = delete;
+
+    ~thread_team() {
+        stop_.store(true, std::memory_order_release);
+        wake_.fetch_add(1, std::memory_order_release);
+        wake_.notify_all();
+        for (auto& w : workers_) w.join();
+    }
+
+private:
+    thread_team() {
+        for (auto& slot : orphan_) slot.store(no_chunk, std::memory_order_relaxed);
+    }
+
+    static constexpr std::size_t no_chunk = std::size_t(-1);
+
+    // The claim word: how many workers may help (12 bits), the next chunk to hand out and the
+    // loop's count (24 bits each). One compare-and-swap claims a chunk and proves, by its
+    // success, that the loop was still open: a worker reads the loop's callables only then.
+    static std::uint64_t claim_word(std::size_t helpers, std::size_t next, std::size_t total) {
+        return std::uint64_t(helpers) << 48 | std::uint64_t(next) << 24 | std::uint64_t(total);
+    }
+
+    // Claims the next chunk of the open loop into `c`; false once none is left (or, for worker
+    // `index`, when the loop wants fewer helpers).
+    static bool claim(std::atomic<std::uint64_t>& claims, std::size_t& c, std::size_t index) {
+        std::uint64_t word = claims.load(std::memory_order_acquire);
+        for (;;) {
+            const std::size_t helpers = word >> 48, next = (word >> 24) & max_chunks, total = word & max_chunks;
+            if (next >= total || (index != std::size_t(-1) && index >= helpers)) return false;
+            if (claims.compare_exchange_weak(word, word + (std::uint64_t(1) << 24), std::memory_order_acq_rel,
+                                             std::memory_order_acquire)) {
+                c = next;
+                return true;
+            }
+        }
+    }
+
+    // Runs a claimed chunk, unless a chunk has failed; either way it counts as done.
+    void run_chunk(std::size_t c) {
+        if (!failed_.load(std::memory_order_relaxed)) {
+            try {
+                (*loop_.chunk)(c);
+            } catch (...) {
+                record_failure();
+            }
+        }
+        done_.fetch_add(1, std::memory_order_release);
+    }
+
+    void record_failure() {
+        std::lock_guard<std::mutex> lock(failure_lock_);
+        if (!failure_) failure_ = std::current_exception();
+        failed_.store(true, std::memory_order_relaxed);
+    }
+
+    // A short spin, for a chunk that ends in microseconds; then the core is offered to whoever
+    // waits for it (the member whose chunk we wait for may be that one).
+    static void wait_a_little(std::size_t& spins) {
+        if (++spins < 256) return spin_pause();
+        std::this_thread::yield();
+    }
+
+    // Starts workers until there are `wanted` (or max_workers); how many there are.
+    std::size_t start_workers(std::size_t wanted) {
+        wanted = std::min(wanted, max_workers);
+        while (workers_.size() < wanted) {
+            try {
+                workers_.reserve(wanted);
+                const std::size_t index = workers_.size();
+                const std::uint64_t chores = chore_id_.load(std::memory_order_relaxed);
+                workers_.emplace_back([this, index, chores] { work(index, chores); });
+            } catch (...) {  // no thread or no memory for one: the loop runs with those there are
+                break;
+            }
+        }
+        return workers_.size();
+    }
+
+    void work(std::size_t index, std::uint64_t chores) {
+        inside_parallel_loop() = true;  // a worker's loops are nested loops: they run alone
+        std::uint32_t seen = 0;
+        std::uint64_t prepared_for = 0;
+        for (;;) {
+            // Wait for a wake-up: spin for about as long as the gap between a plan's entries,
+            // then sleep, so that an idle team takes no core from anyone.
+            std::uint32_t now = wake_.load(std::memory_order_acquire);
+            for (int spins = 0; now == seen && spins < idle_spins; ++spins) {
+                spin_pause();
+                now = wake_.load(std::memory_order_acquire);
+            }
+            if (now == seen) {
+                wake_.wait(seen, std::memory_order_acquire);
+                continue;
+            }
+            seen = now;
+            if (stop_.load(std::memory_order_acquire)) return;
+            if (const std::uint64_t id = chore_id_.load(std::memory_order_acquire); id != chores) {
+                chores = id;
+                chore_();
+                chores_done_.fetch_add(1, std::memory_order_release);
+            }
+            for (std::size_t c; claim(claims_, c, index);) {
+                if (prepared_for != loop_id_) {  // the loop is open while our chunk is unfinished
+                    try {
+                        (*loop_.prepare)(index + 1);
+                    } catch (...) {  // the caller runs this chunk; we leave this loop
+                        orphan_[orphans_.fetch_add(1, std::memory_order_acq_rel)].store(c, std::memory_order_release);
+                        break;
+                    }
+                    prepared_for = loop_id_;
+                }
+                run_chunk(c);
+            }
+        }
+    }
+
+    // About 20 to 60 microseconds of pause instructions, depending on the CPU.
+    static constexpr int idle_spins = 1 << 11;
+
+    struct loop_callables {
+        const function_ref* prepare = nullptr;
+        const function_ref* chunk = nullptr;
+    };
+
+    std::mutex owner_;  // held by the caller lending a loop
+    std::vector<std::thread> workers_;
+
+    // The loop: written by its caller before the claim word is published (release), read by a
+    // worker only after it has claimed a chunk (acquire), so never while being rewritten.
+    loop_callables loop_;
+    std::uint64_t loop_id_ = 0;
+    std::atomic<std::uint64_t> loops_run_{0};
+    std::atomic<std::uint64_t> claims_{0};
+    std::atomic<std::size_t> done_{0};
+    std::atomic<bool> failed_{false};
+    std::mutex failure_lock_;
+    std::exception_ptr failure_;
+    // chunks whose worker could not prepare, for the caller: at most one per worker
+    std::atomic<std::size_t> orphans_{0};
+    std::atomic<std::size_t> orphan_[max_workers];
+
+    std::atomic<std::uint32_t> wake_{0};  // bumped for each loop, chore and the stop
+    std::atomic<bool> stop_{false};
+    void (*chore_)() = nullptr;
+    std::atomic<std::uint64_t> chore_id_{0};
+    std::atomic<std::size_t> chores_done_{0};
+};
+
+}  // namespace dimsum::runtime
