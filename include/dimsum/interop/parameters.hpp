@@ -36,12 +36,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <istream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
 #include <set>
-#include <sstream>
+#include <streambuf>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -161,21 +162,25 @@ inline stored_array stored_array_of(const npy::header_info& header, std::string_
 }
 
 // One checkpoint open for reading, whatever its format. find() describes an array (nullopt if
-// the file has no such name); read() then fills `bytes` bytes with its data, checking that the
-// file holds exactly that many; read_part() reads `size` bytes from byte `from` of the data,
-// checking first that the file holds exactly `total` bytes for the array.
+// the file has no such name); check_size() checks that the file holds exactly `bytes` bytes of
+// data for it, which callers do before allocating that many, so that a header's claim costs
+// nothing until the file is seen to back it; read() then fills `bytes` bytes with its data,
+// checking that again; read_part() reads `size` bytes from byte `from` of the data, checking
+// first that the file holds exactly `total` bytes for the array.
 class reader {
 public:
     explicit reader(std::string path) : path_(std::move(path)) {}
     virtual ~reader() = default;
     virtual std::vector<std::string> names() const = 0;
     virtual std::optional<stored_array> find(const std::string& name) = 0;
+    virtual void check_size(const std::string& name, std::uint64_t bytes) = 0;
     virtual void read(const std::string& name, void* into, std::uint64_t bytes) = 0;
     virtual void read_part(const std::string& name, std::uint64_t total, std::uint64_t from, void* into,
                            std::uint64_t size) = 0;
     const std::string& path() const { return path_; }
     std::string where(const std::string& name) const { return path_ + ", parameter '" + name + "'"; }
-    // Bytes of array data read from the file so far (a deflated member counts its compressed size).
+    // Bytes of array data read from the file so far (a deflated member counts the compressed
+    // bytes inflated to reach and read its data).
     std::uint64_t bytes_read() const { return bytes_read_; }
 
 protected:
@@ -213,10 +218,12 @@ public:
         return stored_array_of(header_, op_, file);
     }
 
+    void check_size(const std::string&, std::uint64_t bytes) override { npy::check_data_size(header_, bytes, op_, file_); }
+
     void read(const std::string& name, void* into, std::uint64_t bytes) override { read_part(name, bytes, 0, into, bytes); }
 
-    void read_part(const std::string&, std::uint64_t total, std::uint64_t from, void* into, std::uint64_t size) override {
-        npy::check_data_size(header_, total, op_, file_);
+    void read_part(const std::string& name, std::uint64_t total, std::uint64_t from, void* into, std::uint64_t size) override {
+        check_size(name, total);
         if (size == 0) return;
         open_.seekg(static_cast<std::streamoff>(header_.data_offset + from));
         npy::read_exact(open_, static_cast<char*>(into), size, op_, file_, "data");
@@ -230,8 +237,47 @@ private:
     npy::header_info header_;
 };
 
-// An .npz: a ZIP archive of NAME.npy members, stored or deflated. A stored member's data is
-// read straight into the tensor; a deflated one is decompressed whole first.
+// A member's bytes as a std::streambuf, for npy::read_header: each read takes exactly the
+// bytes asked for, up to the member's size, so that reading the header reads (inflates)
+// nothing of the data but what a match of the header's last symbols runs into.
+class member_buffer final : public std::streambuf {
+public:
+    member_buffer(zip::member_stream& stream, std::uint64_t size) : stream_(stream), size_(size) {}
+
+protected:
+    std::streamsize xsgetn(char* into, std::streamsize n) override {
+        std::streamsize done = 0;
+        if (n > 0 && gptr() < egptr()) {  // the byte underflow() holds
+            *into = *gptr();
+            gbump(1);
+            done = 1;
+        }
+        const auto more = static_cast<std::streamsize>(std::min<std::uint64_t>(n - done, size_ - stream_.position()));
+        stream_.read(into + done, static_cast<std::uint64_t>(more));
+        return done + more;
+    }
+
+    int_type underflow() override {
+        if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+        if (stream_.position() == size_) return traits_type::eof();
+        stream_.read(&byte_, 1);
+        setg(&byte_, &byte_, &byte_ + 1);
+        return traits_type::to_int_type(byte_);
+    }
+
+private:
+    zip::member_stream& stream_;
+    std::uint64_t size_;
+    char byte_ = 0;
+};
+
+// An .npz: a ZIP archive of NAME.npy members, stored or deflated, each read as a stream in
+// constant memory. find() reads (inflates) a member's .npy header only; check_size() and
+// read() check the header's size against the directory's before reading (inflating) any of
+// the data, which read() then reads straight into the tensor, and checks the CRC-32 and the
+// size of the whole member (a stream that inflates to more than the directory says stops
+// there). read_part() reads (inflates) the data up to the end of its part only, and leaves
+// the CRC, which covers the whole member, unchecked.
 class npz_reader final : public reader {
 public:
     npz_reader(std::string path, std::string_view op) : reader(path), op_(op), archive_(std::move(path), op) {}
@@ -248,66 +294,79 @@ public:
         const auto& members = archive_.members();
         auto it = std::find_if(members.begin(), members.end(), [&](const auto& m) { return m.name == file_name(name); });
         if (it == members.end()) return std::nullopt;
-        // The member described last is still at hand: described again, it is not read (or
-        // inflated) again. A tensor-parallel load asks for one member several times.
+        // The member described last is still at hand: described again, its header is not read
+        // again. A tensor-parallel load asks for one member several times.
         if (described_ == &*it) return stored_array_of(header_, op_, where_);
         described_ = nullptr;
         member_ = &*it;
         where_ = archive_.where(*it);
-        inflated_.clear();
-        std::string head;
-        if (it->how == zip::method::stored) {
-            data_start_ = archive_.data_offset(*it);
-            head.resize(std::min<std::uint64_t>(it->size, 12 + npy::max_header_length));
-            archive_.read_stored(*it, data_start_, 0, head.data(), head.size());
-        } else {
-            inflated_ = archive_.read(*it);
-            bytes_read_ += it->compressed_size;
-            head.assign(reinterpret_cast<const char*>(inflated_.data()),
-                        std::min<std::size_t>(inflated_.size(), 12 + npy::max_header_length));
-        }
-        std::istringstream in(head);
+        stream_.emplace(archive_, *it);
+        member_buffer buffer(*stream_, it->size);
+        std::istream in(&buffer);
+        in.exceptions(std::ios::badbit);  // the stream's own file_error, not a short read
         header_ = npy::read_header(in, it->size, op_, where_);
-        head_crc_ = zip::crc32(0, head.data(), header_.data_offset);
+        counted_ = stream_->compressed_read();
         stored_array described = stored_array_of(header_, op_, where_);
         described_ = member_;
         return described;
     }
 
-    void read(const std::string&, void* into, std::uint64_t bytes) override {
-        npy::check_data_size(header_, bytes, op_, where_);
-        if (member_->how == zip::method::stored) {
-            archive_.read_stored(*member_, data_start_, header_.data_offset, into, bytes);
-            archive_.check_crc(*member_, zip::crc32(head_crc_, into, bytes));
-            bytes_read_ += bytes;
-        } else if (bytes) {
-            std::copy_n(inflated_.data() + header_.data_offset, bytes, static_cast<unsigned char*>(into));
-        }
+    void check_size(const std::string&, std::uint64_t bytes) override { npy::check_data_size(header_, bytes, op_, where_); }
+
+    void read(const std::string& name, void* into, std::uint64_t bytes) override {
+        check_size(name, bytes);
+        on_stream([&] {
+            to_data(0);
+            stream_->read(into, bytes);
+            stream_->finish();
+        });
     }
 
-    // A part of a stored member is read alone, so its CRC (which covers the whole member) goes
-    // unchecked; a deflated member was decompressed whole by find().
-    void read_part(const std::string&, std::uint64_t total, std::uint64_t from, void* into, std::uint64_t size) override {
-        npy::check_data_size(header_, total, op_, where_);
+    void read_part(const std::string& name, std::uint64_t total, std::uint64_t from, void* into, std::uint64_t size) override {
+        check_size(name, total);
+        if (size == total) return read(name, into, size);  // the whole array: its CRC is checked
         if (size == 0) return;
-        if (member_->how == zip::method::stored) {
-            archive_.read_stored(*member_, data_start_, header_.data_offset + from, into, size);
-            bytes_read_ += size;
-        } else {
-            std::copy_n(inflated_.data() + header_.data_offset + from, size, static_cast<unsigned char*>(into));
-        }
+        on_stream([&] {
+            to_data(from);
+            stream_->read(into, size);
+        });
     }
 
 private:
+    // Runs f on the member's stream, counting the bytes it reads; a stream that failed is
+    // dropped, and opened again if the member is read again.
+    template <class F>
+    void on_stream(F&& f) {
+        try {
+            f();
+        } catch (...) {
+            stream_.reset();
+            throw;
+        }
+        bytes_read_ += stream_->compressed_read() - counted_;
+        counted_ = stream_->compressed_read();
+    }
+
+    // Puts the stream at byte `from` of the data: ahead by skipping, back by opening it again
+    // (a member read a second time).
+    void to_data(std::uint64_t from) {
+        const std::uint64_t at = header_.data_offset + from;
+        if (!stream_ || stream_->position() > at) {
+            stream_.reset();
+            stream_.emplace(archive_, *member_);
+            counted_ = 0;
+        }
+        stream_->skip(at - stream_->position());
+    }
+
     std::string_view op_;
     zip::reader archive_;
     const zip::member* member_ = nullptr;
-    const zip::member* described_ = nullptr;  // member_, once find() has read all of it needs
+    const zip::member* described_ = nullptr;  // member_, once find() has read its header
     std::string where_;
     npy::header_info header_;
-    std::uint64_t data_start_ = 0;
-    std::uint32_t head_crc_ = 0;
-    std::vector<unsigned char> inflated_;
+    std::optional<zip::member_stream> stream_;  // member_'s
+    std::uint64_t counted_ = 0;                 // of its compressed_read(), what bytes_read_ has counted
 };
 
 // The element type a .safetensors dtype holds, as NumPy names it.
@@ -358,14 +417,18 @@ public:
         return stored_array{numpy_name(it->dtype), it->shape};
     }
 
+    void check_size(const std::string& name, std::uint64_t bytes) override {
+        if (found_->end - found_->begin != bytes) {
+            throw_file_error(op_, where(name), "the file holds " + std::to_string(found_->end - found_->begin) +
+                                                   " bytes, the tensor " + std::to_string(bytes));
+        }
+    }
+
     void read(const std::string& name, void* into, std::uint64_t bytes) override { read_part(name, bytes, 0, into, bytes); }
 
     void read_part(const std::string& name, std::uint64_t total, std::uint64_t from, void* into,
                    std::uint64_t size) override {
-        if (found_->end - found_->begin != total) {
-            throw_file_error(op_, where(name), "the file holds " + std::to_string(found_->end - found_->begin) +
-                                                   " bytes, the tensor " + std::to_string(total));
-        }
+        check_size(name, total);
         if (size == 0) return;
         in_.seekg(static_cast<std::streamoff>(data_start_ + found_->begin + from));
         npy::read_exact(in_, static_cast<char*>(into), size, op_, where(name), "data");
@@ -419,7 +482,22 @@ tensor<bf16, Axes...> rounded_to_bf16(const tensor<float, Axes...>& wide) {
     return rounded;
 }
 
-// Loads one tensor: its element type and shape checked against the file, then its data.
+// The bytes of data an array of this shape holds, or a file_error if that overflows: such a
+// header is broken.
+inline std::uint64_t data_bytes(const std::vector<std::size_t>& shape, std::size_t item_size, std::string_view op,
+                                const std::string& where) {
+    std::uint64_t bytes = item_size;
+    for (std::size_t extent : shape) {
+        if (__builtin_mul_overflow(bytes, extent, &bytes)) {
+            throw_file_error(op, where, "the shape " + npy::describe_shape(shape) + " overflows the size");
+        }
+    }
+    return bytes;
+}
+
+// Loads one tensor: its element type checked against the file, the file seen to hold the data
+// its shape needs (before any is allocated), the shape checked against the tensor's, then the
+// data.
 // A bf16 tensor loads bfloat16 values as they are, or float32 ones rounded to nearest even
 // (NumPy has no bfloat16: .npy and .npz files hold bf16 parameters as float32).
 template <class T, axis_type... Axes>
@@ -434,6 +512,7 @@ void load_tensor(reader& file, const std::string& name, const stored_array& stor
         }
     }
     check_element_type<T>(file, name, stored, op);
+    file.check_size(name, data_bytes(stored.shape, sizeof(T), op, file.where(name)));
     auto fresh = npy::tensor_for<T, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
     file.read(name, fresh.data(), fresh.size() * sizeof(T));
     t = std::move(fresh);
@@ -628,8 +707,9 @@ void save(const Layer& layer, const std::filesystem::path& path, const save_opti
 //   file.read_slice<Local>("attention.w_q", 256, 128, w);  // columns [256, 384) of (model, 768)
 //
 // A slice along an axis reads only its bytes from a .safetensors file, a folder of .npy files
-// or a stored .npz member (whose CRC covers the whole member, and so goes unchecked for a
-// part); a deflated .npz member is decompressed whole. Errors are load's: a missing name or
+// or a stored .npz member; a deflated .npz member is inflated from its start up to the end of
+// the slice (no further). A member's CRC covers all of it, and so goes unchecked for a part
+// (a slice of the whole extent is read whole, and checked). Errors are load's: a missing name or
 // another element type (file_error), another shape or a slice past the array's end
 // (shape_error), each naming the file and the parameter. `into` is replaced only on success.
 class checkpoint {
@@ -675,9 +755,6 @@ public:
                               std::to_string(first) + ", " + std::to_string(first + count) + ") of axis " +
                               std::to_string(k) + " lie outside its extent " + std::to_string(extent));
         }
-        std::vector<std::size_t> part_shape = stored.shape;
-        part_shape[k] = count;
-        auto fresh = detail::npy::tensor_for<T, Axes...>(part_shape, S::axes, op, file_->where(name));
         // C order: `outer` runs, each of `count` slabs of `inner` elements, `extent` slabs apart.
         std::size_t outer = 1, inner = 1;
         for (std::size_t i = 0; i < k; ++i) outer = detail::checked_multiply(outer, stored.shape[i], op);
@@ -685,6 +762,10 @@ public:
         const std::uint64_t slab = detail::checked_multiply(inner, sizeof(T), op);
         const std::uint64_t total = detail::checked_multiply(detail::checked_multiply(outer, extent, op), slab, op);
         const std::uint64_t run = count * slab;
+        file_->check_size(name, total);  // before allocating: the file backs the shape it claims
+        std::vector<std::size_t> part_shape = stored.shape;
+        part_shape[k] = count;
+        auto fresh = detail::npy::tensor_for<T, Axes...>(part_shape, S::axes, op, file_->where(name));
         auto* out = reinterpret_cast<unsigned char*>(fresh.data());
         if (count == extent) {
             file_->read_part(name, total, 0, out, total);  // the whole array: one read
@@ -694,8 +775,8 @@ public:
         into = std::move(fresh);
     }
 
-    // Bytes of array data read from the file so far (a deflated .npz member counts its
-    // compressed size): what a slice saves can be seen.
+    // Bytes of array data read from the file so far (a deflated .npz member counts the
+    // compressed bytes inflated to reach and read its data): what a slice saves can be seen.
     std::uint64_t bytes_read() const { return file_->bytes_read(); }
 
 private:
