@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds dimsum_bench optimised, runs it, and writes docs/performance.csv and the chart
-# docs/performance.png. Extra arguments go to the tool, e.g. `./scripts/bench.sh --quick`.
+# docs/performance.png; then runs the attention, decoder, product, softmax and layer_norm rows
+# again beside one busy thread (--load=1, as on a shared machine) into
+# docs/performance-loaded.csv. Extra arguments go to the tool, e.g. `./scripts/bench.sh --quick`.
 # The environment is passed on unchanged: the tool itself chooses, for its own loading of
 # OpenBLAS only, what OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE would otherwise decide.
 set -euo pipefail
@@ -11,3 +13,5 @@ cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DDIMSUM_BUILD_TOOLS=ON \
 cmake --build build-bench -j2 --target dimsum_bench
 ./build-bench/src/dimsum_bench --csv=docs/performance.csv "$@"
 /usr/bin/python3 scripts/plot_performance.py docs/performance.csv docs/performance.png
+./build-bench/src/dimsum_bench --csv=docs/performance-loaded.csv --filter=attention,decoder,gemm,softmax,layer_norm \
+    "$@" --load=1

@@ -358,13 +358,13 @@ void bench_attention(bench& s) {
                 const double gflops = c.flops() / seconds[t] * 1e-9;
                 const peak_of_case peak = case_peak(s, c, t);
                 const torch_result* t_best = torch_best ? &*torch_best : nullptr;
-                std::fprintf(s.out.table, "%-34s %7d %9.2f %8.1f %5.0f%%  %9.2f %-20s %7.2f  %8.1f %8.1f\n", c.name.c_str(),
+                std::fprintf(s.out.table, "%-34s %7d %9.2f %8.1f %5.0f%%  %9.2f %-20s %7.2f  %8.1f %8.1f\n", s.out.row_name(c.name).c_str(),
                              threads, seconds[t] * 1e3, gflops, 100.0 * gflops / peak.gflops, t_best ? t_best->ms : NAN,
                              t_best ? t_best->how.c_str() : "-", t_best ? t_best->ms * 1e-3 / seconds[t] : NAN, mb,
                              t_best ? t_best->extra_mb : NAN);
                 if (s.out.csv) {
                     auto csv_row = [&](const char* baseline, double mine, double theirs, const char* unit, const std::string& how) {
-                        std::fprintf(s.out.csv, "%s,%d,%.6g,%s,%.6g,%.6g,%s,%s\n", c.name.c_str(), threads, mine, baseline,
+                        std::fprintf(s.out.csv, "%s,%d,%.6g,%s,%.6g,%.6g,%s,%s\n", s.out.row_name(c.name).c_str(), threads, mine, baseline,
                                      theirs, mine / theirs, unit, how.c_str());
                     };
                     if (t_best) csv_row("pytorch", gflops, c.flops() / t_best->ms * 1e-6, "GFLOP/s", t_best->how);

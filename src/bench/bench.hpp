@@ -14,6 +14,7 @@
 #include <dimsum/backend/cpu/bf16_paths.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dimsum_bench {
@@ -36,10 +38,11 @@ struct options {
     std::string openblas_core = "auto";  // auto, detect, keep or a core type; see the usage
     bool csv = false;
     std::string csv_path = "-";          // "-": the CSV on stdout, the table on stderr
-    std::string filter;                  // only the cases whose name contains this
+    std::string filter;                  // only the cases whose name contains this (or one of its comma-separated parts)
     std::vector<int> threads{1, 2};
     int rounds = 3;                      // turns each contender takes; see rounds()
     std::string attention_memory;        // hidden: measure this attention case's memory, only
+    int load = 0;                        // busy threads running beside every timed call (--load)
 };
 
 // The options of the command line; none, after saying why, if they are wrong (--help
@@ -70,6 +73,8 @@ struct report {
     report& operator=(const report&) = delete;
 
     void table_header() const;
+    // A row's name as printed: with --load=N, NAME_load=N.
+    std::string row_name(const std::string& name) const;
     void add(const row& r) const;
     // A wrong result makes the run fail: a fast wrong kernel, or a baseline called wrongly,
     // would otherwise give figures that mean nothing.
@@ -129,6 +134,22 @@ struct fastest {
             how = h;
         }
     }
+};
+
+// --load=N: N threads that keep a core each busy, as another program would (a build, a
+// browser, another rank), from construction to destruction; each stops by itself after
+// `limit_seconds` should the run never end. Every contender, dimsum's and the baselines'
+// (PyTorch runs in a child process meanwhile), is timed beside them.
+class background_load {
+public:
+    background_load(int threads, double limit_seconds);
+    ~background_load();
+    background_load(const background_load&) = delete;
+    background_load& operator=(const background_load&) = delete;
+
+private:
+    std::atomic<bool> stop_{false};
+    std::vector<std::thread> threads_;
 };
 
 // Lets the thread pools of whatever ran before go to sleep. OpenBLAS's idle threads spin
@@ -280,7 +301,15 @@ struct bench {
     const std::optional<onednn>& dnnl;
     yardsticks limits;
 
-    bool selected(const std::string& name) const { return name.find(opt.filter) != std::string::npos; }
+    // Whether the case's name contains one of the filter's comma-separated texts.
+    bool selected(const std::string& name) const {
+        for (std::size_t at = 0; at <= opt.filter.size();) {
+            const std::size_t comma = std::min(opt.filter.find(',', at), opt.filter.size());
+            if (name.find(opt.filter.substr(at, comma - at)) != std::string::npos) return true;
+            at = comma + 1;
+        }
+        return false;
+    }
 };
 
 struct gemm_case {

@@ -19,13 +19,15 @@ namespace {
 
 const char* usage =
     "usage: dimsum_bench [--quick] [--small] [--csv[=FILE]] [--threads=1,2] [--filter=TEXT]\n"
-    "                    [--rounds=N] [--openblas-core=auto|detect|keep|NAME]\n"
+    "                    [--rounds=N] [--load=N] [--openblas-core=auto|detect|keep|NAME]\n"
     "  --quick              one timed call per case after the warm-up: a smoke test, not a measurement\n"
     "  --small              small sizes (with --quick, for ctest)\n"
     "  --csv                CSV on stdout (the table goes to stderr); --csv=FILE writes FILE\n"
     "  --threads=LIST       thread counts to run, default 1,2\n"
-    "  --filter=TEXT        only the cases whose name contains TEXT\n"
+    "  --filter=TEXT[,...]  only the cases whose name contains TEXT (or one of the TEXTs)\n"
     "  --rounds=N           turns each contender takes, keeping its best (default 3; more on a noisy machine)\n"
+    "  --load=N             N busy threads beside every timed call of every contender, as on a shared\n"
+    "                       machine; the rows' names end in _load=N\n"
     "  --openblas-core=...  the OpenBLAS kernels. auto (default): OpenBLAS's own detection, unless\n"
     "                       it picks kernels narrower than the CPU supports (it falls back to SSE3\n"
     "                       on CPUs newer than it knows), then SkylakeX or Haswell; detect: its own\n"
@@ -53,6 +55,12 @@ std::optional<options> parse_options(int argc, char** argv) {
         } else if (arg.starts_with("--rounds=")) {
             o.rounds = std::atoi(value_of("--rounds=").c_str());
             if (o.rounds < 1) {
+                std::fprintf(stderr, "dimsum_bench: bad count in %s\n%s", arg.c_str(), usage);
+                return std::nullopt;
+            }
+        } else if (arg.starts_with("--load=")) {
+            o.load = std::atoi(value_of("--load=").c_str());
+            if (o.load < 0 || value_of("--load=").empty()) {
                 std::fprintf(stderr, "dimsum_bench: bad count in %s\n%s", arg.c_str(), usage);
                 return std::nullopt;
             }
@@ -102,12 +110,17 @@ void report::table_header() const {
                  "value", "unit", "ratio", "baseline ran as");
 }
 
+std::string report::row_name(const std::string& name) const {
+    return opt.load > 0 ? name + "_load=" + std::to_string(opt.load) : name;
+}
+
 void report::add(const row& r) const {
     double ratio = r.dimsum / r.baseline;
-    std::fprintf(table, "%-28s %7d %10.2f  %-14s %10.2f %-7s %7.3f  %s\n", r.name.c_str(), r.threads, r.dimsum,
+    const std::string name = row_name(r.name);
+    std::fprintf(table, "%-28s %7d %10.2f  %-14s %10.2f %-7s %7.3f  %s\n", name.c_str(), r.threads, r.dimsum,
                  r.baseline_name.c_str(), r.baseline, r.unit, ratio, r.how.c_str());
     if (csv) {
-        std::fprintf(csv, "%s,%d,%.6g,%s,%.6g,%.6g,%s,%s\n", r.name.c_str(), r.threads, r.dimsum,
+        std::fprintf(csv, "%s,%d,%.6g,%s,%.6g,%.6g,%s,%s\n", name.c_str(), r.threads, r.dimsum,
                      r.baseline_name.c_str(), r.baseline, ratio, r.unit, r.how.c_str());
     }
     std::fflush(table);
@@ -158,6 +171,28 @@ void read_torch_script(const std::string& script_and_arguments, const std::strin
         each(line);
     }
     if (pclose(child) != 0 && why.empty()) why = "the PyTorch script failed: " + command;
+}
+
+background_load::background_load(int threads, double limit_seconds) {
+    const auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                  std::chrono::duration<double>(limit_seconds));
+    for (int t = 0; t < threads; ++t) {
+        threads_.emplace_back([this, deadline, t] {
+            // dependent multiply-adds: a core's worth of work that touches no memory
+            volatile double sink = 0;
+            double x = 1.0 + 1e-9 * t;
+            while (!stop_.load(std::memory_order_relaxed) && clock_type::now() < deadline) {
+                for (int i = 0; i < 100000; ++i) x = x * 0.999999999 + 1e-9;
+            }
+            sink = x;
+            (void)sink;
+        });
+    }
+}
+
+background_load::~background_load() {
+    stop_.store(true);
+    for (auto& t : threads_) t.join();
 }
 
 void settle(const options& opt) {

@@ -24,6 +24,14 @@ namespace {
 int run(const options& opt) {
     report out(opt);
     print_machine(out);
+    // started after print_machine, whose check of the cores' idleness would see the load
+    std::optional<background_load> load;
+    if (opt.load > 0) {
+        constexpr double load_limit_seconds = 4 * 3600;  // beyond any run: a bound, should this one hang
+        load.emplace(opt.load, load_limit_seconds);
+        std::fprintf(out.table, "load: %d busy thread%s beside every timed call (--load), rows named _load=%d\n",
+                     opt.load, opt.load == 1 ? "" : "s", opt.load);
+    }
     std::optional<openblas> blas = load_openblas_at_best(out);
     std::string why;
     std::optional<onednn> dnnl = load_onednn(why);
