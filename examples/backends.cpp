@@ -19,7 +19,7 @@ int main() {
     ds::fill_uniform(w, 2, -0.0625, 0.0625);
     ds::fill_uniform(bias, 3);
 
-    ds::set_num_threads(2);  // as OMP_NUM_THREADS would; set_num_threads(0) returns to OpenMP's choice
+    ds::set_num_threads(2);  // as OMP_NUM_THREADS would; set_num_threads(0) returns to the default
 
     // The product's bias and tanh are applied as each block of it is finished (an epilogue).
     ds::tensor<float, Tokens, Hidden> h(Tokens{100});

@@ -656,7 +656,7 @@ bool run() {
     ds::tensor<float, Tokens, Hidden> one = ds::matmul(x, w);
     ds::set_num_threads(2);  // up to 2, where the work is large enough to pay for a second
     ds::tensor<float, Tokens, Hidden> two = ds::matmul(x, w);
-    ds::set_num_threads(0);  // back to OpenMP's choice (OMP_NUM_THREADS, else one per core)
+    ds::set_num_threads(0);  // back to the default: OMP_NUM_THREADS, else the CPUs this process may use
 
     // Each std::thread evaluates with its own workspace; they share only what they read.
     ds::tensor<float, Tokens, Hidden> first(Tokens{300}), second(Tokens{300});
