@@ -5,7 +5,8 @@
 #    std::thread and atomics, which TSan sees; libomp's Archer tool tells it about OpenMP's
 #    barriers, for the tests that evaluate inside an OpenMP region of their own);
 # 3. load_npy, and ds::load of .npz and .safetensors files, each fuzzed for DIMSUM_FUZZ_SECONDS
-#    (60) with libFuzzer, ASan and UBSan, seeded with the reference files; a finding stops the
+#    (60) with libFuzzer, ASan and UBSan, seeded with the reference files, with a memory limit
+#    that makes a file whose claims cost far more than it holds a finding; a finding stops the
 #    run and is left in build-fuzz/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,13 @@ fuzz() {  # fuzz NAME SEED_FILES...
     cp "$@" "build-fuzz/$name/seeds/"
     clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude \
         "tests/fuzz/$name.cpp" -o "build-fuzz/$name/$name"
-    "build-fuzz/$name/$name" -max_total_time="${DIMSUM_FUZZ_SECONDS:-60}" -max_len=8192 -timeout=10 \
+    # Memory: an input of 8 KiB may claim a deflated member of 8.5 MB (deflate's 1032-fold) or
+    # a .npy header of 1 MiB, and loads nothing larger than its own bytes (the parameters
+    # target's extents are static): one allocation of 2 MiB, or a process past 256 MB, is a
+    # finding (issue 46: a 1 MB .npz that inflated to 1 GiB). ASan's quarantine of freed
+    # memory, 256 MB by default, would pass that limit alone: 32 MB of it.
+    ASAN_OPTIONS=quarantine_size_mb=32 "build-fuzz/$name/$name" -max_total_time="${DIMSUM_FUZZ_SECONDS:-60}" \
+        -max_len=8192 -timeout=10 -rss_limit_mb=256 -malloc_limit_mb=2 \
         -artifact_prefix="build-fuzz/$name/" -print_final_stats=1 "build-fuzz/$name/corpus" "build-fuzz/$name/seeds" 2>&1 |
         tail -n 12
 }
