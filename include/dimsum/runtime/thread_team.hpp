@@ -92,7 +92,9 @@ public:
         inside_parallel_loop() = true;
         for (std::size_t c; claim(claims_, c, std::size_t(-1));) run_chunk(c);
         // Wait for the chunks the workers claimed; run those whose worker could not prepare.
-        for (std::size_t spins = 0, taken = 0; done_.load(std::memory_order_acquire) < total;) {
+        for (std::size_t spins = 0, taken = 0;;) {
+            const std::uint32_t seen = progress_.load(std::memory_order_acquire);
+            if (done_.load(std::memory_order_acquire) >= total) break;
             if (taken < orphans_.load(std::memory_order_acquire)) {
                 std::size_t c;
                 while ((c = orphan_[taken].load(std::memory_order_acquire)) == no_chunk) spin_pause();
@@ -100,7 +102,7 @@ public:
                 run_chunk(c);
                 continue;
             }
-            wait_a_little(spins);
+            wait_for_progress(seen, spins);
         }
         inside_parallel_loop() = false;
         for (std::size_t i = 0, n = orphans_.load(std::memory_order_relaxed); i < n; ++i) {
@@ -122,7 +124,11 @@ public:
         chore_id_.fetch_add(1, std::memory_order_release);
         wake_.fetch_add(1, std::memory_order_release);
         wake_.notify_all();
-        for (std::size_t spins = 0; chores_done_.load(std::memory_order_acquire) < workers_.size();) wait_a_little(spins);
+        for (std::size_t spins = 0;;) {
+            const std::uint32_t seen = progress_.load(std::memory_order_acquire);
+            if (chores_done_.load(std::memory_order_acquire) >= workers_.size()) break;
+            wait_for_progress(seen, spins);
+        }
     }
 
     // How many loops the team has run (not those run alone): what the tests watch.
@@ -177,6 +183,13 @@ private:
             }
         }
         done_.fetch_add(1, std::memory_order_release);
+        report_progress();
+    }
+
+    // Wakes the caller if it sleeps in wait_for_progress (a system call only then).
+    void report_progress() {
+        progress_.fetch_add(1, std::memory_order_release);
+        progress_.notify_all();
     }
 
     void record_failure() {
@@ -185,11 +198,13 @@ private:
         failed_.store(true, std::memory_order_relaxed);
     }
 
-    // A short spin, for a chunk that ends in microseconds; then the core is offered to whoever
-    // waits for it (the member whose chunk we wait for may be that one).
-    static void wait_a_little(std::size_t& spins) {
-        if (++spins < 256) return spin_pause();
-        std::this_thread::yield();
+    // Waits until progress_ moves on from `seen`: a short spin, for a chunk that ends in
+    // microseconds, then asleep. Asleep, not spinning nor yielding: the member whose chunk we
+    // wait for may have been taken off its core by another program, and a core that goes idle
+    // takes a waiting thread from a busy one at once, where a spinning one never does.
+    void wait_for_progress(std::uint32_t seen, std::size_t& spins) {
+        if (++spins < caller_spins) return spin_pause();
+        progress_.wait(seen, std::memory_order_acquire);
     }
 
     // Starts workers until there are `wanted` (or max_workers); how many there are.
@@ -230,6 +245,7 @@ private:
                 chores = id;
                 chore_();
                 chores_done_.fetch_add(1, std::memory_order_release);
+                report_progress();
             }
             for (std::size_t c; claim(claims_, c, index);) {
                 if (prepared_for != loop_id_) {  // the loop is open while our chunk is unfinished
@@ -237,6 +253,7 @@ private:
                         (*loop_.prepare)(index + 1);
                     } catch (...) {  // the caller runs this chunk; we leave this loop
                         orphan_[orphans_.fetch_add(1, std::memory_order_acq_rel)].store(c, std::memory_order_release);
+                        report_progress();
                         break;
                     }
                     prepared_for = loop_id_;
@@ -248,6 +265,8 @@ private:
 
     // About 20 to 60 microseconds of pause instructions, depending on the CPU.
     static constexpr int idle_spins = 1 << 11;
+    // A few microseconds.
+    static constexpr std::size_t caller_spins = 1 << 8;
 
     struct loop_callables {
         const function_ref* prepare = nullptr;
@@ -264,6 +283,7 @@ private:
     std::atomic<std::uint64_t> loops_run_{0};
     std::atomic<std::uint64_t> claims_{0};
     std::atomic<std::size_t> done_{0};
+    std::atomic<std::uint32_t> progress_{0};  // bumped by each chunk done, orphan and chore: what a waiting caller sleeps on
     std::atomic<bool> failed_{false};
     std::mutex failure_lock_;
     std::exception_ptr failure_;

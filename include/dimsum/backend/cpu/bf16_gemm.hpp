@@ -654,7 +654,11 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     }
     const std::size_t block_cols = (col_tiles + col_blocks - 1) / col_blocks * tile_cols;
     const std::size_t row_tiles = (m + tile_rows - 1) / tile_rows;
-    const std::size_t wanted_groups = (std::size_t(threads) + items * col_blocks - 1) / (items * col_blocks);
+    // Tasks a few per thread, claimed as threads come free (threads.hpp), so that a thread
+    // another program delays holds up little: four where B's pairs were packed once (more
+    // row groups cost nothing), two where each task packs its span of B.
+    const std::size_t wanted_tasks = threads == 1 ? 1 : std::size_t(threads) * (problem.packed_b && problem.packed_b->pairs ? 4 : 2);
+    const std::size_t wanted_groups = (wanted_tasks + items * col_blocks - 1) / (items * col_blocks);
     const std::size_t row_groups = std::max<std::size_t>(1, std::min(wanted_groups, row_tiles));
     const std::size_t tasks = items * col_blocks * row_groups;
     const std::size_t dp = std::max<std::size_t>(1, std::min(Kernel::kc, detail::round_up(k, bf16_blocking::depth_step)));
