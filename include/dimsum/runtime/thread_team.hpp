@@ -9,7 +9,8 @@
 // (a decoding step is dozens of small ones), so it paid that many times: beside one busy
 // process, 2 threads ran 4 to 28 times slower than 1 (issue 41). Here a member that wakes
 // late finds nothing left to claim and costs nothing; a member taken off its core in the
-// middle of a chunk costs at most that chunk.
+// middle of a chunk holds up only that chunk, and the caller waits for it asleep, leaving
+// its core free for that member to be moved to.
 //
 // One loop runs at a time: a caller that finds the team busy (another thread of the user's
 // is evaluating) runs its loop alone, as does a caller inside a loop or inside the user's own
@@ -19,10 +20,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "dimsum/runtime/member_memory.hpp"
 #include "dimsum/runtime/threads.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -62,26 +65,25 @@ public:
     }
 
     // Runs chunk(c) for every c in [0, chunks), on the caller and on up to `helpers` workers.
-    // Each member calls prepare() once before its first chunk: where a worker's prepare
-    // throws, that worker leaves the loop and its chunk is run by the caller, so a failed
-    // allocation of a helper costs speed, never a result. The caller's own prepare() runs
-    // before any chunk is handed out: if it throws, nothing has run. An exception from a chunk
-    // stops the chunks not yet started and is rethrown here once every started one has ended.
-    // Returns false, having run nothing, where the loop must run on the caller alone (the team
-    // is busy, the caller is inside a loop, or no worker could be started).
+    // Before any chunk is handed out, the caller calls prepare() as itself and as each helper
+    // (as_member, member_memory.hpp), so that every member's memory is taken: if one prepare
+    // throws, nothing has run. An exception from a chunk stops the chunks not yet started and
+    // is rethrown here once every started one has ended. Returns false, having run nothing,
+    // where the loop must run on the caller alone (the team is busy, the caller is inside a
+    // loop, or no worker could be started).
     bool run(std::size_t helpers, std::size_t chunks, function_ref prepare, function_ref chunk) {
         if (inside_parallel_loop() || chunks < 2 || helpers == 0) return false;
         std::unique_lock<std::mutex> owner(owner_, std::try_to_lock);
         if (!owner) return false;
         helpers = std::min({helpers, chunks - 1, start_workers(helpers)});
         if (helpers == 0) return false;
-        prepare(0);  // may throw: nothing is published yet
+        // may throw: nothing is published yet (no worker touches its memory between loops)
+        prepare(0);
+        for (std::size_t i = 0; i < helpers; ++i) as_member(*workers_[i].memory, [&] { prepare(i + 1); });
 
-        loop_ = {&prepare, &chunk};
-        ++loop_id_;
+        chunk_ = &chunk;
         loops_run_.fetch_add(1, std::memory_order_relaxed);
         done_.store(0, std::memory_order_relaxed);
-        orphans_.store(0, std::memory_order_relaxed);
         failed_.store(false, std::memory_order_relaxed);
         failure_ = nullptr;
         const std::size_t total = std::min(chunks, max_chunks);
@@ -91,44 +93,24 @@ public:
 
         inside_parallel_loop() = true;
         for (std::size_t c; claim(claims_, c, std::size_t(-1));) run_chunk(c);
-        // Wait for the chunks the workers claimed; run those whose worker could not prepare.
-        for (std::size_t spins = 0, taken = 0;;) {
+        // wait for the chunks the workers claimed
+        for (std::size_t spins = 0;;) {
             const std::uint32_t seen = progress_.load(std::memory_order_acquire);
             if (done_.load(std::memory_order_acquire) >= total) break;
-            if (taken < orphans_.load(std::memory_order_acquire)) {
-                std::size_t c;
-                while ((c = orphan_[taken].load(std::memory_order_acquire)) == no_chunk) spin_pause();
-                ++taken;
-                run_chunk(c);
-                continue;
-            }
             wait_for_progress(seen, spins);
         }
         inside_parallel_loop() = false;
-        for (std::size_t i = 0, n = orphans_.load(std::memory_order_relaxed); i < n; ++i) {
-            orphan_[i].store(no_chunk, std::memory_order_relaxed);
-        }
         // chunks beyond max_chunks (never in practice: split_range makes a few per thread)
         for (std::size_t c = total; c < chunks; ++c) chunk(c);
         if (failure_) std::rethrow_exception(failure_);
         return true;
     }
 
-    // Runs task() once on every worker started so far (to free what their threads keep),
-    // and returns when all have.
+    // Runs task() on the calling thread as each worker (as_member), between loops: to free
+    // what the workers keep.
     void on_each_worker(void (*task)()) {
         std::lock_guard<std::mutex> owner(owner_);
-        if (workers_.empty()) return;
-        chore_ = task;
-        chores_done_.store(0, std::memory_order_relaxed);
-        chore_id_.fetch_add(1, std::memory_order_release);
-        wake_.fetch_add(1, std::memory_order_release);
-        wake_.notify_all();
-        for (std::size_t spins = 0;;) {
-            const std::uint32_t seen = progress_.load(std::memory_order_acquire);
-            if (chores_done_.load(std::memory_order_acquire) >= workers_.size()) break;
-            wait_for_progress(seen, spins);
-        }
+        for (auto& w : workers_) as_member(*w.memory, task);
     }
 
     // How many loops the team has run (not those run alone): what the tests watch.
@@ -141,15 +123,11 @@ public:
         stop_.store(true, std::memory_order_release);
         wake_.fetch_add(1, std::memory_order_release);
         wake_.notify_all();
-        for (auto& w : workers_) w.join();
+        for (auto& w : workers_) w.thread.join();
     }
 
 private:
-    thread_team() {
-        for (auto& slot : orphan_) slot.store(no_chunk, std::memory_order_relaxed);
-    }
-
-    static constexpr std::size_t no_chunk = std::size_t(-1);
+    thread_team() = default;
 
     // The claim word: how many workers may help (12 bits), the next chunk to hand out and the
     // loop's count (24 bits each). One compare-and-swap claims a chunk and proves, by its
@@ -177,7 +155,7 @@ private:
     void run_chunk(std::size_t c) {
         if (!failed_.load(std::memory_order_relaxed)) {
             try {
-                (*loop_.chunk)(c);
+                (*chunk_)(c);
             } catch (...) {
                 record_failure();
             }
@@ -213,9 +191,10 @@ private:
         while (workers_.size() < wanted) {
             try {
                 workers_.reserve(wanted);
+                auto memory = std::make_unique<member_memory>();
+                member_memory* const own = memory.get();
                 const std::size_t index = workers_.size();
-                const std::uint64_t chores = chore_id_.load(std::memory_order_relaxed);
-                workers_.emplace_back([this, index, chores] { work(index, chores); });
+                workers_.push_back({std::move(memory), std::thread([this, index, own] { work(index, *own); })});
             } catch (...) {  // no thread or no memory for one: the loop runs with those there are
                 break;
             }
@@ -223,10 +202,10 @@ private:
         return workers_.size();
     }
 
-    void work(std::size_t index, std::uint64_t chores) {
+    void work(std::size_t index, member_memory& memory) {
         inside_parallel_loop() = true;  // a worker's loops are nested loops: they run alone
+        detail::current_member() = &memory;
         std::uint32_t seen = 0;
-        std::uint64_t prepared_for = 0;
         for (;;) {
             // Wait for a wake-up: spin for about as long as the gap between a plan's entries,
             // then sleep, so that an idle team takes no core from anyone.
@@ -241,25 +220,7 @@ private:
             }
             seen = now;
             if (stop_.load(std::memory_order_acquire)) return;
-            if (const std::uint64_t id = chore_id_.load(std::memory_order_acquire); id != chores) {
-                chores = id;
-                chore_();
-                chores_done_.fetch_add(1, std::memory_order_release);
-                report_progress();
-            }
-            for (std::size_t c; claim(claims_, c, index);) {
-                if (prepared_for != loop_id_) {  // the loop is open while our chunk is unfinished
-                    try {
-                        (*loop_.prepare)(index + 1);
-                    } catch (...) {  // the caller runs this chunk; we leave this loop
-                        orphan_[orphans_.fetch_add(1, std::memory_order_acq_rel)].store(c, std::memory_order_release);
-                        report_progress();
-                        break;
-                    }
-                    prepared_for = loop_id_;
-                }
-                run_chunk(c);
-            }
+            for (std::size_t c; claim(claims_, c, index);) run_chunk(c);
         }
     }
 
@@ -268,34 +229,27 @@ private:
     // A few microseconds.
     static constexpr std::size_t caller_spins = 1 << 8;
 
-    struct loop_callables {
-        const function_ref* prepare = nullptr;
-        const function_ref* chunk = nullptr;
+    struct worker {
+        std::unique_ptr<member_memory> memory;  // its scratch, taken by the caller (run)
+        std::thread thread;
     };
 
     std::mutex owner_;  // held by the caller lending a loop
-    std::vector<std::thread> workers_;
+    std::vector<worker> workers_;
 
-    // The loop: written by its caller before the claim word is published (release), read by a
-    // worker only after it has claimed a chunk (acquire), so never while being rewritten.
-    loop_callables loop_;
-    std::uint64_t loop_id_ = 0;
+    // The loop's body: written by its caller before the claim word is published (release),
+    // read by a worker only after it has claimed a chunk (acquire), so never while rewritten.
+    const function_ref* chunk_ = nullptr;
     std::atomic<std::uint64_t> loops_run_{0};
     std::atomic<std::uint64_t> claims_{0};
     std::atomic<std::size_t> done_{0};
-    std::atomic<std::uint32_t> progress_{0};  // bumped by each chunk done, orphan and chore: what a waiting caller sleeps on
+    std::atomic<std::uint32_t> progress_{0};  // bumped by each chunk done: what a waiting caller sleeps on
     std::atomic<bool> failed_{false};
     std::mutex failure_lock_;
     std::exception_ptr failure_;
-    // chunks whose worker could not prepare, for the caller: at most one per worker
-    std::atomic<std::size_t> orphans_{0};
-    std::atomic<std::size_t> orphan_[max_workers];
 
-    std::atomic<std::uint32_t> wake_{0};  // bumped for each loop, chore and the stop
+    std::atomic<std::uint32_t> wake_{0};  // bumped for each loop and for the stop
     std::atomic<bool> stop_{false};
-    void (*chore_)() = nullptr;
-    std::atomic<std::uint64_t> chore_id_{0};
-    std::atomic<std::size_t> chores_done_{0};
 };
 
 }  // namespace dimsum::runtime

@@ -12,6 +12,7 @@
 #include <deque>
 #include <new>
 
+#include "dimsum/runtime/member_memory.hpp"
 #include "dimsum/runtime/thread_team.hpp"
 #include "dimsum/runtime/threads.hpp"
 #include "dimsum/core/checked_math.hpp"
@@ -65,9 +66,10 @@ enum class scratch_use : std::size_t {
     count
 };
 
+// The scratch of the member of a parallel loop this thread now is (member_memory.hpp): its own,
+// outside loops.
 inline std::array<scratch_block, std::size_t(scratch_use::count)>& thread_scratch() {
-    thread_local std::array<scratch_block, std::size_t(scratch_use::count)> blocks;
-    return blocks;
+    return member_local<std::array<scratch_block, std::size_t(scratch_use::count)>>();
 }
 
 // At least `count` elements of T of this thread's scratch for `use`, 64-byte aligned.

@@ -30,6 +30,7 @@
 
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/runtime/member_memory.hpp"
 #include "dimsum/evaluation/explain.hpp"
 #include "dimsum/evaluation/fold_batch.hpp"
 #include "dimsum/evaluation/integers.hpp"
@@ -355,9 +356,8 @@ private:
         }
         return local;
     }
-    static fused_program<T>& moved_program() {
-        thread_local fused_program<T> local;
-        return local;
+    static fused_program<T>& moved_program() {  // this member's (runtime/member_memory.hpp)
+        return runtime::member_local<fused_program<T>>();
     }
     static void reserve_moved(const fused_program<T>& program) {
         moved_program().nodes.reserve(program.nodes.size());

@@ -16,6 +16,7 @@
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/runtime/member_memory.hpp"
 #include "dimsum/evaluation/layout.hpp"
 #include "dimsum/evaluation/strided.hpp"
 
@@ -70,8 +71,7 @@ struct fused_thread_memory {
 };
 template <class T>
 fused_thread_memory<T>& fused_memory() {
-    thread_local fused_thread_memory<T> memory;
-    return memory;
+    return runtime::member_local<fused_thread_memory<T>>();  // this member's (runtime/member_memory.hpp)
 }
 
 }  // namespace detail
