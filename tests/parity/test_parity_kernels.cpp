@@ -151,7 +151,7 @@ TEST_CASE("an exception in one chunk of a parallel loop reaches the caller, afte
     REQUIRE(finished.load() + 1 == started.load());  // every chunk started has ended
 }
 
-TEST_CASE("every member of a parallel loop prepares before any chunk runs; a failed prepare runs nothing") {
+TEST_CASE("every member of a parallel loop prepares before any chunk runs, and a failed prepare runs nothing") {
     std::atomic<std::size_t> covered{0};
     auto body = [&](std::size_t first, std::size_t last) { covered += last - first; };
     for (int failing = 1; failing <= 2; ++failing) {  // the caller's prepare, then a helper's
