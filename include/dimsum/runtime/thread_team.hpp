@@ -163,8 +163,11 @@ private:
                 record_failure();
             }
         }
-        // the last chunk wakes the caller, should it sleep in wait_for_chunks (a system call only then)
-        if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == total_) done_.notify_all();
+        // The last chunk wakes the caller, should it sleep in wait_for_chunks (a system call
+        // only then). total_ is read first: once the count is complete, the next loop may
+        // rewrite it.
+        const std::uint32_t total = total_;
+        if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == total) done_.notify_all();
     }
 
     void record_failure() {
