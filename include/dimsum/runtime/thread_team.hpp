@@ -71,9 +71,9 @@ public:
     // throws, nothing has run. An exception from a chunk stops the chunks not yet started and
     // is rethrown here once every started one has ended. Returns false, having run nothing,
     // where the loop must run on the caller alone (the team is busy, the caller is inside a
-    // loop, or no worker could be started).
+    // loop, no worker could be started, or the chunks are more than the claim word counts).
     bool run(std::size_t helpers, std::size_t chunks, function_ref prepare, function_ref chunk) {
-        if (inside_parallel_loop() || chunks < 2 || helpers == 0) return false;
+        if (inside_parallel_loop() || chunks < 2 || chunks > max_chunks || helpers == 0) return false;
         std::unique_lock<std::mutex> owner(owner_, std::try_to_lock);
         if (!owner) return false;
         helpers = std::min({helpers, chunks - 1, start_workers(helpers)});
@@ -87,9 +87,8 @@ public:
         done_.store(0, std::memory_order_relaxed);
         failed_.store(false, std::memory_order_relaxed);
         failure_ = nullptr;
-        const std::size_t total = std::min(chunks, max_chunks);
-        total_ = std::uint32_t(total);
-        claims_.store(claim_word(helpers, 0, total), std::memory_order_release);
+        total_ = std::uint32_t(chunks);
+        claims_.store(claim_word(helpers, 0, chunks), std::memory_order_release);
         wake_.fetch_add(1, std::memory_order_release);
         wake_.notify_all();
 
@@ -99,12 +98,10 @@ public:
         const auto waiting_since = clock::now();
         for (std::size_t spins = 0;;) {
             const std::uint32_t done = done_.load(std::memory_order_acquire);
-            if (done >= total) break;
+            if (done >= chunks) break;
             wait_for_chunks(done, spins, waiting_since);
         }
         inside_parallel_loop() = false;
-        // chunks beyond max_chunks (never in practice: split_range makes a few per thread)
-        for (std::size_t c = total; c < chunks; ++c) chunk(c);
         if (failure_) std::rethrow_exception(failure_);
         return true;
     }
