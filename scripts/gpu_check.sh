@@ -4,16 +4,17 @@
 # there.
 #
 #   here:            ./scripts/gpu_check.sh --prepare    # builds the GPU tests into build-gpu/
-#   on the GPU:      ./scripts/gpu_check.sh              # (carry build-gpu/), at most 7 minutes
+#   on the GPU:      ./scripts/gpu_check.sh              # (carry build-gpu/), about 7 minutes
 #
 # In order, so that a run cut short still says the most important things: the machine (kernel,
 # GPU, driver, the binaries' libraries, NVIDIA_TF32_OVERRIDE, which changes cuBLAS's choice
 # behind a program's back), then the CUDA backend's parity tests against the reference backend
 # with DIMSUM_REQUIRE_GPU=1, so that a machine without a usable GPU fails instead of skipping,
-# and examples/gpu_attention, then bf16 on the machine's own processor where it has AMX (see
-# below), then large cases against PyTorch in float64 on the device, then dimsum_gpu_bench
-# (src/gpu_bench.cpp) and PyTorch on the same cases (gpu_torch.py), with the side-by-side
-# table printed last.
+# and examples/gpu_attention, then large cases against PyTorch in float64 on the device, then
+# dimsum_gpu_bench (src/gpu_bench.cpp) and PyTorch on the same cases (gpu_torch.py) with the
+# side-by-side table, then compute-sanitizer's memcheck on the attention tests, then bf16 on
+# the machine's own processor where it has AMX (see below). On 2026-12-04 the whole took
+# about 7 minutes on an H200 machine whose Xeon has AMX (the AMX part about 3 of them).
 #
 # AMX: no machine of this project has exposed Intel's tile unit (docs/performance.md, "where
 # the targets stand"), while a GPU machine's host is often a Xeon that has it. So the binaries
@@ -79,36 +80,14 @@ if ldd "$bin/test_cuda_gpu" | grep -q 'not found'; then
     exit 1
 fi
 
-out=${OUT:-/tmp/gpu_check}
-mkdir -p "$out"
+# the results folder; with $OUT set (the device tool's folder, which brings back at most 8
+# files), packed into $OUT/gpu_check.tar.gz at the end
+out=/tmp/gpu_check
+rm -rf "$out" && mkdir -p "$out"
 echo "== the CUDA backend against the reference backend"
 DIMSUM_REQUIRE_GPU=1 DIMSUM_CUDA_SYNC=1 timeout 90 "$bin/test_cuda_gpu" 2>&1 | tee "$out/tests.txt" | tail -n 40 || status=1
 echo "== examples/gpu_attention: the README's attention on device tensors, against the CPU backend"
 timeout 30 "$bin/gpu_attention" 2>&1 | tee "$out/gpu_attention.txt" | tail -n 3 || status=1  # 77: no device
-
-echo "== bf16 on this machine's processor: AMX where it has it"
-grep -m 1 'model name' /proc/cpuinfo
-flags=$(grep -m 1 '^flags' /proc/cpuinfo)
-for flag in avx512bw avx512_bf16 amx_tile amx_bf16; do
-    printf '%s: %s\n' "$flag" "$(grep -q -w "$flag" <<<"$flags" && echo yes || echo no)"
-done
-if grep -q -w avx512bw <<<"$flags" && grep -q -w amx_tile <<<"$flags"; then
-    # the kernels on their instructions against the reference backend; it names the paths it ran
-    # (77: no path could run, e.g. Linux refused the tiles: a skip, with its reasons)
-    timeout 90 "$bin/bf16_instructions_on_this_cpu" >"$out/bf16_instructions.txt" 2>&1
-    tests_status=$?
-    head -n 2 "$out/bf16_instructions.txt"  # which paths ran
-    tail -n 8 "$out/bf16_instructions.txt"
-    [ $tests_status = 0 ] || [ $tests_status = 77 ] || status=1
-    # the AMX peak (a tile loop), the products on each path, BERT's attention layer on the best;
-    # the yardsticks of this machine (OpenBLAS, oneDNN, PyTorch) are skipped where absent
-    timeout 75 "$bin/dimsum_bench" --filter=bf16_gemm_1024 --threads=1,2 --csv="$out/bf16_gemm.csv" 2>&1 |
-        tee "$out/bf16_gemm.txt" | grep -E 'peak|amx|skipped' || echo "(the bf16 products' run failed or was cut)"
-    timeout 60 "$bin/dimsum_bench" --filter=bf16_attention_8x128 --threads=1,2 --csv="$out/bf16_attention.csv" 2>&1 |
-        tee "$out/bf16_attention.txt" | grep -E 'peak|bf16_attention|skipped' || echo "(the bf16 attention's run failed or was cut)"
-else
-    echo "no AVX-512 with AMX here: the bf16 checks are skipped"
-fi
 
 echo "== against PyTorch in float64 on the device, at sizes too large for the reference backend"
 rm -rf "$out/parity" && mkdir -p "$out/parity"
@@ -122,5 +101,44 @@ echo "== PyTorch on the same cases, then the two side by side (also $out/gpu_ben
 timeout 90 python3 scripts/gpu_torch.py --dimsum "$out/dimsum_gpu_bench.txt" --csv "$out/gpu_bench.csv" 2>&1 |
     tee "$out/gpu_torch.txt" || echo "(PyTorch's run failed or was cut)"
 
+# compute-sanitizer's memcheck on the smallest kernels' tests, where it can reach the device:
+# on Firecracker (kernel "...-fc-..."), not on gVisor, where it refuses the device
+if [[ "$(uname -r)" == *-fc-* ]] && command -v compute-sanitizer >/dev/null; then
+    echo "== compute-sanitizer memcheck: attention (tiled, row, split) and decoding"
+    # one test spec, its patterns separated by commas (Catch2 v2); -w NoTests: none matched fails
+    DIMSUM_REQUIRE_GPU=1 timeout 120 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/test_cuda_gpu" -w NoTests \
+        "cuda: attention as the paper*,cuda: decoding*" 2>&1 | tee "$out/memcheck.txt" | tail -n 6 || status=1
+else
+    echo "== compute-sanitizer: not run (gVisor, or not installed)"
+fi
+
+echo "== bf16 on this machine's processor: AMX where it has it"
+grep -m 1 'model name' /proc/cpuinfo
+flags=$(grep -m 1 '^flags' /proc/cpuinfo)
+for flag in avx512bw avx512_bf16 amx_tile amx_bf16; do
+    printf '%s: %s\n' "$flag" "$(grep -q -w "$flag" <<<"$flags" && echo yes || echo no)"
+done
+if grep -q -w avx512bw <<<"$flags" && grep -q -w amx_tile <<<"$flags"; then
+    # the bench's PyTorch yardsticks with the machine's own python3 (not Debian's /usr/bin/python3)
+    DIMSUM_PYTHON=$(command -v python3 || true)
+    export DIMSUM_PYTHON
+    # the kernels on their instructions against the reference backend; it names the paths it ran
+    # (77: no path could run, e.g. Linux refused the tiles: a skip, with its reasons)
+    timeout 90 "$bin/bf16_instructions_on_this_cpu" >"$out/bf16_instructions.txt" 2>&1
+    tests_status=$?
+    head -n 2 "$out/bf16_instructions.txt"  # which paths ran
+    tail -n 8 "$out/bf16_instructions.txt"
+    [ $tests_status = 0 ] || [ $tests_status = 77 ] || status=1
+    # the AMX peak (a tile loop), the products on each path, BERT's attention layer on the best;
+    # the yardsticks of this machine (OpenBLAS, oneDNN, PyTorch) are skipped where absent
+    timeout 75 "$bin/dimsum_bench" --filter=bf16_gemm_1024 --threads=1 --csv="$out/bf16_gemm.csv" 2>&1 |
+        tee "$out/bf16_gemm.txt" | grep -E 'peak|amx|skipped' || echo "(the bf16 products' run failed or was cut)"
+    timeout 75 "$bin/dimsum_bench" --filter=bf16_attention_8x128 --threads=1 --csv="$out/bf16_attention.csv" 2>&1 |
+        tee "$out/bf16_attention.txt" | grep -E 'peak|bf16_attention|skipped' || echo "(the bf16 attention's run failed or was cut)"
+else
+    echo "no AVX-512 with AMX here: the bf16 checks are skipped"
+fi
+
 echo "== gpu_check: $([ $status = 0 ] && echo passed || echo FAILED)"
+[ -n "${OUT:-}" ] && tar czf "$OUT/gpu_check.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
 exit $status

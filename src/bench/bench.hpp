@@ -163,7 +163,7 @@ std::string thread_list(const options& opt);
 // The row of a bf16 case on one bf16 path: BASE on the widen path, BASE_PATH on the others.
 std::string bf16_path_row(const std::string& base, dimsum::backend::cpu::bf16_path path);
 
-// Runs a PyTorch baseline, `/usr/bin/python3 SCRIPT_AND_ARGUMENTS`, and hands `each` every
+// Runs a PyTorch baseline, `/usr/bin/python3 SCRIPT_AND_ARGUMENTS` (or $DIMSUM_PYTHON), and hands `each` every
 // line it prints. Sets `why` where it gives no figures: python3 missing, the script not
 // started, a line `TAG_unavailable,REASON` (torch missing), or the script failing.
 void read_torch_script(const std::string& script_and_arguments, const std::string& tag, std::string& why,

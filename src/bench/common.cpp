@@ -153,11 +153,15 @@ std::string bf16_path_row(const std::string& base, dimsum::backend::cpu::bf16_pa
 
 void read_torch_script(const std::string& script_and_arguments, const std::string& tag, std::string& why,
                        const std::function<void(const char* line)>& each) {
-    if (access("/usr/bin/python3", X_OK) != 0) {
-        why = "/usr/bin/python3 is missing";
+    // DIMSUM_PYTHON: another interpreter, e.g. one whose PyTorch is not Debian's (the GPU
+    // machine's, which scripts/gpu_check.sh names)
+    const char* chosen = std::getenv("DIMSUM_PYTHON");
+    const std::string python = chosen && *chosen ? chosen : "/usr/bin/python3";
+    if (access(python.c_str(), X_OK) != 0) {
+        why = python + " is missing";
         return;
     }
-    const std::string command = "/usr/bin/python3 " + script_and_arguments;
+    const std::string command = python + " " + script_and_arguments;
     std::FILE* child = popen(command.c_str(), "r");
     if (!child) {
         why = "cannot run " + command;
