@@ -152,6 +152,7 @@ def main():
         y = torch.empty_like(x)
         t = seconds_per_call(lambda: y.copy_(x), dev, smoke)
         row(f"copy_{count}", 2 * count * 4 / t / 1e9, "GB/s")
+        row(f"copy_pass_{count}", 2 * count * 4 / t / 1e9, "GB/s")  # the yardstick of dimsum's copy as a formula
 
         cols = 64 if smoke else 4096
         rows = count // cols

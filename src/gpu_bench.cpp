@@ -1,7 +1,7 @@
 // dimsum_gpu_bench: the CUDA backend on device tensors (no staging), each case against the
 // ceiling that bounds it, measured in the same run: the copy bandwidth for memory-bound
-// cases (a device-to-device copy through dimsum's fused pass, counting bytes read and
-// written), cuBLAS through dimsum for products. Each evaluation waits for the device, so a
+// cases (cudaMemcpy from device to device, counting bytes read and written), cuBLAS through
+// dimsum for products. Each evaluation waits for the device, so a
 // case's time is wall time per evaluation: the median of 5 batches, each repeated until it
 // lasts 50 ms, after 3 warm-up evaluations (fewer for calls slower than 0.2 s).
 // scripts/gpu_check.sh runs it, and scripts/gpu_torch.py runs PyTorch on the same cases.
@@ -219,14 +219,21 @@ int main(int argc, char** argv) {
     }
     cuda::evaluator exact, tf32{.precision = cuda::gemm_precision::tf32};
 
-    // ceilings: a copy of 512 MiB, read and written
+    // the ceiling of memory-bound passes: cudaMemcpy of 512 MiB, counting bytes read and written;
+    // then the same copy as a formula (dimsum's fused pass)
     const std::size_t count = smoke ? 4096 : std::size_t(1) << 27;
     auto x = random_on_device<float>(1, Elements{count});
     auto r = random_on_device<float>(2, Elements{count});
     cuda::tensor<float, Elements> y(Elements{count});
     const double bytes = 2.0 * static_cast<double>(count) * sizeof(float);
-    const double copy = bytes / seconds_per_call([&] { cuda::assign(y, x, exact); }) / 1e9;
+    cuda::context& device = cuda::this_thread_context();
+    const double copy = bytes / seconds_per_call([&] {
+        cuda::copy_on_device(device, y.data(), x.data(), count * sizeof(float));
+        cuda::finish(device);
+    }) / 1e9;
     row("copy_" + std::to_string(count), copy, "GB/s", copy, "copy");
+    const double copy_pass = bytes / seconds_per_call([&] { cuda::assign(y, x, exact); }) / 1e9;
+    row("copy_pass_" + std::to_string(count), copy_pass, "GB/s", copy, "copy");
 
     // elementwise: max(x * 0.5 + bias, 0) + r over rows of 4096
     {

@@ -1,7 +1,8 @@
 // dimsum::cuda: the passes of backend/cuda/kernels.hpp. Each kernel is a grid-stride loop over
 // the body it shares with the host stand-in of the tests (backend/cuda/device_functions.hpp);
 // products go to cuBLAS. First versions, chosen for being plainly right: one thread per
-// element (fused, indices, gather), per line (rowwise) or per query (attention), no shared
+// element (indices, gather), per 4 elements (fused), per line (rowwise) or per query
+// (attention; attention.cu has the tiled kernel that most attention takes), no shared
 // memory, no vector loads, no tensor cores.
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "dimsum/backend/cuda/attention_tiles.hpp"
 #include "dimsum/backend/cuda/device_functions.hpp"
 #include "runtime.cuh"
 
@@ -78,8 +80,8 @@ int as_int(long long value, const char* what) {
 }  // namespace
 
 void run_fused(context& c, const fused_pass& pass) {
-    launch(c, each_item<fused_pass, device::fused_element<float>>, each_item<fused_pass, device::fused_element<double>>,
-           pass, "fused kernel launch");
+    launch(c, each_item<fused_pass, device::fused_lane<float>>, each_item<fused_pass, device::fused_lane<double>>, pass,
+           "fused kernel launch", device::lane_count(pass));
 }
 
 void run_rowwise(context& c, const rowwise_pass& pass) {
@@ -98,6 +100,13 @@ void run_gather(context& c, const gather_pass& pass) {
 }
 
 void run_attention(context& c, const attention_pass& pass) {
+    if (tiles::accepts(pass)) {
+        if (device::attention_rows(pass) == 0) return;
+        run_attention_in_tiles(c, pass);
+        check(cudaGetLastError(), "attention tiles kernel launch");
+        if (wait_after_each_pass()) check(cudaStreamSynchronize(c.stream), "attention tiles kernel launch");
+        return;
+    }
     launch(c, each_item<attention_pass, device::attention_row<float>>, each_item<attention_pass, device::attention_row<double>>,
            pass, "attention kernel launch");
     if (pass.key_splits > 1) {  // the key ranges' partials, combined: one thread per output element

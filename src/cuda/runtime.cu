@@ -100,6 +100,11 @@ void upload(context& c, void* device, const void* host, std::size_t bytes) {
 
 void finish(context& c) { check(cudaStreamSynchronize(c.stream), "cudaStreamSynchronize"); }
 
+void copy_on_device(context& c, void* to, const void* from, std::size_t bytes) {
+    if (bytes == 0) return;
+    check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, c.stream), "cudaMemcpyAsync (on the device)");
+}
+
 void download(context& c, void* host, const void* device, std::size_t bytes) {
     finish(c);  // every error of the evaluation first, before the host memory is touched
     if (bytes == 0) return;

@@ -16,6 +16,9 @@ namespace dimsum::backend::cuda {
 void check(cudaError_t status, const char* call);
 void check(cublasStatus_t status, const char* call);
 
+// The fused attention in tiles (attention.cu), for the passes tiles::accepts.
+void run_attention_in_tiles(context& c, const attention_pass& pass);
+
 class context {
 public:
     context();

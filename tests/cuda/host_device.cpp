@@ -4,16 +4,24 @@
 // its definition, refusing the arguments cuBLAS refuses. Linked into tests/cuda/'s host
 // tests in place of dimsum::cuda, it checks everything of the CUDA backend but the kernels'
 // launches, CUDA's own calls and cuBLAS itself: those only a GPU checks (the same tests
-// linked with dimsum::cuda, run by scripts/gpu_check.sh).
+// linked with dimsum::cuda, run by scripts/gpu_check.sh). The tiled attention runs as its
+// kernel does, a block's threads as threads meeting at barriers (below).
 
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dimsum/backend/cuda/arena.hpp"
+#include "dimsum/backend/cuda/attention_tiles.hpp"
 #include "dimsum/backend/cuda/device_functions.hpp"
 #include "dimsum/backend/cuda/kernels.hpp"
 
@@ -55,6 +63,9 @@ void download(context&, void* host, const void* device, std::size_t bytes) {
     if (bytes != 0) std::memcpy(host, device, bytes);
 }
 void finish(context&) {}
+void copy_on_device(context&, void* to, const void* from, std::size_t bytes) {
+    if (bytes != 0) std::memcpy(to, from, bytes);
+}
 
 // body(pass, i) for every item of the pass (or the first n), in order: what a kernel does in
 // parallel.
@@ -68,11 +79,101 @@ void each_item(const Pass& pass, void (*as_float)(const Pass&, std::size_t), voi
     each_item(pass, as_float, as_double, device::item_count(pass));
 }
 
-void run_fused(context&, const fused_pass& p) { each_item(p, device::fused_element<float>, device::fused_element<double>); }
+void run_fused(context&, const fused_pass& p) {
+    each_item(p, device::fused_lane<float>, device::fused_lane<double>, device::lane_count(p));
+}
 void run_rowwise(context&, const rowwise_pass& p) { each_item(p, device::rowwise_line<float>, device::rowwise_line<double>); }
 void run_indices(context&, const indices_pass& p) { each_item(p, device::indices_element<float>, device::indices_element<double>); }
 void run_gather(context&, const gather_pass& p) { each_item(p, device::gather_element<float>, device::gather_element<double>); }
+// The tiled attention's body (attention_tiles.hpp) run as its kernel runs it: a block's 256
+// threads as threads of their own, meeting at a barrier for each sync() of the block and twice
+// for each shuffle step (write, meet, read, meet), so that a barrier or a shuffle that some
+// threads of the block never reach hangs here as it hangs on the GPU. Blocks run one after
+// the other; the shared memory starts as NaN in every block, as memory no one wrote.
+namespace {
+// A barrier of a block's threads that, unlike the GPU's, says so when some thread never comes:
+// a watchdog aborts with a message if no barrier phase completes for 20 seconds.
+class block_barrier {
+public:
+    explicit block_barrier(int threads) : meet_(threads, completion{&phases_}), watchdog_([this] { watch(); }) {}
+    ~block_barrier() {
+        done_ = true;
+        watchdog_.join();
+    }
+    void arrive_and_wait() { meet_.arrive_and_wait(); }
+
+private:
+    struct completion {
+        std::atomic<unsigned long long>* phases;
+        void operator()() noexcept { phases->fetch_add(1, std::memory_order_relaxed); }
+    };
+    void watch() {
+        unsigned long long seen = phases_.load();
+        auto since = std::chrono::steady_clock::now();
+        while (!done_) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            const unsigned long long now = phases_.load();
+            if (now != seen) {
+                seen = now;
+                since = std::chrono::steady_clock::now();
+            } else if (std::chrono::steady_clock::now() - since > std::chrono::seconds(20)) {
+                std::fputs("host stand-in: some threads of a block reached a barrier or shuffle of attention_tile and the "
+                           "others never did (on a GPU: a hang)\n", stderr);
+                std::abort();
+            }
+        }
+    }
+    std::atomic<unsigned long long> phases_{0};
+    std::atomic<bool> done_{false};
+    std::barrier<completion> meet_;
+    std::thread watchdog_;
+};
+
+struct host_block {
+    int thread;
+    unsigned char* shared;
+    block_barrier* meet;
+    float* slots;  // one per thread: what a shuffle exchanges
+    void sync() { meet->arrive_and_wait(); }
+    float shuffle_xor(float value, int lanes) {
+        slots[thread] = value;
+        sync();
+        const float other = slots[thread ^ lanes];
+        sync();
+        return other;
+    }
+};
+
+template <int columns>
+void attention_in_tiles(const attention_pass& p) {
+    const tiles::layout shape(p);
+    const std::size_t blocks = tiles::blocks(p), bytes = shape.bytes();
+    std::unique_ptr<unsigned char[]> shared(new unsigned char[bytes + 16]);
+    unsigned char* aligned = shared.get() + (16 - reinterpret_cast<std::uintptr_t>(shared.get()) % 16) % 16;
+    block_barrier meet(tiles::block_threads);
+    std::vector<float> slots(tiles::block_threads);
+    const auto thread = [&](int t) {
+        host_block block{t, aligned, &meet, slots.data()};
+        for (std::size_t b = 0; b < blocks; ++b) {
+            if (t == 0) std::memset(aligned, 0xff, bytes);  // NaN
+            block.sync();
+            tiles::attention_tile<columns>(p, shape, b, block);
+            block.sync();
+        }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 1; t < tiles::block_threads; ++t) threads.emplace_back(thread, t);
+    thread(0);
+    for (std::thread& t : threads) t.join();
+}
+}  // namespace
+
 void run_attention(context&, const attention_pass& p) {
+    if (tiles::accepts(p)) {
+        if (p.dv <= 64) attention_in_tiles<4>(p);
+        else attention_in_tiles<8>(p);
+        return;
+    }
     each_item(p, device::attention_row<float>, device::attention_row<double>);
     if (p.key_splits > 1) each_item(p, device::attention_combine<float>, device::attention_combine<double>, device::combine_count(p));
 }

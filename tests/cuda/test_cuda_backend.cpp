@@ -203,8 +203,9 @@ TEMPLATE_TEST_CASE("cuda: softmax, layer_norm and reductions along any axis", ""
 constexpr std::size_t key_split_choices[] = {1, 3, 0};
 
 TEST_CASE("cuda: attention as the paper writes it, causal and padded, strided operands") {
-    for (std::size_t queries : {1, 7, 65}) {
-        for (std::size_t keys : {1, 17, 65}) {
+    // on the GPU, more than one tile of 64 queries and 64 keys (src/cuda/attention.cu) each way
+    for (std::size_t queries : {1, 7, 65, 130}) {
+        for (std::size_t keys : {1, 17, 65, 200}) {
             ds::tensor<float, Batch, Heads, Query, D> q(Batch{2}, Heads{3}, Query{queries}, D{16});
             ds::tensor<float, Batch, Heads, Key, D> k(Batch{2}, Heads{3}, Key{keys}, D{16});
             ds::tensor<float, Batch, Heads, Key, D> v(Batch{2}, Heads{3}, Key{keys}, D{16});
@@ -286,10 +287,11 @@ TEST_CASE("cuda: fused attention: scales, score functions, broadcast heads, wide
 
 TEST_CASE("cuda: decoding: one or two queries against many keys, the keys split") {
     // the rule: as many ranges as give the device its threads, each of two key blocks or more
-    STATIC_REQUIRE(cuda::attention_key_splits(8, 700) == 21);
-    STATIC_REQUIRE(cuda::attention_key_splits(8, 40) == 1);
-    STATIC_REQUIRE(cuda::attention_key_splits(std::size_t(1) << 15, 1 << 20) == 1);
-    STATIC_REQUIRE(cuda::attention_key_splits(std::size_t(1) << 14, 1 << 20) == 2);
+    STATIC_REQUIRE(cuda::attention_key_splits(8, 1, 700) == 21);
+    STATIC_REQUIRE(cuda::attention_key_splits(8, 1, 40) == 1);
+    STATIC_REQUIRE(cuda::attention_key_splits(std::size_t(1) << 15, 1, 1 << 20) == 1);
+    STATIC_REQUIRE(cuda::attention_key_splits(std::size_t(1) << 14, 2, 1 << 20) == 2);
+    STATIC_REQUIRE(cuda::attention_key_splits(8 * 16, 16, 1 << 20) == 1);  // 16 queries: the tiles
     for (std::size_t queries : {1, 2}) {
         for (std::size_t keys : {33, 700, 1031}) {
             ds::tensor<float, Batch, Heads, Query, D> q(Batch{2}, Heads{4}, Query{queries}, D{24});
@@ -397,7 +399,7 @@ TEST_CASE("cuda: a formula evaluated in a loop allocates no device memory after 
     ds::tensor<float, Batch, Heads, Key, D> k(Batch{2}, Heads{3}, Key{500}, D{8});
     ds::fill_uniform(q, 4);
     ds::fill_uniform(k, 5);
-    REQUIRE(cuda::attention_key_splits(6, 500) > 1);
+    REQUIRE(cuda::attention_key_splits(6, 1, 500) > 1);
     ds::tensor<float, Batch, Heads, Query, D> o(Batch{2}, Heads{3}, Query{1}, D{8});
     auto decode = [&] { ds::evaluation::assign_with(gpu, o.view(), ds::matmul(ds::softmax<Key>(ds::matmul(q, ds::transpose<Key, D>(k))), k)); };
     decode();

@@ -108,6 +108,16 @@ DIMSUM_HD inline T apply(op_code op, const T* a) {
 DIMSUM_HD inline void offsets_of(std::size_t linear, std::size_t rank, const extents_t& extents, std::size_t count,
                                  const strides_t* const* strides, std::ptrdiff_t* offsets) {
     for (std::size_t a = 0; a < count; ++a) offsets[a] = 0;
+    if (linear < 0xffffffffu) {  // 32-bit division, several times cheaper on a GPU than 64-bit
+        auto rest = static_cast<std::uint32_t>(linear);
+        for (std::size_t i = rank; i-- > 0;) {
+            const auto extent = static_cast<std::uint32_t>(extents[i] < 0xffffffffu ? extents[i] : 0xffffffffu);
+            const std::uint32_t index = rest % extent;
+            rest /= extent;
+            for (std::size_t a = 0; a < count; ++a) offsets[a] += static_cast<std::ptrdiff_t>(index) * (*strides[a])[i];
+        }
+        return;
+    }
     for (std::size_t i = rank; i-- > 0;) {
         const std::size_t index = linear % extents[i];
         linear /= extents[i];
@@ -141,17 +151,33 @@ DIMSUM_HD inline T evaluate_nodes(const fused_pass& p, const std::ptrdiff_t* off
     return values[p.node_count - 1];
 }
 
-// One element of a fused pass: element number `linear` (row-major) of the result.
+// `count` elements of a fused pass: element numbers first, first + step, ... (row-major) of the
+// result. The offsets are found once and then moved along the last axis, found again only
+// where a step leaves the row (a kernel's lanes take every 32nd element, so that a warp reads
+// and writes whole lines).
 template <class T>
-DIMSUM_HD inline void fused_element(const fused_pass& p, std::size_t linear) {
+DIMSUM_HD inline void fused_elements(const fused_pass& p, std::size_t first, std::size_t count, std::size_t step) {
     const strides_t* strides[max_fused_inputs + 1];
     std::ptrdiff_t offsets[max_fused_inputs + 1];
     strides[0] = &p.out_strides;
     for (std::size_t i = 0; i < p.input_count; ++i) strides[i + 1] = &p.inputs[i].strides;
-    offsets_of(linear, p.rank, p.extents, p.input_count + 1, strides, offsets);
-    const T value = evaluate_nodes<T>(p, offsets + 1);
-    if (p.out_type == element_type::bf16) static_cast<std::uint16_t*>(p.out)[offsets[0]] = dimsum::detail::bf16_bits_of(value);
-    else static_cast<T*>(p.out)[offsets[0]] = value;
+    const std::size_t arrays = p.input_count + 1, last = p.rank == 0 ? 1 : p.extents[p.rank - 1];
+    std::size_t column = first % last;
+    offsets_of(first, p.rank, p.extents, arrays, strides, offsets);
+    for (std::size_t e = 0; e < count; ++e) {
+        if (e > 0) {
+            column += step;
+            if (column < last) {
+                for (std::size_t a = 0; a < arrays; ++a) offsets[a] += static_cast<std::ptrdiff_t>(step) * (*strides[a])[p.rank - 1];
+            } else {
+                column = (first + e * step) % last;
+                offsets_of(first + e * step, p.rank, p.extents, arrays, strides, offsets);
+            }
+        }
+        const T value = evaluate_nodes<T>(p, offsets + 1);
+        if (p.out_type == element_type::bf16) static_cast<std::uint16_t*>(p.out)[offsets[0]] = dimsum::detail::bf16_bits_of(value);
+        else static_cast<T*>(p.out)[offsets[0]] = value;
+    }
 }
 
 // How many items each pass has, one body call each: elements, lines or queries.
@@ -161,6 +187,22 @@ DIMSUM_HD inline std::size_t elements_of(std::size_t rank, const extents_t& exte
     return n;
 }
 DIMSUM_HD inline std::size_t item_count(const fused_pass& p) { return elements_of(p.rank, p.extents); }
+
+// A fused pass by lanes of warps: warp w's 32 lanes take its span of 128 elements, lane i
+// elements i, i + 32, i + 64, i + 96 of it, so that every read and write of the warp is of 32
+// neighbours, and the offsets are found once per lane rather than per element.
+inline constexpr std::size_t fused_lanes = 32, fused_per_lane = 4;
+DIMSUM_HD inline std::size_t lane_count(const fused_pass& p) {
+    const std::size_t span = fused_lanes * fused_per_lane;
+    return (item_count(p) + span - 1) / span * fused_lanes;
+}
+template <class T>
+DIMSUM_HD inline void fused_lane(const fused_pass& p, std::size_t lane) {
+    const std::size_t n = item_count(p), first = lane / fused_lanes * fused_lanes * fused_per_lane + lane % fused_lanes;
+    if (first >= n) return;
+    const std::size_t left = (n - first + fused_lanes - 1) / fused_lanes;
+    fused_elements<T>(p, first, left < fused_per_lane ? left : fused_per_lane, fused_lanes);
+}
 DIMSUM_HD inline std::size_t item_count(const indices_pass& p) { return elements_of(p.rank, p.extents); }
 DIMSUM_HD inline std::size_t item_count(const gather_pass& p) { return elements_of(p.out_rank, p.out_extents); }
 DIMSUM_HD inline std::size_t item_count(const rowwise_pass& p) {  // every extent but the line's own

@@ -364,7 +364,7 @@ private:
         const std::size_t rows = pass.dv == 0 ? 0 : dst.where.size() / pass.dv;  // (batch..., queries)
         const std::size_t key_blocks = (pass.keys + attention_pass::key_block - 1) / attention_pass::key_block;
         pass.key_splits = pass.dv == 0 ? 1
-                          : key_splits_ == 0 ? attention_key_splits(rows, pass.keys)
+                          : key_splits_ == 0 ? attention_key_splits(rows, pass.queries, pass.keys)
                                              : std::clamp<std::size_t>(key_splits_, 1, std::max<std::size_t>(key_blocks, 1));
         pass.partials = pass.key_splits > 1 ? allocate(c_, rows * pass.key_splits * (2 + pass.dv) * sizeof(T)) : nullptr;
         run_attention(c_, pass);

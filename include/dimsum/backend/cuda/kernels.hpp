@@ -70,6 +70,9 @@ void upload(context& c, void* device, const void* host, std::size_t bytes);
 void download(context& c, void* host, const void* device, std::size_t bytes);
 // Waits for the stream; throws the first error of the evaluation.
 void finish(context& c);
+// A copy between two places of device memory, in stream order (cudaMemcpyAsync): the copy
+// bandwidth that dimsum_gpu_bench measures its memory-bound passes against.
+void copy_on_device(context& c, void* to, const void* from, std::size_t bytes);
 
 // ---------------------------------------------------------------------------------------------
 // The passes. Each computes in `type`, float32 or float64, and writes that type (a fused pass
@@ -155,8 +158,9 @@ struct gather_pass {
 void run_gather(context& c, const gather_pass& pass);
 
 // The fused attention o = softmax(f(scale q K^T)) V along the keys, without the queries x keys
-// matrix (evaluation/attention_pattern.hpp): one thread per query, the online softmax over
-// blocks of keys (device_functions.hpp: attention_row). The batch axes are the leading ones
+// matrix (evaluation/attention_pattern.hpp), with the online softmax: in float, with heads of at
+// most 128 and the keys not split, in tiles of 64 queries x 64 keys (src/cuda/attention.cu);
+// else one thread per query over blocks of keys (device_functions.hpp: attention_row). The batch axes are the leading ones
 // of o, each operand with its own strides along them (0 where it is broadcast). f, the rest of
 // the score function, is a fused pass over the scores' axes (batch..., queries, keys) whose
 // input `score_input` is the score itself; a causal mask skips the keys in each query's future.
@@ -187,13 +191,16 @@ struct attention_pass {
 };
 void run_attention(context& c, const attention_pass& pass);
 
-// How many ranges of keys each query's attention is split into: enough threads for the device
-// (a first guess, not yet tuned on a GPU: 2^15 threads of one (query, key range) each), each
-// range at least two key blocks; 1 where the queries alone give that many threads.
+// How many ranges of keys each query's attention is split into. Only for few queries per batch
+// item (decoding: fewer than attention_split_below_queries); more queries go to the tiled
+// kernel (src/cuda/attention.cu), whose blocks of queries fill the device without splitting.
+// Then enough threads for the device (2^15 threads of one (query, key range) each; a first
+// guess, not tuned), each range at least two key blocks; 1 where the rows alone give that many.
+constexpr std::size_t attention_split_below_queries = 16;
 constexpr std::size_t attention_threads_wanted = std::size_t(1) << 15;
 constexpr std::size_t attention_min_keys_per_split = 2 * attention_pass::key_block;
-constexpr std::size_t attention_key_splits(std::size_t rows, std::size_t keys) {
-    if (rows == 0 || rows >= attention_threads_wanted) return 1;
+constexpr std::size_t attention_key_splits(std::size_t rows, std::size_t queries, std::size_t keys) {
+    if (rows == 0 || rows >= attention_threads_wanted || queries >= attention_split_below_queries) return 1;
     const std::size_t by_threads = attention_threads_wanted / rows, by_keys = keys / attention_min_keys_per_split;
     const std::size_t splits = by_threads < by_keys ? by_threads : by_keys;
     return splits > 1 ? splits : 1;
