@@ -101,6 +101,24 @@ TEST_CASE("rms_norm and swiglu against loops in double") {
     test::require_close(ds::eval(ds::nn::swiglu(x, w_1, w_3, w_2), ds::backend::reference::evaluator{}), want, 1e-12, 1e-13);
 }
 
+TEST_CASE("rms_norm in a bf16 formula adds its epsilon in float, not rounded to bf16") {
+    // mean(x^2) = 2^-22, exact in bf16, beside epsilon 1e-5 (1.00136e-5 once rounded to bf16,
+    // which would move the result by 6.6e-4)
+    ds::tensor<ds::bf16, Seq, Model> x(Seq{1}, Model{4});
+    ds::tensor<ds::bf16, Model> g(Model{4});
+    x(0, 0) = ds::bf16(std::ldexp(1.0f, -10));
+    for (std::size_t m = 0; m < 4; ++m) g(m) = ds::bf16(1.0f);
+    const double want = std::ldexp(1.0, -10) / std::sqrt(std::ldexp(1.0, -22) + 1e-5);
+    for (int backend = 0; backend < 2; ++backend) {
+        INFO((backend == 0 ? "cpu" : "reference"));
+        const auto formula = ds::cast<float>(ds::nn::rms_norm(x, g, 1e-5));
+        const ds::tensor<float, Seq, Model> y =
+            backend == 0 ? ds::eval(formula) : ds::eval(formula, ds::backend::reference::evaluator{});
+        REQUIRE(std::abs(double(y(0, 0)) - want) <= 1e-6 * want);
+        REQUIRE(y(0, 1) == 0.0f);
+    }
+}
+
 namespace {
 using ModelS = ds::axis<"model", 6>;
 using HeadsS = ds::axis<"heads", 2>;

@@ -33,7 +33,8 @@ inline constexpr bool is_temporary_tensor = is_tensor<std::remove_cvref_t<X>>::v
 
 // x / sqrt(mean(x^2) + epsilon) g along the last axis (Zhang and Sennrich 2019), as
 // torch.nn.RMSNorm and LLaMA compute it; g has that axis only. x is read twice (one step,
-// computed once); a temporary tensor is refused at compile time: name it first.
+// computed once); a temporary tensor is refused at compile time: name it first. epsilon
+// enters the formula in its compute type: float in a bf16 formula, never rounded to bf16.
 template <class X, class G>
 auto rms_norm(X&& x, G&& g, double epsilon = 1e-6, call_site caller = call_site::current()) {
     ::dimsum::detail::operation_site site(caller);
@@ -43,7 +44,7 @@ auto rms_norm(X&& x, G&& g, double epsilon = 1e-6, call_site caller = call_site:
     using Last = typename S::template axis_at<S::rank - 1>;
     const auto& rows = x;
     auto mean_square = mean<Last>(rows * rows, keep_axis);  // (..., last=1)
-    return rows * rsqrt(mean_square + static_cast<value_type_of<X>>(epsilon)) * std::forward<G>(g);
+    return rows * rsqrt(mean_square + static_cast<compute_type_t<value_type_of<X>>>(epsilon)) * std::forward<G>(g);
 }
 
 // The SwiGLU feed-forward (Shazeer 2020), as in LLaMA: (silu(x W_1) * x W_3) W_2, x (..., model),
