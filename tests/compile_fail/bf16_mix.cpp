@@ -1,4 +1,4 @@
-// expect: dimsum: add: operands hold different element types: bf16 vs float
+// expect: dimsum: add: operands hold different element types: bf16 vs float (convert one: ds::cast<float>(x) or ds::cast<ds::bf16>(x))
 #include <dimsum/dimsum.hpp>
 namespace ds = dimsum;
 

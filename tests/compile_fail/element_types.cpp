@@ -1,4 +1,4 @@
-// expect: dimsum: add: operands hold different element types: float vs double
+// expect: dimsum: add: operands hold different element types: float vs double (float and double do not mix in a formula yet)
 #include <dimsum/dimsum.hpp>
 namespace ds = dimsum;
 

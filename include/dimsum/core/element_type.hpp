@@ -49,6 +49,12 @@ constexpr message element_type_error(std::string_view op) {
     if constexpr (!std::is_same_v<A, B>) {
         m << "dimsum: " << op << ": operands hold different element types: " << type_name<A>() << " vs "
           << type_name<B>();
+        // the conversion that would make them one, where there is one
+        constexpr bool bf16_and_float = (std::is_same_v<A, bf16> && std::is_same_v<B, float>) ||
+                                        (std::is_same_v<A, float> && std::is_same_v<B, bf16>);
+        if constexpr (bf16_and_float) m << " (convert one: ds::cast<float>(x) or ds::cast<ds::bf16>(x))";
+        else if constexpr (integer_element<A> || integer_element<B>) m << " (read integers as values: ds::cast<float>(x))";
+        else if constexpr (floating_element<A> && floating_element<B>) m << " (float and double do not mix in a formula yet)";
     }
     return m;
 }
