@@ -3,7 +3,8 @@
 
 A ```cpp or ```cmake block is preceded by a line `<!-- snippet: PATH -->` naming that file
 (under examples/ or tests/); its lines must appear, in order and together, in the file.
-Blocks of shell commands or program output (```sh, ```text) are not code and not checked.
+Blocks of shell commands or program output (```sh, ```text) are not code and not checked,
+except a ```sh block that names its file the same way (a command a test runs).
 """
 import pathlib
 import re
@@ -16,9 +17,11 @@ def blocks(text):
     """(snippet path or None, code, line number) for each ```cpp and ```cmake block."""
     lines = text.split("\n")
     for i, line in enumerate(lines):
-        if line.strip() in ("```cpp", "```cmake"):
+        if line.strip() in ("```cpp", "```cmake", "```sh"):
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
             tag = re.match(r"<!-- snippet: (\S+) -->", lines[i - 1].strip()) if i > 0 else None
+            if line.strip() == "```sh" and not tag:
+                continue
             yield (tag.group(1) if tag else None), lines[i + 1:end], i + 1
 
 
