@@ -17,7 +17,11 @@ struct device_block {
     int thread;
     unsigned char* shared;
     __device__ void sync() { __syncthreads(); }
-    __device__ float shuffle_xor(float value, int lanes) { return __shfl_xor_sync(0xffffffffu, value, lanes); }
+    template <class Op>
+    __device__ float group_reduce(float value, Op op) {
+        for (int lanes = tiles::group / 2; lanes > 0; lanes /= 2) value = op(value, __shfl_xor_sync(0xffffffffu, value, lanes));
+        return value;
+    }
 };
 
 template <int columns>

@@ -87,8 +87,8 @@ void run_indices(context&, const indices_pass& p) { each_item(p, device::indices
 void run_gather(context&, const gather_pass& p) { each_item(p, device::gather_element<float>, device::gather_element<double>); }
 // The tiled attention's body (attention_tiles.hpp) run as its kernel runs it: a block's 256
 // threads as threads of their own, meeting at a barrier for each sync() of the block and twice
-// for each shuffle step (write, meet, read, meet), so that a barrier or a shuffle that some
-// threads of the block never reach hangs here as it hangs on the GPU. Blocks run one after
+// for each group reduction (write, meet, read, meet), so that a barrier or a reduction that
+// some threads of the block never reach hangs here as it hangs on the GPU. Blocks run one after
 // the other; the shared memory starts as NaN in every block, as memory no one wrote.
 namespace {
 // A barrier of a block's threads that, unlike the GPU's, says so when some thread never comes:
@@ -117,7 +117,7 @@ private:
                 seen = now;
                 since = std::chrono::steady_clock::now();
             } else if (std::chrono::steady_clock::now() - since > std::chrono::seconds(20)) {
-                std::fputs("host stand-in: some threads of a block reached a barrier or shuffle of attention_tile and the "
+                std::fputs("host stand-in: some threads of a block reached a barrier or group reduction of attention_tile and the "
                            "others never did (on a GPU: a hang)\n", stderr);
                 std::abort();
             }
@@ -133,14 +133,24 @@ struct host_block {
     int thread;
     unsigned char* shared;
     block_barrier* meet;
-    float* slots;  // one per thread: what a shuffle exchanges
+    float* slots;  // one per thread: the values a group reduction exchanges
     void sync() { meet->arrive_and_wait(); }
-    float shuffle_xor(float value, int lanes) {
+    // The device's shuffle butterfly, step for step, from the 16 values of the group: each
+    // thread writes its value, all meet, each computes the butterfly for its own place.
+    template <class Op>
+    float group_reduce(float value, Op op) {
         slots[thread] = value;
         sync();
-        const float other = slots[thread ^ lanes];
+        const int first = thread / tiles::group * tiles::group;
+        float values[tiles::group];
+        for (int l = 0; l < tiles::group; ++l) values[l] = slots[first + l];
         sync();
-        return other;
+        for (int lanes = tiles::group / 2; lanes > 0; lanes /= 2) {
+            float next[tiles::group];
+            for (int l = 0; l < tiles::group; ++l) next[l] = op(values[l], values[l ^ lanes]);
+            for (int l = 0; l < tiles::group; ++l) values[l] = next[l];
+        }
+        return values[thread - first];
     }
 };
 

@@ -58,23 +58,24 @@ struct layout {
 DIMSUM_HD inline std::size_t query_tiles(const attention_pass& p) { return (p.queries + tile_queries - 1) / tile_queries; }
 DIMSUM_HD inline std::size_t blocks(const attention_pass& p) { return device::elements_of(p.batch_rank, p.batch_extents) * query_tiles(p); }
 
-// The maximum and the sum over the 16 threads of a query. Every thread of the block calls them
+// The maximum and the sum over the 16 threads of a query: a butterfly of 4 steps, each thread
+// combining its value with that of the thread whose number differs by 8, 4, 2, then 1
+// (the block's group_reduce: shuffles on the device). Every thread of the block calls them
 // the same number of times: a warp's shuffle waits for all 32 of its threads.
+struct group_max {
+    DIMSUM_HD float operator()(float own, float other) const { return device::maximum(own, other); }
+};
+struct group_sum {
+    DIMSUM_HD float operator()(float own, float other) const { return own + other; }
+};
 template <class Block>
-DIMSUM_HD inline float max_over_group(Block& block, float value) {
-    for (int lane = group / 2; lane > 0; lane /= 2) value = device::maximum(value, block.shuffle_xor(value, lane));
-    return value;
-}
+DIMSUM_HD inline float max_over_group(Block& block, float value) { return block.group_reduce(value, group_max{}); }
 template <class Block>
-DIMSUM_HD inline float sum_over_group(Block& block, float value) {
-    for (int lane = group / 2; lane > 0; lane /= 2) value += block.shuffle_xor(value, lane);
-    return value;
-}
+DIMSUM_HD inline float sum_over_group(Block& block, float value) { return block.group_reduce(value, group_sum{}); }
 
 // Thread block.thread of block `block_index`. Block: thread (0..255), sync() (a barrier of the
-// block), shuffle_xor(value, lanes) (the value of the thread whose number differs by `lanes`,
-// within its warp), shared (the block's shared memory, layout.bytes()). columns: dv / 16
-// rounded up (4 or 8).
+// block), group_reduce(value, op) (the butterfly above over the thread's group of 16),
+// shared (the block's shared memory, layout.bytes()). columns: dv / 16 rounded up (4 or 8).
 template <int columns, class Block>
 DIMSUM_HD inline void attention_tile(const attention_pass& p, const layout& shape, std::size_t block_index, Block& block) {
     unsigned char* shared = block.shared;
