@@ -36,6 +36,7 @@ template <int columns>
 void launch_tiles(context& c, const attention_pass& pass) {
     const tiles::layout shape(pass);
     const std::size_t blocks = tiles::blocks(pass);
+    if (blocks == 0) return;
     if (blocks > 0x7fffffffu) {
         throw cuda_error("dimsum: cuda: attention of " + std::to_string(blocks) + " blocks of queries (not supported yet)");
     }
@@ -43,6 +44,7 @@ void launch_tiles(context& c, const attention_pass& pass) {
     check(cudaFuncSetAttribute(attention_tiles<columns>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
           "cudaFuncSetAttribute (attention tiles)");
     attention_tiles<columns><<<static_cast<unsigned>(blocks), tiles::block_threads, bytes, c.stream>>>(pass, shape);
+    check_launch(c, "attention tiles kernel launch");
 }
 
 }  // namespace

@@ -38,8 +38,6 @@ __global__ void each_item(const __grid_constant__ Pass pass, std::size_t n) {
     }
 }
 
-bool wait_after_each_pass();
-
 // Launches kernel<float> or kernel<double> over n items (the pass's items unless said), then
 // checks the launch.
 template <class Pass>
@@ -50,23 +48,12 @@ void launch(context& c, void (*as_float)(Pass, std::size_t), void (*as_double)(P
     const unsigned blocks = blocks_for(c, n);
     if (type == element_type::float64) as_double<<<blocks, threads_per_block, 0, c.stream>>>(pass, n);
     else as_float<<<blocks, threads_per_block, 0, c.stream>>>(pass, n);
-    check(cudaGetLastError(), name);
-    // DIMSUM_CUDA_SYNC=1: wait after each pass, so that a fault names the pass that made it
-    // (scripts/gpu_check.sh sets it; else a fault shows at the next wait, under that call's name)
-    if (wait_after_each_pass()) check(cudaStreamSynchronize(c.stream), name);
+    check_launch(c, name);
 }
 template <class Pass>
 void launch(context& c, void (*as_float)(Pass, std::size_t), void (*as_double)(Pass, std::size_t), const Pass& pass,
             const char* name) {
     launch(c, as_float, as_double, pass, name, device::item_count(pass));
-}
-
-bool wait_after_each_pass() {
-    static const bool wait = [] {
-        const char* value = std::getenv("DIMSUM_CUDA_SYNC");
-        return value && std::string(value) == "1";
-    }();
-    return wait;
 }
 
 int as_int(long long value, const char* what) {
@@ -78,6 +65,17 @@ int as_int(long long value, const char* what) {
 }
 
 }  // namespace
+
+void check_launch(context& c, const char* name) {
+    check(cudaGetLastError(), name);
+    // DIMSUM_CUDA_SYNC=1: wait after each pass, so that a fault names the pass that made it
+    // (scripts/gpu_check.sh sets it; else a fault shows at the next wait, under that call's name)
+    static const bool wait_after_each_pass = [] {
+        const char* value = std::getenv("DIMSUM_CUDA_SYNC");
+        return value && std::string(value) == "1";
+    }();
+    if (wait_after_each_pass) check(cudaStreamSynchronize(c.stream), name);
+}
 
 void run_fused(context& c, const fused_pass& pass) {
     launch(c, each_item<fused_pass, device::fused_lane<float>>, each_item<fused_pass, device::fused_lane<double>>, pass,
@@ -100,13 +98,7 @@ void run_gather(context& c, const gather_pass& pass) {
 }
 
 void run_attention(context& c, const attention_pass& pass) {
-    if (tiles::accepts(pass)) {
-        if (device::attention_rows(pass) == 0) return;
-        run_attention_in_tiles(c, pass);
-        check(cudaGetLastError(), "attention tiles kernel launch");
-        if (wait_after_each_pass()) check(cudaStreamSynchronize(c.stream), "attention tiles kernel launch");
-        return;
-    }
+    if (tiles::accepts(pass)) return run_attention_in_tiles(c, pass);
     launch(c, each_item<attention_pass, device::attention_row<float>>, each_item<attention_pass, device::attention_row<double>>,
            pass, "attention kernel launch");
     if (pass.key_splits > 1) {  // the key ranges' partials, combined: one thread per output element

@@ -16,6 +16,10 @@ namespace dimsum::backend::cuda {
 void check(cudaError_t status, const char* call);
 void check(cublasStatus_t status, const char* call);
 
+// After a kernel's launch: its error, named `name`; with DIMSUM_CUDA_SYNC=1, also the wait for
+// it, so that a fault is blamed on the kernel that made it (passes.cu).
+void check_launch(context& c, const char* name);
+
 // The fused attention in tiles (attention.cu), for the passes tiles::accepts.
 void run_attention_in_tiles(context& c, const attention_pass& pass);
 
