@@ -1,18 +1,17 @@
-// The CPU kernels compiled once, for float and double: the dimsum::kernels library. A program
-// that defines DIMSUM_PRECOMPILED_KERNELS (linking dimsum::kernels does) sees only their
-// declarations (backend/cpu/kernels.hpp), and its formulas compile without xsimd. The
-// instruction set is the one this file was compiled for.
-#include "dimsum/backend/cpu/attention.hpp"
-#include "dimsum/backend/cpu/elementwise.hpp"
-#include "dimsum/backend/cpu/fused.hpp"
-#include "dimsum/backend/cpu/gather.hpp"
-#include "dimsum/backend/cpu/gemm.hpp"
-#include "dimsum/backend/cpu/rowwise.hpp"
+// The CPU kernels and the executor that plans and calls them, and the reference backend's
+// planning and loops, compiled once for float and double: the dimsum::kernels library. A program that defines DIMSUM_PRECOMPILED_KERNELS
+// (linking dimsum::kernels does) sees only their declarations (backend/cpu/kernels.hpp), and
+// its formulas compile without xsimd, the planner or the executor. The instruction set is the
+// one this file was compiled for.
+#include "dimsum/backend/cpu/executor.hpp"
+#include "dimsum/backend/reference/interpreter.hpp"
 #include "dimsum/core/bf16.hpp"
 
 namespace dimsum::backend::cpu {
 
 #define DIMSUM_KERNELS_FOR(T)                                                                                      \
+    template void detail::plan_and_run<T>(detail::state<T>&, const evaluation::layout&, bool, void*,               \
+                                          const evaluation::planner_options&);                                     \
     template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                           \
     template void attention<T>(const attention_problem<T>&);                                                       \
     template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const fused_region*, bf16*);      \
@@ -69,3 +68,11 @@ DIMSUM_KERNELS_FOR(double)
 #undef DIMSUM_KERNELS_FOR
 
 }  // namespace dimsum::backend::cpu
+
+// The reference backend's planning and loops (it shares no kernel with the CPU backend).
+namespace dimsum::backend::reference {
+template void plan_and_interpret<float>(const evaluation::program&, const std::vector<evaluation::binding>&,
+                                        const strided<float>&, const evaluation::planner_options&);
+template void plan_and_interpret<double>(const evaluation::program&, const std::vector<evaluation::binding>&,
+                                         const strided<double>&, const evaluation::planner_options&);
+}  // namespace dimsum::backend::reference

@@ -3,13 +3,15 @@
 // header the CPU evaluator needs. The definitions (gemm.hpp, attention.hpp, fused.hpp,
 // rowwise.hpp, elementwise.hpp, gather.hpp) need xsimd or OpenMP and are compiled into every translation unit that evaluates a
 // formula, unless the program defines DIMSUM_PRECOMPILED_KERNELS and links dimsum::kernels
-// (src/kernels.cpp), which holds them compiled once for float and double.
+// (src/kernels.cpp), which holds them compiled once for float and double, with the executor
+// that calls them (executor.hpp: plan_and_run).
 
 #include <array>
 #include <cstddef>
 #include <vector>
 
 #include "dimsum/core/bf16.hpp"
+#include "dimsum/evaluation/plan.hpp"
 #include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
 #include "dimsum/core/functors.hpp"
@@ -344,5 +346,40 @@ void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis, 
 // table's axis `axis`; every id lies in [0, extent) (checked by the caller).
 template <class T>
 void gather(const strided<const T>& table, std::size_t axis, const evaluation::integers& ids, const strided<T>& out);
+
+// ---- the executor (executor.hpp)
+
+namespace detail {
+
+// No input of a fused program (state::in_place_input where none reads the destination).
+inline constexpr std::size_t no_input = ~std::size_t(0);
+
+// Everything one evaluation needs, kept per thread and element type so that it is allocated
+// once: the program, its bindings, its plan, and the executor's own tables.
+template <class T>
+struct state {
+    evaluation::program program;
+    std::vector<evaluation::binding> bindings;
+    evaluation::plan plan;
+    block_table<T> blocks{};
+    std::vector<void*> temporaries;  // the plan's, in this evaluation's memory: T, or bf16
+    fused_program<T> fused;
+    std::vector<std::size_t> fused_steps;  // the step of each of fused.nodes
+    std::size_t in_place_input = no_input;  // which of fused.inputs reads the destination (or the scores tile), if one does
+
+    static state& of_this_thread() {
+        thread_local state s;
+        return s;
+    }
+};
+
+// Plans s.program (with s.bindings) for a destination laid out as `destination` and runs the
+// plan, writing `memory` (of T, or of bf16 where bf16_destination says so), each elementwise
+// function by its block in s.blocks. The part of an evaluation that does not depend on the formula.
+template <class T>
+void plan_and_run(state<T>& s, const evaluation::layout& destination, bool bf16_destination, void* memory,
+                  const evaluation::planner_options& options);
+
+}  // namespace detail
 
 }  // namespace dimsum::backend::cpu

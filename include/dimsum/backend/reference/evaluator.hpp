@@ -5,17 +5,31 @@
 // run(formula, destination) lowers the formula (evaluation/lower.hpp), plans it without
 // fusion (evaluation/plan.hpp: every matmul, softmax and elementwise pass its own entry) and
 // runs the plan with plain loops that accumulate in double (long double for double tensors).
+// Planning and running do not depend on the formula: dimsum::kernels holds them compiled for
+// float and double (src/kernels.cpp) where the program links it.
 
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "dimsum/backend/reference/interpreter.hpp"
 #include "dimsum/evaluation/convert.hpp"
 #include "dimsum/evaluation/explain.hpp"
 #include "dimsum/evaluation/lower.hpp"
 #include "dimsum/evaluation/plan.hpp"
+
+namespace dimsum::backend::reference {
+
+// Plans the program without fusion and runs the plan into `destination` (interpreter.hpp).
+template <class T>
+void plan_and_interpret(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
+                        const evaluation::strided<T>& destination, const evaluation::planner_options& options);
+
+}  // namespace dimsum::backend::reference
+
+#ifndef DIMSUM_PRECOMPILED_KERNELS
+#include "dimsum/backend/reference/interpreter.hpp"
+#endif
 
 namespace dimsum::backend::reference {
 
@@ -53,11 +67,8 @@ private:
     void run_computing(const E& e, const tensor_view<T, A...>& dst) {
         evaluation::program program;
         std::vector<evaluation::binding> bindings;
-        evaluation::plan plan;
-        const strided<T> destination = to_strided(dst);
         evaluation::lower<T>(e, program, bindings);
-        evaluation::make_plan(program, bindings, evaluation::layout_of(destination), planning, plan);
-        interpreter<T>(program, bindings, plan, destination).run();
+        plan_and_interpret<T>(program, bindings, evaluation::to_strided(dst), planning);
     }
 };
 

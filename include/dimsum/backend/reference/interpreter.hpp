@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dimsum/backend/reference/kernels.hpp"
+#include "dimsum/evaluation/convert.hpp"
 #include "dimsum/evaluation/integers.hpp"
 #include "dimsum/evaluation/plan.hpp"
 #include "dimsum/evaluation/program.hpp"
@@ -152,5 +153,13 @@ private:
     strided<T> destination_;
     std::vector<std::unique_ptr<T[]>> temporaries_;
 };
+
+template <class T>
+void plan_and_interpret(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
+                        const strided<T>& destination, const evaluation::planner_options& options) {
+    evaluation::plan plan;
+    evaluation::make_plan(p, bindings, evaluation::layout_of(destination), options, plan);
+    interpreter<T>(p, bindings, plan, destination).run();
+}
 
 }  // namespace dimsum::backend::reference

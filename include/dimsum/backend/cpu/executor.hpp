@@ -1,0 +1,512 @@
+#pragma once
+// The CPU executor: plans a lowered program and runs the plan, mapping each entry to a kernel:
+//   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C,
+//                 then, if the plan asks, the block rounded into a bf16 temporary; its
+//                 operands of bf16 read where they lie;
+//   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
+//                 a fused pass over each tile of scores, its inputs of bf16 read where they lie;
+//   fused, copy -> one fused elementwise pass (fused.hpp), which widens its inputs of bf16
+//                 and rounds a result of bf16 block by block;
+//   rowwise    -> the line kernels (rowwise.hpp), the same line by line;
+//   indices    -> a loop (causal_mask, arange: small, read broadcast);
+//   convert    -> a loop (bf16 values, lengths and positions to the formula's type);
+//   narrow     -> a loop (a value rounded into a bf16 temporary, which products read as bf16,
+//                 or into a destination of bf16);
+//   gather     -> gather.hpp, once every id has been checked (evaluation/integers.hpp).
+// The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
+// one evaluation to the next, so a formula evaluated in a loop allocates nothing after its
+// first evaluation.
+// Nothing here depends on the formula (its functions come as the block table): dimsum::kernels
+// holds it compiled for float and double (src/kernels.cpp), and a program that links it sees
+// only plan_and_run's declaration (kernels.hpp).
+
+#include <array>
+#include <cstddef>
+#include <stdexcept>
+#include <vector>
+
+#include "dimsum/backend/cpu/attention.hpp"
+#include "dimsum/backend/cpu/elementwise.hpp"
+#include "dimsum/backend/cpu/fused.hpp"
+#include "dimsum/backend/cpu/gather.hpp"
+#include "dimsum/backend/cpu/gemm.hpp"
+#include "dimsum/backend/cpu/kernels.hpp"
+#include "dimsum/backend/cpu/rowwise.hpp"
+#include "dimsum/backend/cpu/workspace.hpp"
+#include "dimsum/evaluation/convert.hpp"
+#include "dimsum/evaluation/fold_batch.hpp"
+#include "dimsum/evaluation/integers.hpp"
+#include "dimsum/evaluation/plan.hpp"
+#include "dimsum/runtime/member_memory.hpp"
+
+namespace dimsum::backend::cpu::detail {
+
+using evaluation::entry;
+using evaluation::entry_kind;
+using evaluation::no_step;
+using evaluation::step;
+using evaluation::step_kind;
+
+// Runs a plan: each entry by its kernel.
+template <class T>
+class executor {
+public:
+    // `destination`: where the plan's destination layout starts, of T, or of bf16 where the
+    // plan rounds into it (plan::bf16_destination).
+    executor(state<T>& s, void* destination) : s_(s), steps_(s.program.steps), destination_(destination) {}
+
+    void run() {
+        evaluation::check_before_running<T>(s_.program, s_.bindings, s_.plan);
+        s_.temporaries.clear();
+        temporaries& memory = thread_temporaries();
+        for (const evaluation::temporary& t : s_.plan.temporaries) {
+            s_.temporaries.push_back(t.bf16 ? static_cast<void*>(memory.allocate<bf16>(t.size)) : memory.allocate<T>(t.size));
+        }
+        for (const entry& e : s_.plan.entries) run(e);
+    }
+
+private:
+    void run(const entry& e) {
+        const step& s = steps_[e.step];
+        if (e.kind == entry_kind::narrow) {  // the only entry that writes bf16
+            return evaluation::round_into<T>(value(e.step), evaluation::strided_at(bf16_memory(e.out), e.out.where));
+        }
+        // a pass or a kernel along an axis may write bf16 memory itself, rounding as it goes
+        bf16* const out_bf16 = s_.plan.holds_bf16(e.out) ? bf16_memory(e.out) + e.out.where.offset : nullptr;
+        const strided<T> dst = out_bf16 ? shape_only(e.out.where) : at(e.out);
+        if (out_bf16 && e.kind != entry_kind::fused && e.kind != entry_kind::copy && e.kind != entry_kind::rowwise) {
+            throw std::logic_error("dimsum: a plan has a kernel write bf16 that writes its own type only");
+        }
+        switch (e.kind) {
+            case entry_kind::gemm: return multiply(e, dst);
+            case entry_kind::attention: return attend(e, dst);
+            case entry_kind::fused: case entry_kind::copy:
+                build_fused(e.step, no_step, dst);
+                return run_fused<T>(s_.fused, dst, true, nullptr, out_bf16);
+            case entry_kind::rowwise: return rowwise(e, dst, out_bf16);
+            case entry_kind::indices: return indices(s, dst);
+            case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[s.binding], dst);
+            case entry_kind::narrow: return;  // above
+            case entry_kind::gather:
+                return cpu::gather<T>(value(s.operands[0]), s.axis, evaluation::integers_of(s_.bindings[steps_[s.operands[1]].binding]), dst);
+        }
+    }
+
+    // The memory of a place: the destination's or a temporary's (writable), or a binding's.
+    strided<T> at(const evaluation::place& p) const {
+        const bool bf16 = s_.plan.holds_bf16(p);  // read and written as bf16 only: bf16_memory()
+        switch (p.memory) {
+            case evaluation::memory_kind::destination:
+                if (bf16) break;
+                return evaluation::strided_at(static_cast<T*>(destination_), p.where);
+            case evaluation::memory_kind::temporary:
+                if (bf16) break;
+                return evaluation::strided_at(static_cast<T*>(s_.temporaries[p.index]), p.where);
+            case evaluation::memory_kind::binding: break;  // read only: value() reads it
+        }
+        throw std::logic_error("dimsum: a plan writes to a tensor it reads, or reads bf16 as its own type");
+    }
+    // The value of step `id`, which the plan has placed.
+    strided<const T> value(std::size_t id) const {
+        const evaluation::place& p = s_.plan.values[id];
+        if (p.memory == evaluation::memory_kind::binding) {
+            return evaluation::strided_at(static_cast<const T*>(s_.bindings[p.index].data), p.where);
+        }
+        const strided<T> m = at(p);
+        return {m.data, m.rank, m.extents, m.strides};
+    }
+
+    // dst = the kernel along an axis of entry e; its operand, or dst (out_bf16), may be of bf16.
+    void rowwise(const entry& e, const strided<T>& dst, bf16* out_bf16) const {
+        const step& s = steps_[e.step];
+        bf16_lines narrow{nullptr, out_bf16};
+        const strided<const T> x = input(e, 0, s.operands[0], narrow.in);
+        switch (s.kind) {
+            case step_kind::softmax: return cpu::softmax<T>(x, dst, s.axis, narrow);
+            case step_kind::layer_norm: return cpu::layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number), narrow);
+            case step_kind::sum: return cpu::reduce<fn::sum, T>(x, dst, s.axis, narrow);
+            case step_kind::max: return cpu::reduce<fn::max, T>(x, dst, s.axis, narrow);
+            case step_kind::mean: return cpu::reduce<fn::mean, T>(x, dst, s.axis, narrow);
+            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
+            case step_kind::elementwise: case step_kind::concat: case step_kind::gather:
+            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
+                break;
+        }
+        throw std::logic_error("dimsum: a rowwise entry of another step");
+    }
+
+    static void indices(const step& s, const strided<T>& dst) {
+        if (s.kind == step_kind::arange) {
+            for (std::size_t i = 0; i < s.extents[0]; ++i) dst.data[static_cast<std::ptrdiff_t>(i) * dst.strides[0]] = T(i);
+            return;
+        }
+        for (std::size_t q = 0; q < s.extents[0]; ++q) {
+            for (std::size_t k = 0; k < s.extents[1]; ++k) {
+                auto at = static_cast<std::ptrdiff_t>(q) * dst.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.strides[1];
+                dst.data[at] = evaluation::in_future(q, k, s.extents[0], s.extents[1]) ? T(1) : T(0);
+            }
+        }
+    }
+
+    // s_.fused := the fused pass of step `root` into dst. The step `in_place`, if any, reads
+    // the destination itself (the GEMM epilogue's C, or the attention's scores tile).
+    void build_fused(std::size_t root, std::size_t in_place, const strided<T>& dst) {
+        s_.fused.clear();
+        s_.fused_steps.clear();
+        s_.in_place_input = no_input;
+        add_nodes(root, in_place, dst);
+    }
+
+    // Appends the fused nodes of step `id` to s_.fused; returns the index of its node. A step
+    // read more than once (a sub-formula used twice) is one node, computed once per block.
+    std::size_t add_nodes(std::size_t id, std::size_t in_place, const strided<T>& dst) {
+        for (std::size_t k = 0; k < s_.fused_steps.size(); ++k) {
+            if (s_.fused_steps[k] == id) return k;
+        }
+        const step& s = steps_[id];
+        fused_node<T> node;
+        if (s.kind == step_kind::elementwise) {
+            node.what = fused_node<T>::kind::function;
+            if (s.op == op_code::map) node.host = &s_.program.functions[s.index];
+            else node.function = s_.blocks[std::size_t(s.op)];
+            node.operand_count = s.operand_count;
+            for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_nodes(s.operands[o], in_place, dst);
+        } else if (s.kind == step_kind::number) {
+            node.what = fused_node<T>::kind::constant;
+            node.value = static_cast<T>(s.number);
+        } else {
+            node.what = fused_node<T>::kind::input;
+            node.input = s_.fused.inputs.size();
+            if (id == in_place) s_.in_place_input = node.input;
+            const bf16* narrow = nullptr;  // where it lies, if the pass reads it as bf16 (planner::read_leaf)
+            strided<const T> v;
+            if (id == in_place) {
+                v = {dst.data, dst.rank, dst.extents, dst.strides};
+            } else if (s_.plan.bf16_placed[id]) {
+                v = extents_only(s_.plan.bf16_values[id].where);
+                narrow = bf16_at(s_.plan.bf16_values[id]);
+            } else {
+                v = value(id);
+            }
+            s_.fused.inputs.push_back(evaluation::broadcast_to_rank(v, dst.rank));
+            s_.fused.bf16_inputs.push_back(narrow);
+        }
+        s_.fused.nodes.push_back(node);
+        s_.fused_steps.push_back(id);
+        return s_.fused.nodes.size() - 1;
+    }
+
+    struct epilogue_context {
+        const fused_program<T>* program;  // null: none
+        strided<T> dst;
+        std::size_t product_input = no_input;  // which of the program's inputs reads the product from dst
+        bf16* rounded = nullptr;  // where dst's values are also rounded to, in dst's layout (entry::bf16_out)
+    };
+    // The box of an array of `shape`'s extents that a kernel's tile covers: batch item `item`
+    // (numbered in row-major order over the leading axes), rows [row, row + rows) and columns
+    // [col, col + cols).
+    static fused_region tile_of(const strided<T>& shape, std::size_t item, std::size_t row, std::size_t col,
+                                std::size_t rows, std::size_t cols) {
+        fused_region tile;
+        const std::size_t r = shape.rank;
+        for (std::size_t axis = r - 2; axis-- > 0;) {
+            tile.first[axis] = item % shape.extents[axis];
+            item /= shape.extents[axis];
+            tile.extents[axis] = 1;
+        }
+        tile.first[r - 2] = row;
+        tile.first[r - 1] = col;
+        tile.extents[r - 2] = rows;
+        tile.extents[r - 1] = cols;
+        return tile;
+    }
+
+    static void apply_epilogue(const void* context, std::size_t item, std::size_t row, std::size_t col,
+                               std::size_t rows, std::size_t cols) {
+        const auto& c = *static_cast<const epilogue_context*>(context);
+        const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
+        if (c.program) run_fused<T>(*c.program, c.dst, false, &region);
+        if (!c.rounded) return;
+        const std::size_t r = c.dst.rank;
+        const std::ptrdiff_t first = offset_of(region, c.dst.strides, r);
+        for (std::size_t i = 0; i < rows; ++i) {  // into bf16 memory of dst's layout: the same offsets
+            const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.dst.strides[r - 2];
+            round_line(c.dst.data + at, c.dst.strides[r - 1], c.rounded + at, c.dst.strides[r - 1], cols);
+        }
+    }
+    // Where `place` starts in an array of these strides.
+    static std::ptrdiff_t offset_of(const fused_region& place, const std::array<std::ptrdiff_t, max_rank>& strides, std::size_t rank) {
+        std::ptrdiff_t offset = 0;
+        for (std::size_t axis = 0; axis < rank; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * strides[axis];
+        return offset;
+    }
+    // apply_epilogue for a block whose sums the kernel holds in its own buffer, C unread
+    // (gemm_problem::c_unread, set only where C is the rounding scratch): the program moved to
+    // the block, as the score function is to its tile, and its result, the only one, rounded
+    // into c.rounded. (An epilogue without a program is a rounding, which the kernels do
+    // themselves: rounding_of.)
+    static void apply_epilogue_to_block(const void* context, std::size_t item, std::size_t row, std::size_t col,
+                                        std::size_t rows, std::size_t cols, float* block, std::ptrdiff_t ld) {
+        if constexpr (!std::is_same_v<T, float>) {
+            throw std::logic_error("dimsum: a product of float sums for an evaluation in another type");
+        } else {
+            const auto& c = *static_cast<const epilogue_context*>(context);
+            const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
+            const std::size_t r = c.dst.rank;
+            const std::ptrdiff_t first = offset_of(region, c.dst.strides, r);
+            strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
+            sums.strides[r - 2] = ld;
+            sums.strides[r - 1] = 1;
+            const strided<T> out{c.dst.data + first, r, region.extents, c.dst.strides};  // its layout; only bf16 is written
+            run_fused<T>(moved_to(*c.program, c.product_input, region, sums), out, false, nullptr, c.rounded + first);
+        }
+    }
+    static void reserve_epilogue(const void* context) {
+        const auto& c = *static_cast<const epilogue_context*>(context);
+        if (c.program) reserve_moved(*c.program);
+    }
+
+    // The score function's fused program, run on one tile of scores (attention.hpp): its
+    // inputs moved to the tile's position, the scores read from the tile itself.
+    struct score_context {
+        const fused_program<T>* program;
+        std::size_t tile_input;
+        strided<T> scores;  // the extents of the scores; no data
+    };
+    static void apply_score_function(const void* context, std::size_t item, std::size_t query, std::size_t key,
+                                     std::size_t queries, std::size_t keys, T* tile, std::ptrdiff_t query_stride) {
+        const auto& c = *static_cast<const score_context*>(context);
+        const std::size_t r = c.scores.rank;
+        const fused_region place = tile_of(c.scores, item, query, key, queries, keys);
+        strided<T> result{tile, r, place.extents, {}};  // the tile itself: batch axes of extent 1
+        result.strides[r - 2] = query_stride;
+        result.strides[r - 1] = 1;
+        run_fused<T>(moved_to(*c.program, c.tile_input, place, {tile, r, result.extents, result.strides}), result, false);
+    }
+
+    // `program` moved to one block of its result, `place`: its input `in_block` (the product,
+    // or the scores) read from `block`, every other from the block's place in it. Per thread,
+    // since the team runs blocks at once, in the capacity reserve_moved took.
+    static const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in_block, const fused_region& place,
+                                            const strided<const T>& block) {
+        fused_program<T>& local = moved_program();
+        local.nodes = program.nodes;
+        local.inputs = program.inputs;
+        local.bf16_inputs = program.bf16_inputs;
+        for (std::size_t i = 0; i < local.inputs.size(); ++i) {
+            strided<const T>& input = local.inputs[i];
+            if (i == in_block) {
+                input = block;
+                continue;
+            }
+            const std::ptrdiff_t offset = offset_of(place, input.strides, block.rank);
+            if (local.bf16_inputs[i]) local.bf16_inputs[i] += offset;  // (its data null)
+            else input.data += offset;
+        }
+        return local;
+    }
+    static fused_program<T>& moved_program() {  // this member's (runtime/member_memory.hpp)
+        return runtime::member_local<fused_program<T>>();
+    }
+    static void reserve_moved(const fused_program<T>& program) {
+        moved_program().nodes.reserve(program.nodes.size());
+        moved_program().inputs.reserve(program.inputs.size());
+        moved_program().bf16_inputs.reserve(program.bf16_inputs.size());
+        prepare_fused<T>(program);
+    }
+    static void reserve_score_function(const void* context) { reserve_moved(*static_cast<const score_context*>(context)->program); }
+
+    // A strided array's last two axes as a matrix (its first element's).
+    template <class X>
+    static matrix<X> last_two_axes(const strided<X>& s) {
+        const std::size_t r = s.rank;
+        return {s.data, s.extents[r - 2], s.extents[r - 1], s.strides[r - 2], s.strides[r - 1]};
+    }
+
+    // The leading axes of `shape` (all but the last two) and each operand's strides along them;
+    // every operand has shape's rank.
+    template <class... Operands>
+    static batch_layout<sizeof...(Operands)> leading_axes(const strided<T>& shape, const Operands&... operands) {
+        batch_layout<sizeof...(Operands)> batch;
+        batch.rank = shape.rank - 2;
+        for (std::size_t i = 0; i < batch.rank; ++i) {
+            batch.extents[i] = shape.extents[i];
+            std::size_t o = 0;
+            ((batch.strides[o++][i] = operands.strides[i]), ...);
+        }
+        return batch;
+    }
+
+    // dst = the attention the entry describes (evaluation/attention_pattern.hpp), by the fused kernel.
+    void attend(const entry& e, const strided<T>& dst) {
+        const evaluation::attention_match& match = e.attention;
+        const step& scores = steps_[match.scores];
+        const std::size_t r = dst.rank;
+        attention_problem<T> problem;
+        strided<const T> q = evaluation::broadcast_to_rank(input(e, 0, scores.operands[0], problem.q_bf16), r);  // (..., queries, d)
+        strided<const T> kt = evaluation::broadcast_to_rank(input(e, 1, scores.operands[1], problem.k_bf16), r);  // (..., d, keys)
+        strided<const T> v = evaluation::broadcast_to_rank(input(e, 2, match.values, problem.v_bf16), r);  // (..., keys, dv)
+        problem.q = last_two_axes(q);
+        problem.k = transposed(last_two_axes(kt));
+        problem.v = last_two_axes(v);
+        problem.o = last_two_axes(dst);
+        problem.batch = leading_axes(dst, q, kt, v, dst);
+        problem.scale = evaluation::scale_of<T>(match);
+        problem.causal = match.causal;
+        if (e.bf16_out) {
+            problem.o_bf16 = rounded_into(e, dst);
+            problem.o_unread = e.out_unread;
+        }
+        score_context context{&s_.fused, 0, {nullptr, r, scores.extents, {}}};
+        if (match.score_function != match.scores) {  // the rest of the score function, on each tile
+            build_fused(match.score_function, match.scores, context.scores);
+            context.tile_input = s_.in_place_input;
+            problem.scores = {&apply_score_function, &reserve_score_function, &context};
+        }
+        attention<T>(problem);
+    }
+
+    // The packing of the right operand of product s, which the plan reads from its binding
+    // (ds::prepack packs a matrix of bf16 into float panels, of float or double as it is).
+    const packed_operand<T>* packed_right(const step& s) const {
+        const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
+        const bool packed_as_t =
+            b.type == evaluation::element_type_of<T>() || (b.type == evaluation::element_type::bf16 && std::is_same_v<T, float>);
+        if (!b.packed || !packed_as_t) throw std::logic_error("dimsum: a plan reads a packing its operand lacks");
+        return static_cast<const packed_operand<T>*>(b.packed);
+    }
+    // The extents and strides of a layout, its data left null: a product whose right operand is
+    // packed, or a kernel whose operand or result is bf16, reads only its shape there.
+    static strided<T> shape_only(evaluation::layout where) {
+        where.offset = 0;
+        return evaluation::strided_at(static_cast<T*>(nullptr), where);
+    }
+    static strided<const T> extents_only(const evaluation::layout& where) {
+        const strided<T> s = shape_only(where);
+        return {s.data, s.rank, s.extents, s.strides};
+    }
+    // Where binding b's values seen through `where` start, as bf16.
+    static const bf16* bf16_at(const evaluation::binding& b, const evaluation::layout& where) {
+        return static_cast<const bf16*>(b.data) + where.offset;
+    }
+    // The memory of place p, from its start, which the plan made bf16 (plan::holds_bf16): a
+    // temporary, or the destination.
+    bf16* bf16_memory(const evaluation::place& p) const {
+        if (!s_.plan.holds_bf16(p)) throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
+        return static_cast<bf16*>(p.memory == evaluation::memory_kind::temporary ? s_.temporaries[p.index] : destination_);
+    }
+    // Where the bf16 values of place p (a binding of bf16, or a bf16 temporary) start.
+    const bf16* bf16_at(const evaluation::place& p) const {
+        if (p.memory == evaluation::memory_kind::binding && s_.bindings[p.index].type == evaluation::element_type::bf16) {
+            return bf16_at(s_.bindings[p.index], p.where);
+        }
+        return bf16_memory(p) + p.where.offset;
+    }
+    // Step `id`, operand `slot` of entry e: its value, or, where the plan reads it as bf16
+    // (entry::bf16_operands), its shape, and `narrow` set to where it lies.
+    strided<const T> input(const entry& e, std::size_t slot, std::size_t id, const bf16*& narrow) const {
+        narrow = nullptr;
+        const std::optional<evaluation::place>& stored = e.bf16_operands[slot];
+        if (!stored) return value(id);
+        narrow = bf16_at(*stored);
+        return extents_only(stored->where);
+    }
+    // The shape of product s's right operand, which gemm reads from its panels; `narrow` set to
+    // its own values if they are bf16 (gemm.hpp: a few rows stream them instead).
+    strided<const T> packed_input(const step& s, const bf16*& narrow) const {
+        const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
+        narrow = b.type == evaluation::element_type::bf16 ? bf16_at(b, b.where) : nullptr;
+        return extents_only(b.where);
+    }
+
+    // Where entry e, writing dst (its out, a temporary, seen as the kernel sees it), also rounds
+    // its values (entry::bf16_out): bf16 memory of the same layout, so the same offsets.
+    bf16* rounded_into(const entry& e, const strided<T>& dst) const {
+        const evaluation::place& out = *e.bf16_out;
+        if (e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
+            throw std::logic_error("dimsum: a kernel rounds into memory that is not laid out as what it writes");
+        }
+        return bf16_memory(out) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
+    }
+
+    // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
+    void multiply(const entry& e, const strided<T>& destination) {
+        const step& s = steps_[e.step];
+        const packed_operand<T>* packed_b = e.packed_right ? packed_right(s) : nullptr;
+        const bf16 *a_bf16 = nullptr, *b_bf16 = nullptr;
+        strided<const T> a = evaluation::broadcast_to_rank(input(e, 0, s.operands[0], a_bf16), s.rank);
+        strided<const T> b = evaluation::broadcast_to_rank(packed_b ? packed_input(s, b_bf16) : input(e, 1, s.operands[1], b_bf16), s.rank);
+        strided<T> dst = destination;
+        if (e.epilogue != no_step) {
+            build_fused(e.epilogue, e.step, dst);
+        }
+        const bool fused = e.epilogue != no_step;
+        evaluation::fold_batch_into_rows(a, b, dst, fused ? s_.fused.inputs.data() : nullptr, fused ? s_.fused.inputs.size() : 0);
+        gemm_problem<T> problem;
+        problem.a = last_two_axes(a);
+        problem.b = last_two_axes(b);
+        problem.c = last_two_axes(dst);
+        problem.batch = leading_axes(dst, a, b, dst);
+        problem.packed_b = packed_b;
+        problem.a_bf16 = a_bf16;
+        problem.b_bf16 = b_bf16;
+        if (!fused && !e.bf16_out) return gemm<T>(problem);
+        epilogue_context context{fused ? &s_.fused : nullptr, dst};
+        if (fused) context.product_input = s_.in_place_input;
+        gemm_epilogue epilogue{&apply_epilogue, &reserve_epilogue, &context};
+        if (e.bf16_out) {
+            context.rounded = rounded_into(e, dst);
+            // dst the rounding scratch: the bf16 kernels keep each block's sums to themselves
+            problem.c_unread = e.out_unread && std::is_same_v<T, float>;
+            if (problem.c_unread) epilogue.rounding = rounding_of(e, context.rounded);
+            if (!epilogue.rounding.rounded) epilogue.apply_to_block = &apply_epilogue_to_block;
+        }
+        gemm<T>(problem, epilogue);
+    }
+
+    // Entry e's epilogue as data (gemm_rounding), where it is one: the product rounded, or the
+    // product plus a vector along the columns (a bias, read where it lies) rounded. Else none
+    // (rounded null): the kernels run the fused pass. Called once the batch is folded, so that
+    // the bias's strides are the problem's.
+    gemm_rounding rounding_of(const entry& e, bf16* rounded) const {
+        gemm_rounding rounding;
+        if constexpr (std::is_same_v<T, float>) {  // (only float sums are rounded by the bf16 kernels)
+            if (e.epilogue == no_step) {
+                rounding.rounded = rounded;
+                return rounding;
+            }
+            const step& s = steps_[e.epilogue];
+            const auto& nodes = s_.fused.nodes;  // an add's two operands first, in order, then the add
+            if (s.kind != step_kind::elementwise || s.op != op_code::add || nodes.size() != 3) return rounding;
+            const fused_node<T>& first = nodes[0];
+            const fused_node<T>& second = nodes[1];
+            if (first.what != fused_node<T>::kind::input || second.what != fused_node<T>::kind::input) return rounding;
+            const std::size_t product = s_.in_place_input;
+            if (first.input != product && second.input != product) return rounding;
+            const std::size_t bias = first.input == product ? second.input : first.input;  // either order: + commutes
+            const strided<const T>& in = s_.fused.inputs[bias];
+            for (std::size_t axis = 0; axis + 1 < in.rank; ++axis) {
+                if (in.strides[axis] != 0 && in.extents[axis] != 1) return rounding;  // not one vector for every row
+            }
+            rounding.bias_bf16 = s_.fused.bf16_inputs[bias];
+            if (!rounding.bias_bf16) rounding.bias = in.data;
+            rounding.bias_stride = in.strides[in.rank - 1];
+            rounding.rounded = rounded;
+        }
+        return rounding;
+    }
+
+    state<T>& s_;
+    const std::vector<step>& steps_;
+    void* destination_;
+};
+
+
+template <class T>
+void plan_and_run(state<T>& s, const evaluation::layout& destination, bool bf16_destination, void* memory,
+                  const evaluation::planner_options& options) {
+    evaluation::make_plan(s.program, s.bindings, destination, options, s.plan, bf16_destination);
+    executor<T>(s, memory).run();
+}
+
+}  // namespace dimsum::backend::cpu::detail
