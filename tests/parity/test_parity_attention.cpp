@@ -4,6 +4,8 @@
 // masked rows, infinities, NaN and very large scores.
 #include "parity.hpp"
 
+#include <dimsum/backend/cpu/attention.hpp>  // detail::visible_keys, tested here
+
 #include <cmath>
 
 using Query = ds::axis<"query">;

@@ -2,6 +2,8 @@
 // against the reference backend: every SIMD tail, broadcasts, strides, NaN and infinities.
 #include "parity.hpp"
 
+#include <dimsum/backend/cpu/threads.hpp>  // split_range, tested here with the kernels
+
 #include <atomic>
 #include <stdexcept>
 #include <thread>
