@@ -36,7 +36,7 @@ struct strided {
 
 template <class T, class... A>
 strided<T> to_strided(const tensor_view<T, A...>& v) {
-    static_assert(sizeof...(A) <= max_rank, "dimsum: the reference backend handles at most 8 axes");
+    static_assert(sizeof...(A) <= max_rank, "dimsum: evaluation handles tensors of at most 8 axes (evaluation::max_rank)");
     strided<T> s{v.data(), sizeof...(A), {}, {}};
     for (std::size_t i = 0; i < sizeof...(A); ++i) {
         s.extents[i] = v.extent(i);

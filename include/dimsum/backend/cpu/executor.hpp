@@ -501,7 +501,6 @@ private:
     void* destination_;
 };
 
-
 template <class T>
 void plan_and_run(state<T>& s, const evaluation::layout& destination, bool bf16_destination, void* memory,
                   const evaluation::planner_options& options) {
