@@ -1,7 +1,8 @@
 // The CPU kernels and the executor that plans and calls them, and the reference backend's
-// planning and loops, compiled once for float and double: the dimsum::kernels library. A program that defines DIMSUM_PRECOMPILED_KERNELS
-// (linking dimsum::kernels does) sees only their declarations (backend/cpu/kernels.hpp), and
-// its formulas compile without xsimd, the planner or the executor. The instruction set is the
+// planning and loops, compiled once for float and double: the dimsum::kernels library. A
+// program that defines DIMSUM_PRECOMPILED_KERNELS (linking dimsum::kernels does) sees only
+// their declarations (backend/cpu/kernels.hpp, backend/reference/evaluator.hpp), and its
+// formulas compile without xsimd, the planner or the executors. The instruction set is the
 // one this file was compiled for.
 #include "dimsum/backend/cpu/executor.hpp"
 #include "dimsum/backend/reference/interpreter.hpp"
