@@ -23,37 +23,7 @@ namespace dimsum::backend::cpu {
     template void reduce<fn::max, T>(const strided<const T>&, const strided<T>&, std::size_t, bf16_lines);         \
     template void reduce<fn::mean, T>(const strided<const T>&, const strided<T>&, std::size_t, bf16_lines);        \
     template void gather<T>(const strided<const T>&, std::size_t, const evaluation::integers&, const strided<T>&); \
-    template void apply_to_block<fn::negate, T, 1>(std::size_t, const T* const*, T*);                              \
-    template void apply_to_block<fn::exp, T, 1>(std::size_t, const T* const*, T*);                                 \
-    template void apply_to_block<fn::log, T, 1>(std::size_t, const T* const*, T*);                                 \
-    template void apply_to_block<fn::sqrt, T, 1>(std::size_t, const T* const*, T*);                                \
-    template void apply_to_block<fn::tanh, T, 1>(std::size_t, const T* const*, T*);                                \
-    template void apply_to_block<fn::abs, T, 1>(std::size_t, const T* const*, T*);                                 \
-    template void apply_to_block<fn::erf, T, 1>(std::size_t, const T* const*, T*);                                 \
-    template void apply_to_block<fn::sigmoid, T, 1>(std::size_t, const T* const*, T*);                             \
-    template void apply_to_block<fn::silu, T, 1>(std::size_t, const T* const*, T*);                                \
-    template void apply_to_block<fn::gelu, T, 1>(std::size_t, const T* const*, T*);                                \
-    template void apply_to_block<fn::sin, T, 1>(std::size_t, const T* const*, T*);                                 \
-    template void apply_to_block<fn::cos, T, 1>(std::size_t, const T* const*, T*);                                 \
-    template void apply_to_block<fn::rsqrt, T, 1>(std::size_t, const T* const*, T*);                               \
-    template void apply_to_block<fn::round_bf16, T, 1>(std::size_t, const T* const*, T*);                          \
-    template void apply_to_block<fn::add, T, 2>(std::size_t, const T* const*, T*);                                 \
-    template void apply_to_block<fn::subtract, T, 2>(std::size_t, const T* const*, T*);                            \
-    template void apply_to_block<fn::multiply, T, 2>(std::size_t, const T* const*, T*);                            \
-    template void apply_to_block<fn::divide, T, 2>(std::size_t, const T* const*, T*);                              \
-    template void apply_to_block<fn::maximum, T, 2>(std::size_t, const T* const*, T*);                             \
-    template void apply_to_block<fn::minimum, T, 2>(std::size_t, const T* const*, T*);                             \
-    template void apply_to_block<fn::pow, T, 2>(std::size_t, const T* const*, T*);                                 \
-    template void apply_to_block<fn::less, T, 2>(std::size_t, const T* const*, T*);                                \
-    template void apply_to_block<fn::less_equal, T, 2>(std::size_t, const T* const*, T*);                          \
-    template void apply_to_block<fn::greater, T, 2>(std::size_t, const T* const*, T*);                             \
-    template void apply_to_block<fn::greater_equal, T, 2>(std::size_t, const T* const*, T*);                       \
-    template void apply_to_block<fn::equal, T, 2>(std::size_t, const T* const*, T*);                               \
-    template void apply_to_block<fn::not_equal, T, 2>(std::size_t, const T* const*, T*);                           \
-    template void apply_to_block<fn::logical_and, T, 2>(std::size_t, const T* const*, T*);                         \
-    template void apply_to_block<fn::logical_or, T, 2>(std::size_t, const T* const*, T*);                          \
-    template void apply_to_block<fn::logical_not, T, 1>(std::size_t, const T* const*, T*);                         \
-    template void apply_to_block<fn::where, T, 3>(std::size_t, const T* const*, T*);
+    template block_table<T> every_block<T>();
 
 template const char* instruction_set<void>();
 template std::size_t packed_elements<float>(std::size_t, std::size_t);

@@ -132,42 +132,6 @@ constexpr std::string_view name_of(step_kind kind) {
     return "";
 }
 
-constexpr std::string_view name_of(op_code op) {
-    switch (op) {
-        case op_code::add: return fn::add::name;
-        case op_code::subtract: return fn::subtract::name;
-        case op_code::multiply: return fn::multiply::name;
-        case op_code::divide: return fn::divide::name;
-        case op_code::negate: return fn::negate::name;
-        case op_code::exp: return fn::exp::name;
-        case op_code::log: return fn::log::name;
-        case op_code::sqrt: return fn::sqrt::name;
-        case op_code::tanh: return fn::tanh::name;
-        case op_code::abs: return fn::abs::name;
-        case op_code::erf: return fn::erf::name;
-        case op_code::sigmoid: return fn::sigmoid::name;
-        case op_code::silu: return fn::silu::name;
-        case op_code::gelu: return fn::gelu::name;
-        case op_code::sin: return fn::sin::name;
-        case op_code::cos: return fn::cos::name;
-        case op_code::rsqrt: return fn::rsqrt::name;
-        case op_code::round_bf16: return "cast<bf16>";
-        case op_code::pow: return fn::pow::name;
-        case op_code::maximum: return fn::maximum::name;
-        case op_code::minimum: return fn::minimum::name;
-        case op_code::less: return fn::less::name;
-        case op_code::less_equal: return fn::less_equal::name;
-        case op_code::greater: return fn::greater::name;
-        case op_code::greater_equal: return fn::greater_equal::name;
-        case op_code::equal: return fn::equal::name;
-        case op_code::not_equal: return fn::not_equal::name;
-        case op_code::logical_and: return fn::logical_and::name;
-        case op_code::logical_or: return fn::logical_or::name;
-        case op_code::logical_not: return fn::logical_not::name;
-        case op_code::where: return fn::where::name;
-        case op_code::map: return "map";
-    }
-    return "";
-}
+using fn::name_of;  // of an op code (core/functors.hpp)
 
 }  // namespace dimsum::evaluation

@@ -127,6 +127,20 @@ void apply_to_block(std::size_t n, const T* const* in, T* out) {
     detail::apply_block<F, T>(n, in, out, std::make_index_sequence<N>{});
 }
 
+namespace detail {
+template <class T, class... F>
+block_table<T> blocks_of(fn::function_list<F...>) {
+    block_table<T> table{};
+    ((table[std::size_t(F::code)] = &apply_to_block<F, T, fn::arity<F>>), ...);
+    return table;
+}
+}  // namespace detail
+
+template <class T>
+block_table<T> every_block() {
+    return detail::blocks_of<T>(fn::elementwise_functions{});
+}
+
 }  // namespace dimsum::backend::cpu
 
 DIMSUM_SIMD_CODE_END

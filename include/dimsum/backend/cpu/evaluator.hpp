@@ -29,7 +29,8 @@ namespace detail {
 
 // The block function of each elementwise function of a formula, by op code: only these are
 // compiled into a header-only build's translation unit (xsimd's exp, tanh and erf are slow to
-// compile; a table of all fourteen made examples/multi_head.cpp 1 to 2 s slower to build).
+// compile; a table of all fourteen made examples/multi_head.cpp 1 to 2 s slower to build). A
+// program that links dimsum::kernels takes the table of all, compiled there once.
 template <class T, class E>
 void add_block(const E&, block_table<T>&) {}
 template <class T, class S, class F, class... X>
@@ -41,9 +42,13 @@ void add_block(const expr::cast<bf16, X>&, block_table<T>& table) {
     table[std::size_t(op_code::round_bf16)] = &apply_to_block<fn::round_bf16, T, 1>;
 }
 template <class T, class E>
-void collect_blocks(const E& e, block_table<T>& table) {
+void collect_blocks([[maybe_unused]] const E& e, block_table<T>& table) {
+#ifdef DIMSUM_PRECOMPILED_KERNELS
+    if (!table[0]) table = every_block<T>();
+#else
     add_block<T>(e, table);
     expr::for_each_operand(e, [&table](const auto& operand) { collect_blocks<T>(operand, table); });
+#endif
 }
 
 }  // namespace detail

@@ -272,6 +272,10 @@ inline constexpr std::size_t max_function_operands = 3;
 template <class T>
 using block_table = std::array<block_function<T>, op_code_count>;
 
+// The block function of every elementwise function (fn::elementwise_functions), map's aside.
+template <class T>
+block_table<T> every_block();
+
 template <class T>
 struct fused_node {
     enum class kind { input, constant, function };

@@ -63,7 +63,7 @@ DIMSUM_HD inline std::size_t blocks(const attention_pass& p) { return device::el
 // (the block's group_reduce: shuffles on the device). Every thread of the block calls them
 // the same number of times: a warp's shuffle waits for all 32 of its threads.
 struct group_max {
-    DIMSUM_HD float operator()(float own, float other) const { return device::maximum(own, other); }
+    DIMSUM_HD float operator()(float own, float other) const { return fn::maximum{}(own, other); }
 };
 struct group_sum {
     DIMSUM_HD float operator()(float own, float other) const { return own + other; }
@@ -179,7 +179,7 @@ DIMSUM_HD inline void attention_tile(const attention_pass& p, const layout& shap
                     score = device::evaluate_nodes<float>(f, offsets, p.score_input, score);
                 }
                 s[i][j] = score;
-                top = device::maximum(top, score);
+                top = fn::maximum{}(top, score);
             }
             top = max_over_group(block, top);
             // nothing visible in this tile yet (top -infinity): m, l and the output unchanged

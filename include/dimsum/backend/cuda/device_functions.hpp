@@ -17,12 +17,9 @@
 
 #include "dimsum/backend/cuda/kernels.hpp"
 #include "dimsum/core/bf16.hpp"
+#include "dimsum/core/functors.hpp"
+#include "dimsum/core/host_device.hpp"
 
-#ifdef __CUDACC__
-#define DIMSUM_HD __host__ __device__
-#else
-#define DIMSUM_HD
-#endif
 
 namespace dimsum::backend::cuda::device {
 
@@ -42,65 +39,6 @@ DIMSUM_HD inline T load(const void* data, element_type type, std::ptrdiff_t offs
         case element_type::int64: return static_cast<T>(static_cast<const std::int64_t*>(data)[offset]);
     }
     return T(0);
-}
-
-// The nearest bf16 to a, as a value of a's type (fn::round_bf16).
-template <class T>
-DIMSUM_HD inline T round_bf16(T a) {
-    const std::uint32_t bits = std::uint32_t(dimsum::detail::bf16_bits_of(a)) << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return static_cast<T>(f);
-}
-
-template <class T>
-DIMSUM_HD inline T maximum(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); }
-template <class T>
-DIMSUM_HD inline T minimum(T a, T b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); }
-
-// The function `op` of the arguments a (fn::evaluate on one value). The math functions are the
-// C library's on the host and CUDA's on the device: their results may differ in the last bits.
-template <class T>
-DIMSUM_HD inline T apply(op_code op, const T* a) {
-    const T one(1);
-    switch (op) {
-        case op_code::add: return a[0] + a[1];
-        case op_code::subtract: return a[0] - a[1];
-        case op_code::multiply: return a[0] * a[1];
-        case op_code::divide: return a[0] / a[1];
-        case op_code::negate: return -a[0];
-        case op_code::exp: return ::exp(a[0]);
-        case op_code::log: return ::log(a[0]);
-        case op_code::sqrt: return ::sqrt(a[0]);
-        case op_code::tanh: return ::tanh(a[0]);
-        case op_code::abs: return ::fabs(a[0]);
-        case op_code::erf: return ::erf(a[0]);
-        case op_code::sigmoid: return one / (one + ::exp(-a[0]));
-        case op_code::silu: return a[0] / (one + ::exp(-a[0]));
-        case op_code::gelu: {
-            const T inverse_sqrt2 = static_cast<T>(0.70710678118654752440);  // as fn::gelu's 1 / ::sqrt(2)
-            return a[0] * (::erf(a[0] * inverse_sqrt2) + one) * T(0.5);
-        }
-        case op_code::sin: return ::sin(a[0]);
-        case op_code::cos: return ::cos(a[0]);
-        case op_code::rsqrt: return one / ::sqrt(a[0]);
-        case op_code::round_bf16: return round_bf16(a[0]);
-        case op_code::maximum: return maximum(a[0], a[1]);
-        case op_code::minimum: return minimum(a[0], a[1]);
-        case op_code::pow: return ::pow(a[0], a[1]);
-        case op_code::less: return a[0] < a[1] ? one : T(0);
-        case op_code::less_equal: return a[0] <= a[1] ? one : T(0);
-        case op_code::greater: return a[0] > a[1] ? one : T(0);
-        case op_code::greater_equal: return a[0] >= a[1] ? one : T(0);
-        case op_code::equal: return a[0] == a[1] ? one : T(0);
-        case op_code::not_equal: return a[0] != a[1] ? one : T(0);
-        case op_code::logical_and: return a[0] != T(0) && a[1] != T(0) ? one : T(0);
-        case op_code::logical_or: return a[0] != T(0) || a[1] != T(0) ? one : T(0);
-        case op_code::logical_not: return a[0] == T(0) ? one : T(0);
-        case op_code::where: return a[0] != T(0) ? a[1] : a[2];
-        case op_code::map: break;  // refused by the evaluator: a user's function runs on the host only
-    }
-    return T(0) / T(0);
 }
 
 // The offset of the index whose row-major number is `linear`, over `rank` axes of `extents`,
@@ -143,7 +81,7 @@ DIMSUM_HD inline T evaluate_nodes(const fused_pass& p, const std::ptrdiff_t* off
             case fused_node::kind::function: {
                 T arguments[3] = {T(0), T(0), T(0)};
                 for (std::size_t o = 0; o < node.operand_count; ++o) arguments[o] = values[node.operands[o]];
-                values[n] = apply(node.op, arguments);
+                values[n] = fn::apply(node.op, arguments);
                 break;
             }
         }
@@ -234,7 +172,7 @@ DIMSUM_HD inline void rowwise_line(const rowwise_pass& p, std::size_t line) {
         case line_op::softmax: {
             // pass 1: the maximum, so that exp never overflows
             T top = -static_cast<T>(INFINITY);
-            for (std::ptrdiff_t j = 0; j < n; ++j) top = maximum(top, x[j * xs]);
+            for (std::ptrdiff_t j = 0; j < n; ++j) top = fn::maximum{}(top, x[j * xs]);
             if (top == -static_cast<T>(INFINITY)) {  // every value masked: no weight anywhere
                 for (std::ptrdiff_t j = 0; j < n; ++j) y[j * ys] = T(0);
                 return;
@@ -263,7 +201,7 @@ DIMSUM_HD inline void rowwise_line(const rowwise_pass& p, std::size_t line) {
         }
         case line_op::max: {
             T top = -static_cast<T>(INFINITY);
-            for (std::ptrdiff_t j = 0; j < n; ++j) top = maximum(top, x[j * xs]);
+            for (std::ptrdiff_t j = 0; j < n; ++j) top = fn::maximum{}(top, x[j * xs]);
             *y = top;
             return;
         }
@@ -397,7 +335,7 @@ DIMSUM_HD inline void attention_row(const attention_pass& p, std::size_t item) {
                     score = evaluate_nodes<T>(f, offsets, p.score_input, score);
                 }
                 s[j] = score;
-                top = maximum(top, score);
+                top = fn::maximum{}(top, score);
             }
             if (top == minus_infinity) continue;  // nothing visible yet: m and l unchanged
             // pass 2: the online softmax; pass 3: out += p V for this chunk of columns
@@ -436,7 +374,7 @@ DIMSUM_HD inline void attention_combine(const attention_pass& p, std::size_t ite
     const T* partial = static_cast<const T*>(p.partials) + static_cast<std::ptrdiff_t>(row * p.key_splits * width);
     const T minus_infinity = -static_cast<T>(INFINITY);
     T m = minus_infinity;
-    for (std::size_t s = 0; s < p.key_splits; ++s) m = maximum(m, partial[s * width]);
+    for (std::size_t s = 0; s < p.key_splits; ++s) m = fn::maximum{}(m, partial[s * width]);
     T l = T(0), sum = T(0);
     for (std::size_t s = 0; s < p.key_splits; ++s) {
         const T* range = partial + s * width;

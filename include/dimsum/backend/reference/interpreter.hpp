@@ -106,7 +106,7 @@ private:
                 for (std::size_t i = 0; i < s.operand_count; ++i) {
                     arguments[i] = read(s.operands[i], broadcast_index(s, steps_[s.operands[i]], index).data());
                 }
-                if (s.op != op_code::map) return fn::evaluate(s.op, arguments);
+                if (s.op != op_code::map) return fn::apply(s.op, arguments);
                 const T* in[max_operands] = {&arguments[0], &arguments[1], &arguments[2]};
                 T out{};
                 program_.functions[s.index](1, in, &out);
