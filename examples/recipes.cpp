@@ -218,7 +218,20 @@ bool run() {
     auto interleaved = ds::eval(ds::view<Batch, Heads, Seq, Head>(
         ds::stack<Pair, 4>(even * cos - odd * sin, odd * cos + even * sin)));
     auto want = reference_rotation([](std::size_t i) { return 2 * i; }, [](std::size_t i) { return 2 * i + 1; });
-    return check("rotary position embedding, interleaved", interleaved, want, 1e-6) && ok;
+    ok = check("rotary position embedding, interleaved", interleaved, want, 1e-6) && ok;
+
+    // Long contexts: the angles and tables in double, each table rounded to float once.
+    const std::size_t long_seq = 4096;
+    auto long_position = ds::view<Seq, ds::dim<1>>(ds::arange<double>(Seq{long_seq}));
+    auto long_frequency = ds::pow(10000.0, ds::arange<double>(HalfHead{}) * (-2.0 / 8.0));
+    ds::tensor<double, Seq, HalfHead> cos_in_double = ds::cos(long_position * long_frequency);
+    ds::tensor<float, Seq, HalfHead> long_cos = ds::cast<float>(cos_in_double);
+
+    std::vector<double> want_cos(long_seq * 4);
+    for (std::size_t p = 0; p < long_seq; ++p) {
+        for (std::size_t i = 0; i < 4; ++i) want_cos[p * 4 + i] = std::cos(double(p) * std::pow(10000.0, -2.0 * double(i) / 8.0));
+    }
+    return check("rotary tables for 4096 positions, computed in double", long_cos, want_cos, 1e-7) && ok;
 }
 
 }  // namespace rope

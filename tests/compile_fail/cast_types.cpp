@@ -1,4 +1,4 @@
-// expect: dimsum: cast: from double to bf16 is not supported: a cast goes to bf16 from float, or to float or double from bf16, int32 or int64
+// expect: dimsum: cast: from double to bf16 is not supported: a cast goes to bf16 from float, to double from float, to float from a tensor of double, or to float or double from bf16, int32 or int64
 #include <dimsum/dimsum.hpp>
 namespace ds = dimsum;
 

@@ -1,4 +1,4 @@
-// expect: dimsum: add: operands hold different element types: float vs double (float and double do not mix in a formula yet)
+// expect: dimsum: add: operands hold different element types: float vs double (convert one: ds::cast<double>(x) of float, or ds::cast<float>(x) of a tensor of double)
 #include <dimsum/dimsum.hpp>
 namespace ds = dimsum;
 

@@ -5,6 +5,9 @@
 #include <xtensor/xoperation.hpp>
 #include <xtensor/xview.hpp>
 
+#include <bit>
+#include <cstdint>
+#include <iterator>
 #include <limits>
 
 namespace ds = dimsum;
@@ -123,4 +126,65 @@ TEST_CASE("where, masked_fill and the causal mask") {
     // A single query against many keys (decoding) sees every key.
     auto none = ds::eval(ds::where(ds::causal_mask(ds::dim<1>{}, K{65}), 1.0f, 0.0f));  // (1, k=65)
     test::require_close(none, xt::xarray<double>(xt::zeros<double>({1, 65})), 0, 0);
+}
+
+TEST_CASE("cast<double> of a float formula computes in double, cast<float> of a double tensor or view rounds each value") {
+    const ds::backend::reference::evaluator reference;
+    for (std::size_t rows : test::odd_sizes) {
+        const std::size_t cols = 7;
+        ds::tensor<float, Rows, Cols> a(Rows{rows}, Cols{cols}), b(Rows{rows}, Cols{cols});
+        ds::tensor<float, Cols, Rows> at(Cols{cols}, Rows{rows});
+        ds::fill_uniform(a, rows, -3.0, 3.0);
+        ds::fill_uniform(b, rows + 1, -3.0, 3.0);
+        ds::fill_uniform(at, rows + 2, -3.0, 3.0);
+        ds::tensor<double, Cols> scale(Cols{cols});
+        ds::fill_uniform(scale, rows + 3);
+
+        // The float values widen exactly and the arithmetic is double's: float arithmetic
+        // would be off by about 1e-7 of each product.
+        auto widened = [&](const auto& engine) {
+            return ds::eval(ds::cast<double>(a * b + ds::transpose(at)) * scale + 1.0, engine);
+        };
+        std::vector<double> want(rows * cols);
+        for (std::size_t i = 0; i < rows; ++i) {
+            for (std::size_t j = 0; j < cols; ++j) {
+                want[i * cols + j] = (double(a(i, j)) * double(b(i, j)) + double(at(j, i))) * scale(j) + 1.0;
+            }
+        }
+        for (const auto& got : {widened(ds::backend::cpu::evaluator{}), widened(reference)}) {
+            for (std::size_t i = 0; i < want.size(); ++i) REQUIRE(got.data()[i] == Approx(want[i]).epsilon(1e-15).margin(1e-15));
+        }
+
+        // Rounding a tensor of double, read through a transposed view, with every special
+        // value in every position: NaN, infinities, -0, past float's largest (infinity), ties.
+        ds::tensor<double, Cols, Rows> d(Cols{cols}, Rows{rows});
+        ds::fill_uniform(d, rows + 4, -1e3, 1e3);
+        const double specials[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                                   -std::numeric_limits<double>::infinity(), -0.0, 1e39, -1e39, 1e-46,
+                                   1.0 + 0x1p-24, 1.0 + 0x1p-24 + 0x1p-50, 3.0 * 0x1p-150};
+        for (std::size_t i = 0; i < d.size(); ++i) {
+            if (i % 3 == 0) d.data()[i] = specials[(i / 3) % std::size(specials)];
+        }
+        auto narrowed = [&](const auto& engine) { return ds::eval(ds::cast<float>(ds::transpose(d)) * 2.0f - a, engine); };
+        for (const auto& got : {narrowed(ds::backend::cpu::evaluator{}), narrowed(reference)}) {
+            for (std::size_t i = 0; i < rows; ++i) {
+                for (std::size_t j = 0; j < cols; ++j) {
+                    const float want_ij = static_cast<float>(d(j, i)) * 2.0f - a(i, j);
+                    const float got_ij = got(i, j);
+                    if (std::isnan(want_ij)) REQUIRE(std::isnan(got_ij));
+                    else REQUIRE(std::bit_cast<std::uint32_t>(got_ij) == std::bit_cast<std::uint32_t>(want_ij));
+                }
+            }
+        }
+        // A product reads the rounded values as its operand.
+        ds::tensor<double, Cols, Rows> w(Cols{cols}, Rows{rows});
+        ds::fill_uniform(w, rows + 5);
+        ds::tensor<float, Cols, Rows> w_float(Cols{cols}, Rows{rows});
+        for (std::size_t i = 0; i < w.size(); ++i) w_float.data()[i] = static_cast<float>(w.data()[i]);
+        test::require_close(ds::eval(ds::matmul(a, ds::cast<float>(w))), test::to_xt(ds::eval(ds::matmul(a, w_float))), 0, 0);
+    }
+    // The plan says so: a convert entry reads the tensor of double into the formula's float.
+    ds::tensor<double, Rows, Cols> d(Rows{3}, Cols{7});
+    ds::tensor<float, Rows, Cols> f(Rows{3}, Cols{7});
+    CHECK(ds::explain(ds::cast<float>(d) + f).find("convert") != std::string::npos);
 }

@@ -54,7 +54,9 @@ constexpr message element_type_error(std::string_view op) {
                                         (std::is_same_v<A, float> && std::is_same_v<B, bf16>);
         if constexpr (bf16_and_float) m << " (convert one: ds::cast<float>(x) or ds::cast<ds::bf16>(x))";
         else if constexpr (integer_element<A> || integer_element<B>) m << " (read integers as values: ds::cast<float>(x))";
-        else if constexpr (floating_element<A> && floating_element<B>) m << " (float and double do not mix in a formula yet)";
+        else if constexpr (floating_element<A> && floating_element<B>) {
+            m << " (convert one: ds::cast<double>(x) of float, or ds::cast<float>(x) of a tensor of double)";
+        }
     }
     return m;
 }

@@ -1,7 +1,8 @@
 #pragma once
 // Conversions between a program's type and the element types its memory may hold, for the
 // executors on the host: a `convert` entry widens a binding of bf16, integers (or float, in a
-// program over double) into the program's type; a formula of bf16 is computed in float (or
+// program over double) into the program's type, or rounds one of double into a program over
+// float (cast<float> of a tensor of double); a formula of bf16 is computed in float (or
 // double, by the reference backend) and rounded into its bf16 destination at the end.
 
 #include <cstddef>
@@ -13,11 +14,13 @@
 
 namespace dimsum::evaluation {
 
-// Whether a program over `to` may read a binding of `from`: its own type, or one that widens
-// exactly (bf16, float into double) or that it reads as numbers or ids (int32, int64).
+// Whether a program over `to` may read a binding of `from`: its own type, one that widens
+// exactly (bf16, float into double), one that it reads as numbers or ids (int32, int64), or
+// double into float (each value rounded: a cast<float> of a tensor of double).
 constexpr bool readable(element_type from, element_type to) {
     return from == to || from == element_type::bf16 || from == element_type::int32 || from == element_type::int64 ||
-           (from == element_type::float32 && to == element_type::float64);
+           (from == element_type::float32 && to == element_type::float64) ||
+           (from == element_type::float64 && to == element_type::float32);
 }
 
 // Whether s is row-major and contiguous: one flat loop reads or writes it.

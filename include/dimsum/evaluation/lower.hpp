@@ -77,10 +77,11 @@ void describe(step& s, std::vector<binding>&, const expr::elementwise<S, F, X...
     s.kind = step_kind::elementwise;
     s.op = F::code;
 }
-// A cast to bf16 rounds (the value stays in T); a widening cast is no step at all (lower_step).
+// A cast to bf16 rounds (the value stays in T); a cast to float or double is no step at all
+// (lower_step).
 template <class T, class To, class X>
 void describe(step& s, std::vector<binding>&, const expr::cast<To, X>&) {
-    static_assert(std::is_same_v<To, bf16>, "dimsum: a widening cast is no step (lower_step)");
+    static_assert(std::is_same_v<To, bf16>, "dimsum: a cast to float or double is no step (lower_step)");
     s.kind = step_kind::elementwise;
     s.op = op_code::round_bf16;
 }
@@ -165,12 +166,13 @@ inline constexpr bool is_map = false;
 template <class S, class F, class... X>
 inline constexpr bool is_map<expr::map<S, F, X...>> = true;
 
-// A cast to float or double: the operand's values as they are, read converted by the planner
-// where they are bf16 or integers.
+// A cast to float or double: the operand lowered in the formula's type, its tensors read
+// converted by the planner where they hold another (bf16, integers, float in a formula of
+// double, or double in one of float: ops/cast.hpp lets only a tensor or view of double narrow).
 template <class E>
-inline constexpr bool is_widening_cast = false;
+inline constexpr bool is_read_converted = false;
 template <class To, class X>
-inline constexpr bool is_widening_cast<expr::cast<To, X>> = !std::is_same_v<To, bf16>;
+inline constexpr bool is_read_converted<expr::cast<To, X>> = !std::is_same_v<To, bf16>;
 
 }  // namespace lowering
 
@@ -181,7 +183,7 @@ inline constexpr bool is_widening_cast<expr::cast<To, X>> = !std::is_same_v<To, 
 // step, so that the planner computes it once.
 template <class T, class E>
 std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
-    if constexpr (lowering::is_widening_cast<E>) {
+    if constexpr (lowering::is_read_converted<E>) {
         return lower_step<T>(e.operands.first, p, bindings);
     } else {
         step s{};
