@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
     try {
         using namespace bert;
         encoder_layer layer;
+        layer.epsilon = epsilon;
         ds::load(layer, weights);
         activations x = ds::load_npy<float, Batch, Seq, Model>(input);  // (batch, seq, model)
         auto want = ds::load_npy<double, Batch, Seq, Model>(dir + "/out.npy");
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
         // such products feed two layer norms. Measured: 7.4e-3 and 9.4e-3, about one bf16 ulp
         // at 1 (2^-7 = 7.8e-3); the bound, 3e-2, is four.
         basic_encoder_layer<ds::bf16> layer16;
+        layer16.epsilon = epsilon;
         ds::load(layer16, weights);
         basic_activations<ds::bf16> x16 = ds::cast<ds::bf16>(x);
         const basic_activations<ds::bf16> y16 = layer16(x16);

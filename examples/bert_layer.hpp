@@ -1,7 +1,5 @@
 #pragma once
-// A BERT encoder layer (Devlin et al. 2019; post-norm, as torch.nn.TransformerEncoderLayer):
-//     h = layer_norm(x + attention(x))
-//     y = layer_norm(h + gelu(h W_1 + b_1) W_2 + b_2)
+// The BERT encoder layer (ds::nn::encoder_layer, post-norm, as torch.nn.TransformerEncoderLayer)
 // of model width 128 and 2 heads of 64, as the committed tests/reference/bert/ checkpoint
 // holds it (tests/reference/generate_bert.py made it), in float or bf16. bert_layer.cpp runs
 // it on one process, tensor_parallel.cpp split over MPI ranks.
@@ -27,29 +25,12 @@ template <class T>
 using basic_activations = ds::tensor<T, Batch, Seq, Model>;
 using activations = basic_activations<float>;
 
-// Of float or bf16 tensors; a bf16 layer loads the same float32 checkpoint, each weight rounded.
+// The library's layer (ds::nn::encoder_layer), of float or bf16 tensors; a bf16 layer loads
+// the same float32 checkpoint, each weight rounded. Its epsilon is BERT's, set before use.
 template <class T>
-struct basic_encoder_layer {
-    BOOST_HANA_DEFINE_STRUCT(basic_encoder_layer,
-        (ds::nn::multi_head_attention<T, Model, Heads, Head>, attention),
-        (ds::tensor<T, Model>, ln1_weight),
-        (ds::tensor<T, Model>, ln1_bias),
-        (ds::tensor<T, Model, Hidden>, w_ff1),  // (model, hidden)
-        (ds::tensor<T, Hidden>, b_ff1),
-        (ds::tensor<T, Hidden, Model>, w_ff2),  // (hidden, model)
-        (ds::tensor<T, Model>, b_ff2),
-        (ds::tensor<T, Model>, ln2_weight),
-        (ds::tensor<T, Model>, ln2_bias));
-    static constexpr double epsilon = 1e-12;  // BERT's LayerNorm
-
-    // y (batch, seq, model) for x (batch, seq, model)
-    basic_activations<T> operator()(const basic_activations<T>& x, const ds::nn::attention_options& options = {}) const {
-        basic_activations<T> h = ds::nn::layer_norm(x + attention(x, options), ln1_weight, ln1_bias, epsilon);
-        auto feed_forward = ds::matmul(ds::nn::gelu(ds::matmul(h, w_ff1) + b_ff1), w_ff2) + b_ff2;
-        return ds::nn::layer_norm(h + feed_forward, ln2_weight, ln2_bias, epsilon);
-    }
-};
+using basic_encoder_layer = ds::nn::encoder_layer<T, Model, Heads, Head, Hidden>;
 using encoder_layer = basic_encoder_layer<float>;
+inline constexpr double epsilon = 1e-12;  // BERT's LayerNorm
 
 // The largest |got - want| / (1 + |want|).
 template <class T>

@@ -36,8 +36,7 @@ int main(int argc, char** argv) {
     return dist::run_or_abort(world, [&] {
         using namespace bert;
         ds::checkpoint file(weights);
-        const auto layer = dist::encoder_layer<float, Model, Heads, Head, Hidden>::load_shard(file, world, "",
-                                                                                            encoder_layer::epsilon);
+        const auto layer = dist::encoder_layer<float, Model, Heads, Head, Hidden>::load_shard(file, world, "", epsilon);
         std::uint64_t whole = 0;  // the bytes of every array in the file, for comparison
         for (const std::string& name : file.names()) {
             const ds::stored_array array = *file.find(name);

@@ -41,23 +41,11 @@ using Hidden = ds::axis<"hidden", 3072>;
 using activations = ds::tensor<float, Batch, Seq, Model>;
 using full_attention = ds::nn::multi_head_attention<float, Model, Heads, Head>;
 
-struct full_encoder {  // as examples/bert_layer.hpp, at BERT-base's sizes
-    full_attention attention;
-    ds::tensor<float, Model> ln1_weight, ln1_bias;
-    ds::tensor<float, Model, Hidden> w_ff1;
-    ds::tensor<float, Hidden> b_ff1;
-    ds::tensor<float, Hidden, Model> w_ff2;
-    ds::tensor<float, Model> b_ff2, ln2_weight, ln2_bias;
-
-    activations operator()(const activations& x) const {
-        activations h = ds::nn::layer_norm(x + attention(x), ln1_weight, ln1_bias, 1e-12);
-        auto feed_forward = ds::matmul(ds::nn::gelu(ds::matmul(h, w_ff1) + b_ff1), w_ff2) + b_ff2;
-        return ds::nn::layer_norm(h + feed_forward, ln2_weight, ln2_bias, 1e-12);
-    }
-};
+using full_encoder = ds::nn::encoder_layer<float, Model, Heads, Head, Hidden>;  // at BERT-base's sizes
 
 full_encoder random_encoder() {
     full_encoder e;
+    e.epsilon = 1e-12;  // BERT's
     ds::fill_uniform(e.attention.w_qkv.emplace(), 1, -0.05, 0.05);
     ds::fill_uniform(e.attention.b_qkv.emplace(), 2, -0.1, 0.1);
     ds::fill_uniform(e.attention.w_o, 3, -0.05, 0.05);

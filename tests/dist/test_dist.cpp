@@ -83,28 +83,11 @@ full_attention random_attention(bool fused, bool biases) {
 }
 
 // The BERT layer of examples/bert_layer.cpp, in one process: the reference of the split one.
-struct full_encoder {
-    BOOST_HANA_DEFINE_STRUCT(full_encoder,
-        (full_attention, attention),
-        (ds::tensor<double, Model>, ln1_weight),
-        (ds::tensor<double, Model>, ln1_bias),
-        (ds::tensor<double, Model, Hidden>, w_ff1),
-        (ds::tensor<double, Hidden>, b_ff1),
-        (ds::tensor<double, Hidden, Model>, w_ff2),
-        (ds::tensor<double, Model>, b_ff2),
-        (ds::tensor<double, Model>, ln2_weight),
-        (ds::tensor<double, Model>, ln2_bias));
-
-    ds::tensor<double, Batch, Seq, Model> operator()(const ds::tensor<double, Batch, Seq, Model>& x,
-                                                     const ds::nn::attention_options& options = {}) const {
-        ds::tensor<double, Batch, Seq, Model> h = ds::nn::layer_norm(x + attention(x, options), ln1_weight, ln1_bias, 1e-12);
-        auto feed_forward = ds::matmul(ds::nn::gelu(ds::matmul(h, w_ff1) + b_ff1), w_ff2) + b_ff2;
-        return ds::nn::layer_norm(h + feed_forward, ln2_weight, ln2_bias, 1e-12);
-    }
-};
+using full_encoder = ds::nn::encoder_layer<double, Model, Heads, Head, Hidden>;
 
 full_encoder random_encoder() {
     full_encoder full;
+    full.epsilon = 1e-12;  // BERT's: shard() keeps it
     full.attention = random_attention(true, true);
     ds::fill_uniform(full.ln1_weight, 20, 0.5, 1.5);
     ds::fill_uniform(full.ln1_bias, 21);
@@ -361,7 +344,7 @@ TEST_CASE("each rank reads only its slice of the full checkpoint, and holds what
     shared_file file(world, "bert.safetensors", [&](const auto& path) { ds::save(full, path); });
     ds::checkpoint in(file.path());
     using split_encoder = dist::encoder_layer<double, Model, Heads, Head, Hidden>;
-    const auto read = split_encoder::load_shard(in, world);
+    const auto read = split_encoder::load_shard(in, world, "", full.epsilon);
     const auto cut = split_encoder::shard(full, world);
     CHECK(same_attention(read.attention, cut.attention));
     CHECK((same_bits(read.w_ff1, cut.w_ff1) && same_bits(read.b_ff1, cut.b_ff1) && same_bits(read.w_ff2, cut.w_ff2)));

@@ -2,7 +2,8 @@
 """Every code block in README.md and docs/*.md must be quoted from a file ctest builds.
 
 A ```cpp or ```cmake block is preceded by a line `<!-- snippet: PATH -->` naming that file
-(under examples/ or tests/); its lines must appear, in order and together, in the file.
+(under examples/ or tests/, or a library header, which every test that includes it
+compiles); its lines must appear, in order and together, in the file.
 Blocks of shell commands or program output (```sh, ```text) are not code and not checked,
 except a ```sh block that names its file the same way (a command a test runs).
 """
@@ -10,7 +11,7 @@ import pathlib
 import re
 import sys
 
-BUILT = ("examples/", "tests/compile_fail/", "tests/unit/", "tests/consumer/")
+BUILT = ("examples/", "tests/compile_fail/", "tests/unit/", "tests/consumer/", "include/dimsum/")
 
 
 def blocks(text):

@@ -4,10 +4,12 @@
 // attention weights returned.
 #include "support.hpp"
 
+#include <dimsum/interop/parameters.hpp>
 #include <xtensor/xnpy.hpp>
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -227,4 +229,54 @@ TEST_CASE("a layer whose model width is known only at run time works as called, 
     auto y = x_run_time;
     unknown.forward(x_run_time, x_run_time, y.view());
     test::require_close(y, want, 1e-6, 1e-7);
+}
+
+TEST_CASE("nn::encoder_layer is the post-norm layer written out, packed or not, and loads back what it saved") {
+    using Hidden = ds::axis<"hidden", 40>;
+    using Seq = ds::axis<"seq">;
+    using encoder = ds::nn::encoder_layer<double, Model, Heads, Head, Hidden>;
+    encoder e;
+    ds::fill_uniform(e.attention.w_qkv.emplace(), 1, -0.3, 0.3);
+    ds::fill_uniform(e.attention.b_qkv.emplace(), 2);
+    ds::fill_uniform(e.attention.w_o, 3, -0.3, 0.3);
+    ds::fill_uniform(e.ln1_weight, 4, 0.5, 1.5);
+    ds::fill_uniform(e.ln1_bias, 5);
+    ds::fill_uniform(e.w_ff1, 6, -0.3, 0.3);
+    ds::fill_uniform(e.b_ff1, 7);
+    ds::fill_uniform(e.w_ff2, 8, -0.3, 0.3);
+    ds::fill_uniform(e.b_ff2, 9);
+    ds::fill_uniform(e.ln2_weight, 10, 0.5, 1.5);
+    ds::fill_uniform(e.ln2_bias, 11);
+    ds::tensor<double, Batch, Seq, Model> x(Batch{2}, Seq{7});
+    ds::fill_normal(x, 12);
+    std::vector<std::size_t> lengths{7, 3};
+
+    for (double epsilon : {1e-5, 1e-12}) {  // outputs about 5e-6 apart: a layer that ignored it fails one
+        e.epsilon = epsilon;
+        for (const ds::nn::attention_options& options :
+             {ds::nn::attention_options{}, ds::nn::attention_options{.causal = true}, ds::nn::attention_options{.key_lengths = lengths}}) {
+            ds::tensor<double, Batch, Seq, Model> h =
+                ds::nn::layer_norm(x + e.attention(x, options), e.ln1_weight, e.ln1_bias, epsilon);
+            ds::tensor<double, Batch, Seq, Model> want = ds::nn::layer_norm(
+                h + (ds::matmul(ds::gelu(ds::matmul(h, e.w_ff1) + e.b_ff1), e.w_ff2) + e.b_ff2), e.ln2_weight, e.ln2_bias, epsilon);
+            test::require_close(e(x, options), test::to_xt(want), 1e-13, 1e-13);
+        }
+    }
+    // The same bits with the projections and W_1, W_2 packed once.
+    const auto y = e(x);
+    REQUIRE(e.packed_bytes() == 0);
+    e.prepack();
+    CHECK(e.packed_bytes() >= (e.w_ff1.size() + e.w_ff2.size()) * sizeof(double));
+    const auto packed = e(x);
+    CHECK(std::memcmp(packed.data(), y.data(), y.size() * sizeof(double)) == 0);
+    e.unpack();
+    CHECK(e.packed_bytes() == 0);
+    // By name through a file: every weight, so the same output (epsilon is not a weight).
+    test::temp_dir tmp;
+    ds::save(e, tmp.path("encoder.safetensors"));
+    encoder loaded;
+    loaded.epsilon = e.epsilon;
+    ds::load(loaded, tmp.path("encoder.safetensors"));
+    const auto again = loaded(x);
+    CHECK(std::memcmp(again.data(), y.data(), y.size() * sizeof(double)) == 0);
 }

@@ -19,6 +19,7 @@
 #include "dimsum/dist/group.hpp"
 #include "dimsum/interop/parameters.hpp"
 #include "dimsum/nn/attention.hpp"
+#include "dimsum/nn/encoder.hpp"
 #include "dimsum/nn/layers.hpp"
 
 namespace dimsum::dist {
@@ -246,7 +247,7 @@ private:
     }
 };
 
-// A BERT encoder layer (post-norm, as torch.nn.TransformerEncoderLayer) split over the ranks:
+// nn::encoder_layer (post-norm, as BERT and torch.nn.TransformerEncoderLayer) split over the ranks:
 //     h = layer_norm(x + attention(x))                    attention split by heads
 //     y = layer_norm(h + gelu(h W_1 + b_1) W_2 + b_2)     W_1 by columns, W_2 by rows
 // two all-reduces per call; the layer norms run on every rank on the whole width.
@@ -259,7 +260,7 @@ struct encoder_layer {
     tensor<T, LocalHidden, Model> w_ff2;  // its rows of W_2
     tensor<T, Model> b_ff2;               // rank 0 adds it
     tensor<T, Model> ln2_weight, ln2_bias;
-    double epsilon = 1e-12;  // BERT's LayerNorm
+    double epsilon = 1e-5;  // the layer norms', as nn::encoder_layer's
 
     // This rank's projections (the attention's, W_1's columns and W_2's rows) packed once for
     // the CPU's products, as nn::multi_head_attention::prepack(): again after changing them.
@@ -277,12 +278,9 @@ struct encoder_layer {
         return attention.packed_bytes() + (w_ff1_panels ? w_ff1_panels->bytes() + w_ff2_panels->bytes() : 0);
     }
 
-    // This rank's part of a full layer, any struct with the members of examples/bert_layer.cpp's
-    // encoder_layer (attention, ln1_weight, ln1_bias, w_ff1, b_ff1, w_ff2, b_ff2, ln2_weight,
-    // ln2_bias): a shape_error, the same on every rank, when the ranks divide neither the heads
-    // nor the hidden axis.
-    template <class Full>
-    static encoder_layer shard(const Full& full, const group& g, double epsilon = 1e-12) {
+    // This rank's part of a full layer, its epsilon included: a shape_error, the same on every
+    // rank, when the ranks divide neither the heads nor the hidden axis.
+    static encoder_layer shard(const nn::encoder_layer<T, Model, Heads, Head, Hidden>& full, const group& g) {
         encoder_layer layer;
         layer.attention = multi_head_attention<T, Model, Heads, Head>::shard(full.attention, g);
         const share hidden = g.split(Hidden::static_extent, "hidden units");
@@ -294,15 +292,15 @@ struct encoder_layer {
         layer.b_ff2 = full.b_ff2;
         layer.ln2_weight = full.ln2_weight;
         layer.ln2_bias = full.ln2_bias;
-        layer.epsilon = epsilon;
+        layer.epsilon = full.epsilon;
         return layer;
     }
 
-    // The same part read from a checkpoint holding the full layer under `prefix`, with the names
-    // above (the attention's under `attention.`): each rank reads only its columns and rows of
-    // the projections and the whole of the layer norms and output biases.
+    // The same part read from a checkpoint holding the full layer under `prefix`, with
+    // nn::encoder_layer's names (the attention's under `attention.`): each rank reads only its
+    // columns and rows of the projections and the whole of the layer norms and output biases.
     static encoder_layer load_shard(checkpoint& file, const group& g, const std::string& prefix = "",
-                                    double epsilon = 1e-12) {
+                                    double epsilon = 1e-5) {
         encoder_layer layer;
         layer.attention = multi_head_attention<T, Model, Heads, Head>::load_shard(file, g, prefix + "attention.");
         const share hidden = g.split(Hidden::static_extent, "hidden units");
@@ -330,7 +328,7 @@ struct encoder_layer {
         const tensor_view<const T, Model> bias = detail::bias_on_rank_0(attention.team.rank(), &b_ff2, b_ff2.extent(0));
         const packed_view<T, Model, LocalHidden> w_1(w_ff1.view(), w_ff1_panels.get());
         const packed_view<T, LocalHidden, Model> w_2(w_ff2.view(), w_ff2_panels.get());
-        Out f = matmul(nn::gelu(matmul(h, w_1) + b_ff1), w_2) + bias;  // this rank's part
+        Out f = nn::gelu_feed_forward(h, w_1, b_ff1, w_2, bias);  // this rank's part
         all_reduce(attention.team, f);
         return nn::layer_norm(h + f, ln2_weight, ln2_bias, epsilon);
     }

@@ -1,6 +1,6 @@
 #pragma once
 // The other pieces of a transformer layer, as formulas over ops/: GELU, layer normalisation
-// with its learned scale and shift, RMSNorm and the SwiGLU feed-forward.
+// with its learned scale and shift, RMSNorm, and the GELU and SwiGLU feed-forwards.
 
 #include <type_traits>
 
@@ -45,6 +45,15 @@ auto rms_norm(X&& x, G&& g, double epsilon = 1e-6, call_site caller = call_site:
     const auto& rows = x;
     auto mean_square = mean<Last>(rows * rows, keep_axis);  // (..., last=1)
     return rows * rsqrt(mean_square + static_cast<compute_type_t<value_type_of<X>>>(epsilon)) * std::forward<G>(g);
+}
+
+// The feed-forward of BERT and GPT-2: gelu(x W_1 + b_1) W_2 + b_2, x (..., model), W_1
+// (model, hidden), W_2 (hidden, model).
+template <class X, class W1, class B1, class W2, class B2>
+auto gelu_feed_forward(X&& x, W1&& w_1, B1&& b_1, W2&& w_2, B2&& b_2, call_site caller = call_site::current()) {
+    ::dimsum::detail::operation_site site(caller);
+    return matmul(gelu(matmul(std::forward<X>(x), std::forward<W1>(w_1)) + std::forward<B1>(b_1)), std::forward<W2>(w_2)) +
+           std::forward<B2>(b_2);
 }
 
 // The SwiGLU feed-forward (Shazeer 2020), as in LLaMA: (silu(x W_1) * x W_3) W_2, x (..., model),
