@@ -217,17 +217,7 @@ struct multi_head_attention {
                           bias);
         };
         auto run = [&](auto mask) { output(matmul(softmax(mask(nn::attention_scores(q, k))), v)); };
-        std::optional<tensor<T, Batch, dim<1>, dim<1>, Key>> padding;
-        if (!options.key_lengths.empty()) {  // 0 for real keys, -infinity for padding
-            if (options.key_lengths.size() != batch) nn::detail::throw_key_length_count(options.key_lengths.size(), batch);
-            padding.emplace(Batch{batch}, dim<1>{}, dim<1>{}, Key{keys});
-            for (std::size_t b = 0; b < batch; ++b) {
-                if (options.key_lengths[b] > keys) nn::detail::throw_key_length(options.key_lengths[b], keys);
-                for (std::size_t j = 0; j < keys; ++j) {
-                    (*padding)(b, 0, 0, j) = j < options.key_lengths[b] ? T(0) : -std::numeric_limits<T>::infinity();
-                }
-            }
-        }
+        const auto padding = nn::detail::padding_mask<T, Batch, Key, dim<1>, dim<1>>(batch, keys, options.key_lengths);
         if (options.causal && padding) return run([&](auto&& s) { return nn::causal(s + *padding); });
         if (options.causal) return run([](auto&& s) { return nn::causal(s); });
         if (padding) return run([&](auto&& s) { return s + *padding; });

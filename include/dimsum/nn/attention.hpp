@@ -105,6 +105,23 @@ namespace detail {
     m << "dimsum: multi_head_attention: key length " << length << " exceeds the " << keys << " keys";
     throw shape_error(m);
 }
+
+// (batch, 1, ..., 1, key), with the axes `Ones` of extent 1 between: 0 for the keys within each
+// sequence's length, -infinity past it, what a layer adds to its scores for
+// attention_options::key_lengths; none without lengths.
+template <class T, axis_type Batch, axis_type Key, axis_type... Ones>
+std::optional<tensor<T, Batch, Ones..., Key>> padding_mask(std::size_t batch, std::size_t keys,
+                                                          std::span<const std::size_t> lengths) {
+    if (lengths.empty()) return std::nullopt;
+    if (lengths.size() != batch) throw_key_length_count(lengths.size(), batch);
+    tensor<T, Batch, Ones..., Key> mask(Batch{batch}, Ones{}..., Key{keys});
+    for (std::size_t b = 0; b < batch; ++b) {
+        if (lengths[b] > keys) throw_key_length(lengths[b], keys);
+        T* row = mask.data() + b * keys;
+        for (std::size_t j = 0; j < keys; ++j) row[j] = j < lengths[b] ? T(0) : -std::numeric_limits<T>::infinity();
+    }
+    return mask;
+}
 }  // namespace detail
 
 // A multi-head attention layer (Vaswani et al. 2017, section 3.2.2), inputs as rows (x W):
@@ -249,7 +266,8 @@ struct multi_head_attention {
             store(grouped, formula);
             output(matmul(grouped, v));
         };
-        auto padding = padding_mask<Batch, Key>(x.shape().extent(0), c.shape().extent(1), options.key_lengths);
+        auto padding = detail::padding_mask<T, Batch, Key, dim<1>, dim<1>, dim<1>>(x.shape().extent(0), c.shape().extent(1),
+                                                                               options.key_lengths);
         if (options.causal && padding) return run([&](auto&& s) { return causal(s + *padding); });
         if (options.causal) return run([](auto&& s) { return causal(s); });
         if (padding) return run([&](auto&& s) { return s + *padding; });
@@ -309,22 +327,6 @@ private:
     static tensor_view<const T, Axis> bias_or_zero(const std::optional<tensor<T, Axis>>& bias,
                                                    std::size_t extent = Axis::static_extent) {
         return bias ? bias->view() : zero<Axis>(extent);
-    }
-
-    // (batch, 1, 1, 1, key): 0 for the keys within each sequence's length, -infinity past it;
-    // none without lengths.
-    template <axis_type Batch, axis_type Key>
-    static std::optional<tensor<T, Batch, dim<1>, dim<1>, dim<1>, Key>> padding_mask(std::size_t batch, std::size_t keys,
-                                                                                     std::span<const std::size_t> lengths) {
-        if (lengths.empty()) return std::nullopt;
-        if (lengths.size() != batch) detail::throw_key_length_count(lengths.size(), batch);
-        tensor<T, Batch, dim<1>, dim<1>, dim<1>, Key> mask(Batch{batch}, dim<1>{}, dim<1>{}, dim<1>{}, Key{keys});
-        for (std::size_t b = 0; b < batch; ++b) {
-            if (lengths[b] > keys) detail::throw_key_length(lengths[b], keys);
-            T* row = mask.data() + b * keys;
-            for (std::size_t j = 0; j < keys; ++j) row[j] = j < lengths[b] ? T(0) : -std::numeric_limits<T>::infinity();
-        }
-        return mask;
     }
 };
 
