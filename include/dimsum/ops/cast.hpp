@@ -23,10 +23,10 @@ namespace dimsum {
 
 namespace detail {
 
-// Whether e is memory (a tensor or a view): values to read, no computation.
+// Whether e is memory, values to read with no computation: a tensor or a view, a temporary
+// tensor included (the cast's node holds it).
 template <class E>
-inline constexpr bool is_memory = is_tensor<std::remove_cvref_t<E>>::value || is_tensor_view<std::remove_cvref_t<E>>::value ||
-                                  is_named_device_tensor<E> || is_device_view<E>;
+inline constexpr bool is_memory = is_strided_leaf<E> || is_tensor<std::remove_cvref_t<E>>::value;
 
 template <class To, class From, bool Memory>
 constexpr message cast_error() {

@@ -44,7 +44,7 @@ void add_block(const expr::cast<bf16, X>&, block_table<T>& table) {
 template <class T, class E>
 void collect_blocks([[maybe_unused]] const E& e, block_table<T>& table) {
 #ifdef DIMSUM_PRECOMPILED_KERNELS
-    if (!table[0]) table = every_block<T>();
+    if (!table[std::size_t(op_code::add)]) table = every_block<T>();  // on the thread's first evaluation
 #else
     add_block<T>(e, table);
     expr::for_each_operand(e, [&table](const auto& operand) { collect_blocks<T>(operand, table); });

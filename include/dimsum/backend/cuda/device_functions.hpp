@@ -20,7 +20,6 @@
 #include "dimsum/core/functors.hpp"
 #include "dimsum/core/host_device.hpp"
 
-
 namespace dimsum::backend::cuda::device {
 
 // Element `offset` of memory of element type `type`, as T (bf16 and integers widened).
