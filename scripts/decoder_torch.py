@@ -113,13 +113,13 @@ def verify(torch, directory):
     want = np.load(f"{directory}/logits.npy")
     tokens = np.load(f"{directory}/tokens.npy")
     vocab, model = w["embedding"].shape
-    c = dict(vocab=vocab, model=model, heads=w["block.w_q"].shape[1] // 8, kv_heads=w["block.w_k"].shape[1] // 8, head=8,
+    c = dict(vocab=vocab, model=model, heads=w["block.attention.w_q"].shape[1] // 8, kv_heads=w["block.attention.w_k"].shape[1] // 8, head=8,
              hidden=w["block.w_1"].shape[1], positions=tokens.shape[1])
     worst = 0.0
     for b in range(prompt.shape[0]):
         d = Decoder(torch, c)
         d.embedding, d.g1, d.g2, d.g3, d.output = w["embedding"], w["block.attention_norm"], w["block.ffn_norm"], w["norm"], w["output"]
-        d.w_q, d.w_k, d.w_v, d.w_o = w["block.w_q"], w["block.w_k"], w["block.w_v"], w["block.w_o"]
+        d.w_q, d.w_k, d.w_v, d.w_o = w["block.attention.w_q"], w["block.attention.w_k"], w["block.attention.w_v"], w["block.attention.w_o"]
         d.w_1, d.w_3, d.w_2 = w["block.w_1"], w["block.w_3"], w["block.w_2"]
         for position in range(tokens.shape[1] - 1):
             logits = d.step(torch.tensor([[int(tokens[b, position])]]), position)

@@ -20,6 +20,7 @@
 #include "dimsum/runtime/threads.hpp"
 #include "dimsum/runtime/workspace.hpp"
 #include "dimsum/nn/attention.hpp"
+#include "dimsum/nn/decoder.hpp"
 #include "dimsum/nn/encoder.hpp"
 #include "dimsum/nn/layers.hpp"
 #include "dimsum/nn/kv_cache.hpp"

@@ -79,10 +79,10 @@ struct decoder_case {
         const std::size_t model = Sizes::Model::static_extent;
         ds::fill_uniform(w.embedding, 1);
         ds::fill_uniform(w.block.attention_norm, 2, 0.8, 1.2);
-        ds::fill_uniform(w.block.w_q, 3, -bound(model), bound(model));
-        ds::fill_uniform(w.block.w_k, 4, -bound(model), bound(model));
-        ds::fill_uniform(w.block.w_v, 5, -bound(model), bound(model));
-        ds::fill_uniform(w.block.w_o, 6, -bound(model), bound(model));
+        ds::fill_uniform(w.block.attention.w_q.emplace(), 3, -bound(model), bound(model));
+        ds::fill_uniform(w.block.attention.w_k.emplace(), 4, -bound(model), bound(model));
+        ds::fill_uniform(w.block.attention.w_v.emplace(), 5, -bound(model), bound(model));
+        ds::fill_uniform(w.block.attention.w_o, 6, -bound(model), bound(model));
         ds::fill_uniform(w.block.ffn_norm, 7, 0.8, 1.2);
         ds::fill_uniform(w.block.w_1, 8, -bound(model), bound(model));
         ds::fill_uniform(w.block.w_3, 9, -bound(model), bound(model));

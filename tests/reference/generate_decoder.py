@@ -33,10 +33,10 @@ def weight(*shape, scale):
 weights = {
     "embedding": weight(VOCAB, MODEL, scale=1.0),
     "block.attention_norm": 1 + weight(MODEL, scale=0.2),
-    "block.w_q": weight(MODEL, HEADS * HEAD, scale=MODEL ** -0.5),
-    "block.w_k": weight(MODEL, KV_HEADS * HEAD, scale=MODEL ** -0.5),
-    "block.w_v": weight(MODEL, KV_HEADS * HEAD, scale=MODEL ** -0.5),
-    "block.w_o": weight(HEADS * HEAD, MODEL, scale=(HEADS * HEAD) ** -0.5),
+    "block.attention.w_q": weight(MODEL, HEADS * HEAD, scale=MODEL ** -0.5),
+    "block.attention.w_k": weight(MODEL, KV_HEADS * HEAD, scale=MODEL ** -0.5),
+    "block.attention.w_v": weight(MODEL, KV_HEADS * HEAD, scale=MODEL ** -0.5),
+    "block.attention.w_o": weight(HEADS * HEAD, MODEL, scale=(HEADS * HEAD) ** -0.5),
     "block.ffn_norm": 1 + weight(MODEL, scale=0.2),
     "block.w_1": weight(MODEL, HIDDEN, scale=MODEL ** -0.5),
     "block.w_3": weight(MODEL, HIDDEN, scale=MODEL ** -0.5),
@@ -64,16 +64,16 @@ def forward(tokens):  # (batch, seq) -> logits of every position (batch, seq, vo
     batch, seq = tokens.shape
     x = w["embedding"][tokens]
     h = rms_norm(x, w["block.attention_norm"])
-    q = (h @ w["block.w_q"]).view(batch, seq, HEADS, HEAD).transpose(1, 2)
-    k = (h @ w["block.w_k"]).view(batch, seq, KV_HEADS, HEAD).transpose(1, 2)
-    v = (h @ w["block.w_v"]).view(batch, seq, KV_HEADS, HEAD).transpose(1, 2)
+    q = (h @ w["block.attention.w_q"]).view(batch, seq, HEADS, HEAD).transpose(1, 2)
+    k = (h @ w["block.attention.w_k"]).view(batch, seq, KV_HEADS, HEAD).transpose(1, 2)
+    v = (h @ w["block.attention.w_v"]).view(batch, seq, KV_HEADS, HEAD).transpose(1, 2)
     q, k = rotate(q), rotate(k)
     k = k.repeat_interleave(HEADS // KV_HEADS, dim=1)
     v = v.repeat_interleave(HEADS // KV_HEADS, dim=1)
     scores = q @ k.transpose(-1, -2) / HEAD ** 0.5
     scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
     z = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, seq, HEADS * HEAD)
-    x = x + z @ w["block.w_o"]
+    x = x + z @ w["block.attention.w_o"]
     h = rms_norm(x, w["block.ffn_norm"])
     x = x + (torch.nn.functional.silu(h @ w["block.w_1"]) * (h @ w["block.w_3"])) @ w["block.w_2"]
     return rms_norm(x, w["norm"]) @ w["output"]

@@ -280,3 +280,153 @@ TEST_CASE("nn::encoder_layer is the post-norm layer written out, packed or not, 
     const auto again = loaded(x);
     CHECK(std::memcmp(again.data(), y.data(), y.size() * sizeof(double)) == 0);
 }
+
+// nn::decoder_layer against PyTorch float64 (tests/reference/generate_decoder_layer.py): three
+// sequences of different lengths fed step by step through a KV cache as a padded batch, left-
+// and right-padded, several new tokens per step; and an unpadded batch (prefill, a multi-token
+// step, one token), in float and in bf16.
+namespace decoder_data {
+using Seq = ds::axis<"seq">;
+using DModel = ds::axis<"model", 32>;
+using DHeads = ds::axis<"heads", 4>;
+using DKvHeads = ds::axis<"kv_heads", 2>;
+using DHead = ds::axis<"head", 8>;
+using DHidden = ds::axis<"hidden", 48>;
+template <class T>
+using decoder_layer = ds::nn::decoder_layer<T, DModel, DHeads, DKvHeads, DHead, DHidden>;
+template <class T>
+using cache = ds::nn::kv_cache<T, Batch, DKvHeads, Seq, DHead>;
+
+std::string path(const std::string& name) { return std::string(DIMSUM_TEST_DATA) + "/decoder_layer/" + name; }
+
+// The largest difference between y and PyTorch's rows, skipping padding rows (NaN there).
+template <class T>
+double worst_difference(const ds::tensor<T, Batch, Seq, DModel>& y, const std::string& expected) {
+    auto want = ds::load_npy<double, Batch, Seq, DModel>(path(expected));
+    REQUIRE(want.shape().extents() == y.shape().extents());
+    double worst = 0;
+    std::size_t compared = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+        if (std::isnan(want.data()[i])) continue;
+        worst = std::max(worst, std::abs(double(y.data()[i]) - want.data()[i]));
+        ++compared;
+    }
+    REQUIRE(compared > 0);
+    return worst;
+}
+
+// Every step of one of the data's batches through `layer`: the worst difference over them.
+template <class T>
+double run_steps(const decoder_layer<T>& layer, const std::string& batch_name, ds::nn::padding_side side) {
+    const bool padded = batch_name != "even";
+    const auto real = ds::load_npy<std::int64_t, ds::axis<"step">, Batch>(path("real.npy"));
+    const std::size_t steps = padded ? real.extent(0) : 3, batch = padded ? real.extent(1) : 2;
+    cache<T> kv(batch, 16);
+    ds::nn::rotary<T, Seq, DHead> rope(16);
+    double worst = 0;
+    for (std::size_t s = 0; s < steps; ++s) {
+        INFO(batch_name << " step " << s);
+        const std::string suffix = batch_name + "_" + std::to_string(s) + ".npy";
+        auto x = ds::load_npy<float, Batch, Seq, DModel>(path("x_" + suffix));
+        std::vector<std::size_t> counts;
+        for (std::size_t b = 0; padded && b < batch; ++b) counts.push_back(static_cast<std::size_t>(real(s, b)));
+        ds::tensor<T, Batch, Seq, DModel> y = [&] {
+            if constexpr (std::is_same_v<T, float>) {
+                return layer(x, kv, rope, {.real = counts, .side = side});
+            } else {
+                ds::tensor<T, Batch, Seq, DModel> rounded = ds::cast<T>(x);
+                return layer(rounded, kv, rope, {.real = counts, .side = side});
+            }
+        }();
+        worst = std::max(worst, worst_difference(y, "y_" + suffix));
+    }
+    if (padded) {
+        for (std::size_t b = 0; b < batch; ++b) {
+            std::size_t total = 0;
+            for (std::size_t s = 0; s < steps; ++s) total += static_cast<std::size_t>(real(s, b));
+            CHECK(kv.lengths()[b] == total);
+        }
+    }
+    return worst;
+}
+}  // namespace decoder_data
+
+TEST_CASE("nn::decoder_layer over a KV cache matches PyTorch: padded left and right, several tokens a step, GQA") {
+    using namespace decoder_data;
+    decoder_layer<float> layer;
+    ds::load(layer, path("weights.safetensors"));
+    CHECK(!layer.attention.w_qkv);
+    for (bool packed : {false, true}) {
+        INFO("packed: " << packed);
+        if (packed) layer.prepack();
+        CHECK(run_steps(layer, "left", ds::nn::padding_side::left) < 1e-6);
+        CHECK(run_steps(layer, "right", ds::nn::padding_side::right) < 1e-6);
+        CHECK(run_steps(layer, "even", ds::nn::padding_side::left) < 1e-6);
+    }
+}
+
+TEST_CASE("nn::decoder_layer in bf16 stays within bf16's precision of PyTorch float64") {
+    using namespace decoder_data;
+    decoder_layer<ds::bf16> layer;
+    ds::load(layer, path("weights.safetensors"));  // float32 values, rounded
+    // outputs of about 1 to 3 in magnitude: bf16's rounding moves them by under 8e-3 here; a
+    // padding row seen or a position off by one moves them by tenths
+    CHECK(run_steps(layer, "left", ds::nn::padding_side::left) < 2e-2);
+    CHECK(run_steps(layer, "right", ds::nn::padding_side::right) < 2e-2);
+    CHECK(run_steps(layer, "even", ds::nn::padding_side::left) < 2e-2);
+}
+
+TEST_CASE("a padded step that does not fit is a shape_error, and leaves the cache as it was") {
+    using namespace decoder_data;
+    decoder_layer<float> layer;
+    ds::load(layer, path("weights.safetensors"));
+    cache<float> kv(2, 4);
+    ds::nn::rotary<float, Seq, DHead> rope(4);
+    ds::tensor<float, Batch, Seq, DModel> x(Batch{2}, Seq{3});
+    ds::fill_uniform(x, 5);
+    const std::vector<std::size_t> real{3, 1}, too_many{4, 1}, short_list{3};
+    layer(x, kv, rope, {.real = real});
+    CHECK(kv.lengths()[0] == 3);
+    CHECK(kv.lengths()[1] == 1);
+    CHECK(test::error_of([&] { layer(x, kv, rope, {.real = real}); }) ==
+          "dimsum: kv_cache: 3 more positions after 3 do not fit in its 4");
+    CHECK(test::error_of([&] { layer(x, kv, rope, {.real = too_many}); }) == "dimsum: kv_cache: 4 real rows in a step of 3");
+    CHECK(test::error_of([&] { layer(x, kv, rope, {.real = short_list}); }) ==
+          "dimsum: kv_cache: 1 real-row counts given for a batch of 2");
+    CHECK(kv.lengths()[0] == 3);
+    CHECK(kv.lengths()[1] == 1);
+    CHECK(kv.size() == 3);
+}
+
+TEST_CASE("multi_head_attention over a KV cache, with biases and no rotary embedding, equals the causal layer on the whole sequence") {
+    using Seq = ds::axis<"seq">;
+    using Heads4 = ds::axis<"heads", 4>;
+    using KvHeads2 = ds::axis<"kv_heads", 2>;
+    using gqa = ds::nn::multi_head_attention<float, Model, Heads4, Head, Head, Model, KvHeads2>;
+    gqa attention;
+    ds::fill_uniform(attention.w_q.emplace(), 1, -0.3, 0.3);
+    ds::fill_uniform(attention.w_k.emplace(), 2, -0.3, 0.3);
+    ds::fill_uniform(attention.w_v.emplace(), 3, -0.3, 0.3);
+    ds::fill_uniform(attention.w_o, 4, -0.3, 0.3);
+    const std::size_t batch = 2, total = 9;
+    ds::tensor<float, Batch, Seq, Model> x(Batch{batch}, Seq{total});
+    ds::fill_uniform(x, 5);
+    for (int biases = 0; biases < 3; ++biases) {  // none; on Q, K and V (as Qwen); and on the output too
+        INFO("biases: " << biases);
+        if (biases >= 1) {
+            ds::fill_uniform(attention.b_q.emplace(), 6);
+            ds::fill_uniform(attention.b_k.emplace(), 7);
+            ds::fill_uniform(attention.b_v.emplace(), 8);
+        }
+        if (biases == 2) ds::fill_uniform(attention.b_o.emplace(), 9);
+        auto whole = attention(x, {.causal = true});
+        ds::nn::kv_cache<float, Batch, KvHeads2, Seq, Head> cache(batch, total);
+        std::size_t done = 0;
+        for (std::size_t rows : {5, 3, 1}) {  // prefill, several tokens, one
+            auto step = attention(ds::slice<Seq>(x, done, done + rows), cache);
+            test::require_close(step, test::to_xt(ds::eval(ds::slice<Seq>(whole, done, done + rows))), 1e-5, 1e-6);
+            done += rows;
+        }
+        CHECK(cache.size() == total);
+    }
+}

@@ -143,10 +143,10 @@ TEST_CASE("a decoder step with a KV cache allocates nothing after the first of i
         ds::set_num_threads(threads);
         llama::decoder_weights<sizes> w;
         ds::fill_uniform(w.embedding, 1);
-        ds::fill_uniform(w.block.w_q, 2);
-        ds::fill_uniform(w.block.w_k, 3);
-        ds::fill_uniform(w.block.w_v, 4);
-        ds::fill_uniform(w.block.w_o, 5);
+        ds::fill_uniform(w.block.attention.w_q.emplace(), 2);
+        ds::fill_uniform(w.block.attention.w_k.emplace(), 3);
+        ds::fill_uniform(w.block.attention.w_v.emplace(), 4);
+        ds::fill_uniform(w.block.attention.w_o, 5);
         ds::fill_uniform(w.block.w_1, 6);
         ds::fill_uniform(w.block.w_3, 7);
         ds::fill_uniform(w.block.w_2, 8);

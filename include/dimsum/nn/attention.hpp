@@ -19,6 +19,8 @@
 #include "dimsum/core/message.hpp"
 #include "dimsum/core/shape_error.hpp"
 #include "dimsum/evaluation/assign.hpp"
+#include "dimsum/nn/kv_cache.hpp"
+#include "dimsum/nn/rotary.hpp"
 #include "dimsum/ops/cast.hpp"
 #include "dimsum/ops/elementwise.hpp"
 #include "dimsum/ops/mask.hpp"
@@ -82,6 +84,30 @@ struct attention_options {
     // Per sequence of the batch, how many of its keys are real: keys at or past this length
     // are padding, which no query sees. Empty: every key is real.
     std::span<const std::size_t> key_lengths = {};
+};
+
+// No rotary embedding: what a call over a KV cache turns its rows by when given none.
+struct no_rotary_t {
+    template <class X, class Positions>
+    const X& operator()(const X& x, const Positions&) const {
+        return x;
+    }
+};
+inline constexpr no_rotary_t no_rotary{};
+
+// A key/value cache as multi_head_attention reads one: kv_cache, or a type with its members.
+template <class C>
+concept key_value_cache = requires(C& c, const C& cc) {
+    typename C::batch_axis;
+    typename C::seq_axis;
+    typename C::kv_heads_axis;
+    typename C::head_axis;
+    typename C::value_head_axis;
+    typename C::value_type;
+    cc.keys();
+    cc.values();
+    cc.size();
+    cc.uniform();
 };
 
 // The layer's inputs: a tensor, a view or a formula of (batch, rows, Width), Width named like
@@ -274,8 +300,121 @@ struct multi_head_attention {
         run([](auto&& s) { return s; });
     }
 
+    // Self-attention of a step of new rows x (batch, seq=n, model) over a key/value cache:
+    // prefill (the prompt) and decoding (one or more new tokens) alike. The rows' keys and
+    // values, their keys and queries turned by `rope` (a rotary of the head axis, or
+    // no_rotary) at their positions, are appended to the cache, and each row attends to its
+    // sequence's positions up to its own. A padded batch says which of its rows are tokens
+    // (step_padding, left or right): each sequence's rows then begin at its own length, its
+    // keys land after its own positions, and the output of a padding row means nothing.
+    // x's axes are named like the cache's batch and seq axes.
+    template <rows_of_width<Model> X, key_value_cache Cache, class Rope = no_rotary_t>
+    tensor<T, batch_of<X>, rows_of<X>, Model> operator()(const X& x, Cache& cache, const Rope& rope = no_rotary,
+                                                         const step_padding& padding = {},
+                                                         call_site caller = call_site::current()) const
+        requires std::is_same_v<Source, Model>
+    {
+        ::dimsum::detail::operation_site site(caller);
+        tensor<T, batch_of<X>, rows_of<X>, Model> y(batch_of<X>{x.shape().extent(0)}, rows_of<X>{x.shape().extent(1)},
+                                                    Model{w_o.shape().extent(1)});
+        forward(x, cache, y.view(), rope, padding, caller);
+        return y;
+    }
+
+    // The same into y, a view of x's shape: a decoding loop allocates nothing (but a padded
+    // step's positions).
+    template <rows_of_width<Model> X, key_value_cache Cache, class Rope = no_rotary_t>
+    void forward(const X& x, Cache& cache, const tensor_view<T, batch_of<X>, rows_of<X>, Model>& y,
+                 const Rope& rope = no_rotary, const step_padding& padding = {},
+                 call_site caller = call_site::current()) const
+        requires std::is_same_v<Source, Model>
+    {
+        forward_adding(x, cache, y, no_residual{}, rope, padding, caller);
+    }
+
+    // y = residual + the same, in the pass of the output projection: the residual stream of a
+    // pre-norm layer (decoder_layer), residual a tensor, view or formula of y's shape.
+    template <rows_of_width<Model> X, key_value_cache Cache, class Residual, class Rope = no_rotary_t>
+    void forward_adding(const X& x, Cache& cache, const tensor_view<T, batch_of<X>, rows_of<X>, Model>& y,
+                        const Residual& residual, const Rope& rope = no_rotary, const step_padding& padding = {},
+                        call_site caller = call_site::current()) const
+        requires std::is_same_v<Source, Model>
+    {
+        ::dimsum::detail::operation_site site(caller);
+        using Batch = batch_of<X>;
+        using Seq = rows_of<X>;
+        static_assert(describe_axis<Batch>.name == describe_axis<typename Cache::batch_axis>.name &&
+                          describe_axis<Seq>.name == describe_axis<typename Cache::seq_axis>.name,
+                      "dimsum: multi_head_attention: x's batch and seq axes must be named like the cache's");
+        static_assert(std::is_same_v<typename Cache::kv_heads_axis, KvHeads> && std::is_same_v<typename Cache::head_axis, Head> &&
+                          std::is_same_v<typename Cache::value_head_axis, ValueHead> &&
+                          std::is_same_v<typename Cache::value_type, T>,
+                      "dimsum: multi_head_attention: the cache's element type, kv_heads, head and value_head must be the layer's");
+        using CacheSeq = typename Cache::seq_axis;
+        const projection_views p = projections();
+        const std::size_t n = x.shape().extent(1);
+        // An absent bias is no pass at all here (not a zero added, as in the calls above):
+        // decoding is many small calls, whose every operand counts.
+        const bool projections_biased = b_qkv || b_q || b_k || b_v;
+        with_flags(projections_biased, b_o.has_value(), [&](auto projection_bias, auto output_bias) {
+            // the rows' keys and values (batch, kv_heads, seq=n, head), queries (batch, kv_heads, group, seq, head)
+            auto k = transpose<Seq, KvHeads>(
+                view<Batch, Seq, KvHeads, Head>(cast<T>(plus<decltype(projection_bias)::value>(matmul(x, p.w_k), p.b_k))));
+            auto v = transpose<Seq, KvHeads>(
+                view<Batch, Seq, KvHeads, ValueHead>(cast<T>(plus<decltype(projection_bias)::value>(matmul(x, p.w_v), p.b_v))));
+            auto q = permute<Batch, KvHeads, Group, Seq, Head>(
+                view<Batch, Seq, KvHeads, Group, Head>(cast<T>(plus<decltype(projection_bias)::value>(matmul(x, p.w_q), p.b_q))));
+            // softmax(mask(Q K^T / sqrt(d_k))) V over the cache, broadcast over each group, then W_O
+            auto attend = [&](auto&& rotated_q, auto mask) {
+                auto keys = unsqueeze<OneGroup, 2>(cache.keys()), values = unsqueeze<OneGroup, 2>(cache.values());
+                auto heads = view<Batch, Seq, ValueInner>(permute<Batch, Seq, KvHeads, Group, ValueHead>(
+                    cast<T>(matmul(softmax(mask(attention_scores(cast<T>(rotated_q), keys))), values))));
+                auto out = plus<decltype(output_bias)::value>(
+                    matmul(heads, packed_view<T, ValueInner, Model>(w_o.view(), panels::of(panels_, &panels::w_o))),
+                    bias_or_zero(b_o, w_o.shape().extent(1)));
+                if constexpr (std::is_same_v<Residual, no_residual>) assign(y, out);
+                else assign(y, residual + out);
+            };
+            if (padding.real.empty() && cache.uniform()) {
+                // every sequence's rows at the same positions: the causal mask aligned at the ends
+                const std::size_t first = cache.size();
+                cache.append(rope(k, first), v);
+                return attend(rope(q, first), [](auto&& s) { return causal(s); });
+            }
+            // each sequence's rows at its own positions
+            step_positions<Batch, Seq> at;
+            cache.step_positions(n, padding, at);
+            cache.append(rope(k, at.rows), v, padding);
+            const std::size_t m = cache.size();
+            auto ends = view<Batch, dim<1>, dim<1>>(at.ends);
+            auto lengths = view<Batch, dim<1>, dim<1>, dim<1>>(at.lengths);
+            attend(rope(q, at.rows), [&](auto&& s) {
+                return masked_fill(s, causal_mask(ends, Seq{n}, CacheSeq{m}) || !sequence_mask(lengths, CacheSeq{m}),
+                                   -std::numeric_limits<compute_type_t<T>>::infinity());
+            });
+        });
+    }
+
 private:
     struct default_evaluation {};  // evaluate with dimsum's default backend
+    struct no_residual {};
+
+    // f + bias, or f alone.
+    template <bool Biased, class F, class B>
+    static auto plus(F&& f, const B& bias) {
+        if constexpr (Biased) return std::forward<F>(f) + bias;
+        else return std::forward<F>(f);
+    }
+    // f(first, second) with each flag as a std::bool_constant: one formula per combination.
+    template <class F>
+    static void with_flags(bool first, bool second, F&& f) {
+        auto then = [&](auto a) {
+            if (second) f(a, std::true_type{});
+            else f(a, std::false_type{});
+        };
+        if (first) then(std::true_type{});
+        else then(std::false_type{});
+    }
 
     // The packing prepack() made, shared by copies of the layer (each reads its own weights
     // everywhere else), or none.

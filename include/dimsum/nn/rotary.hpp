@@ -3,10 +3,13 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <utility>
 #include <type_traits>
 
 #include "dimsum/core/shape_error.hpp"
 #include "dimsum/nn/layers.hpp"
+#include "dimsum/ops/gather.hpp"
 #include "dimsum/ops/elementwise.hpp"
 #include "dimsum/ops/join.hpp"
 #include "dimsum/ops/view.hpp"
@@ -38,6 +41,12 @@ constexpr message rotary_shape_error() {
     m << "dimsum: rotary: positions " << first << " to " << first + count << " (exclusive) lie past the table's "
       << positions;
     throw shape_error(m);
+}
+// e with Count axes of extent 1 inserted after its first.
+template <std::size_t Count, class E>
+auto with_ones_after_batch(E&& e) {
+    if constexpr (Count == 0) return std::forward<E>(e);
+    else return with_ones_after_batch<Count - 1>(unsqueeze<dim<1>, 1>(std::forward<E>(e)));
 }
 }  // namespace detail
 
@@ -82,19 +91,49 @@ public:
             const std::size_t count = x.shape().extent(S::rank - 2);
             if (first > positions() || count > positions() - first) detail::throw_rotary_positions(first, count, positions());
             auto c = slice<Seq>(cos_, first, first + count), s = slice<Seq>(sin_, first, first + count);  // (seq, head/2)
-            const auto& rows = x;
-            if constexpr (Pairs == rotary_pairs::half_split) {
-                auto x1 = slice<Head, 0, head / 2>(rows), x2 = slice<Head, head / 2, head>(rows);
-                return concat<Head>(x1 * c - x2 * s, x2 * c + x1 * s);
-            } else {
-                auto even = slice<Head, 0, head, 2>(rows), odd = slice<Head, 1, head, 2>(rows);
-                using Pair = axis<"pair", 2>;
-                return ::dimsum::detail::reshape_to<S>(stack<Pair, S::rank>(even * c - odd * s, odd * c + even * s));
-            }
+            return turn(x, c, s);
+        }
+    }
+
+    // x (batch, ..., seq, head) whose rows lie at their own positions (batch, seq) (a padded
+    // batch, where each sequence's rows begin elsewhere: kv_cache::step_positions): x rotated,
+    // a formula of x's shape, reading the table rows those positions pick (ds::gather; a
+    // position past the table is an index_error when it is evaluated). The positions are read
+    // where they lie: they must outlive the formula.
+    template <class X, axis_type Batch, axis_type Rows>
+    auto operator()(X&& x, const tensor<std::int64_t, Batch, Rows>& positions, call_site caller = call_site::current()) const {
+        ::dimsum::detail::operation_site site(caller);
+        static_assert(!detail::is_temporary_tensor<X>,
+                      "dimsum: nn::rotary reads x twice: give it a named tensor or a formula, not a temporary tensor");
+        using S = shape_of<X>;
+        constexpr message error = detail::rotary_shape_error<S, Seq, Head>();
+        if constexpr (error.length != 0) {
+            return fail<error>();
+        } else {
+            static_assert(S::rank >= 3, "dimsum: rotary: x at per-row positions is (batch, ..., seq, head)");
+            // (batch, 1, ..., 1, seq, head/2): the tables' rows, broadcast over x's middle axes
+            auto rows_of = [&](const tensor<T, Seq, Half>& table) {
+                return detail::with_ones_after_batch<S::rank - 3>(gather<Seq>(table, positions));
+            };
+            auto c = rows_of(cos_), s = rows_of(sin_);
+            return turn(x, c, s);
         }
     }
 
 private:
+    // x's pairs turned by the angles whose cosines and sines c and s hold, (..., seq, head/2).
+    template <class X, class C, class S>
+    static auto turn(const X& x, const C& c, const S& s) {
+        if constexpr (Pairs == rotary_pairs::half_split) {
+            auto x1 = slice<Head, 0, head / 2>(x), x2 = slice<Head, head / 2, head>(x);
+            return concat<Head>(x1 * c - x2 * s, x2 * c + x1 * s);
+        } else {
+            auto even = slice<Head, 0, head, 2>(x), odd = slice<Head, 1, head, 2>(x);
+            using Pair = axis<"pair", 2>;
+            return ::dimsum::detail::reshape_to<shape_of<X>>(stack<Pair, shape_of<X>::rank>(even * c - odd * s, odd * c + even * s));
+        }
+    }
+
     tensor<T, Seq, Half> cos_, sin_;
 };
 

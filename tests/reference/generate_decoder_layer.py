@@ -1,0 +1,120 @@
+"""Reference data for nn::decoder_layer (tests/unit/test_decoder_layer.cpp): one pre-norm
+Llama layer (RMSNorm, grouped-query attention with rotary embeddings, SwiGLU) over a batch of
+three sequences of different lengths, fed step by step as a padded batch, left- and
+right-padded, and as an unpadded batch. PyTorch computes each sequence alone, all its tokens
+at once with a causal mask and no cache, in float64 from float32 weights: a path independent
+of the cached, padded one the test takes.
+
+Writes tests/reference/decoder_layer/:
+  weights.safetensors  float32, the layer's parameter names (attention.w_q, ...);
+  real.npy             int64 (steps, batch): each step's real rows per sequence;
+  steps.npy            int64 (steps,): each step's rows (the padded batch's width);
+  x_left_S.npy, x_right_S.npy      float32 (batch, steps[S], model): step S's rows, padding
+                                   rows (random values, which must not matter) on the left
+                                   or the right;
+  y_left_S.npy, y_right_S.npy      float64: the layer's output there, NaN on padding rows;
+  x_even_S.npy, y_even_S.npy       an unpadded batch of two sequences, steps of 4, 3 and 1 rows.
+
+Run with /usr/bin/python3 tests/reference/generate_decoder_layer.py (Debian's python3-torch)."""
+import pathlib
+
+import numpy as np
+import torch
+
+from safetensors_by_hand import write_safetensors
+
+MODEL, HEADS, KV_HEADS, HEAD, HIDDEN = 32, 4, 2, 8, 48
+EPSILON, BASE = 1e-5, 10000.0
+# per step, the real rows of each of the three sequences; a step is as wide as its largest
+REAL = [[5, 3, 1], [2, 2, 2], [1, 3, 2], [1, 1, 1]]
+EVEN = [4, 3, 1]  # the unpadded batch's steps
+
+out = pathlib.Path(__file__).parent / "decoder_layer"
+out.mkdir(exist_ok=True)
+generator = torch.Generator().manual_seed(2027)
+
+
+def uniform(*shape, scale):
+    return ((torch.rand(*shape, generator=generator, dtype=torch.float64) * 2 - 1) * scale).float()
+
+
+weights = {
+    "attention_norm": 1 + uniform(MODEL, scale=0.2),
+    "attention.w_q": uniform(MODEL, HEADS * HEAD, scale=MODEL ** -0.5),
+    "attention.w_k": uniform(MODEL, KV_HEADS * HEAD, scale=MODEL ** -0.5),
+    "attention.w_v": uniform(MODEL, KV_HEADS * HEAD, scale=MODEL ** -0.5),
+    "attention.w_o": uniform(HEADS * HEAD, MODEL, scale=(HEADS * HEAD) ** -0.5),
+    "ffn_norm": 1 + uniform(MODEL, scale=0.2),
+    "w_1": uniform(MODEL, HIDDEN, scale=MODEL ** -0.5),
+    "w_3": uniform(MODEL, HIDDEN, scale=MODEL ** -0.5),
+    "w_2": uniform(HIDDEN, MODEL, scale=HIDDEN ** -0.5),
+}
+w = {name: t.double() for name, t in weights.items()}
+
+
+def rms_norm(x, g):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPSILON) * g
+
+
+def rotate(x):  # (heads, seq, head) at positions 0 .. seq, half-split pairs (i, i + head/2)
+    frequency = BASE ** (-torch.arange(0, HEAD, 2, dtype=torch.float64) / HEAD)
+    angle = torch.arange(x.shape[-2], dtype=torch.float64)[:, None] * frequency[None, :]
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    x1, x2 = x[..., : HEAD // 2], x[..., HEAD // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def layer(x):  # one sequence, all its rows: (seq, model) -> (seq, model)
+    seq = x.shape[0]
+    h = rms_norm(x, w["attention_norm"])
+    q = rotate((h @ w["attention.w_q"]).view(seq, HEADS, HEAD).transpose(0, 1))
+    k = rotate((h @ w["attention.w_k"]).view(seq, KV_HEADS, HEAD).transpose(0, 1))
+    v = (h @ w["attention.w_v"]).view(seq, KV_HEADS, HEAD).transpose(0, 1)
+    k = k.repeat_interleave(HEADS // KV_HEADS, dim=0)  # query head h reads key/value head h // group
+    v = v.repeat_interleave(HEADS // KV_HEADS, dim=0)
+    scores = q @ k.transpose(-1, -2) / HEAD ** 0.5
+    scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+    z = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(seq, HEADS * HEAD)
+    x = x + z @ w["attention.w_o"]
+    h = rms_norm(x, w["ffn_norm"])
+    return x + (torch.nn.functional.silu(h @ w["w_1"]) * (h @ w["w_3"])) @ w["w_2"]
+
+
+def rows(count):
+    return uniform(count, MODEL, scale=1.0)
+
+
+def padded(sequences, side):
+    """sequences: per sequence, its tokens' rows (float32, (total, model)), fed as REAL says."""
+    expected = [layer(s.double()) for s in sequences]
+    done = [0] * len(sequences)
+    for step, real in enumerate(REAL):
+        n = max(real)
+        x = rows(len(sequences) * n).view(len(sequences), n, MODEL)  # padding rows: noise
+        y = torch.full((len(sequences), n, MODEL), float("nan"), dtype=torch.float64)
+        for b, r in enumerate(real):
+            at = slice(n - r, n) if side == "left" else slice(0, r)
+            x[b, at] = sequences[b][done[b] : done[b] + r]
+            y[b, at] = expected[b][done[b] : done[b] + r]
+            done[b] += r
+        np.save(out / f"x_{side}_{step}.npy", x.numpy())
+        np.save(out / f"y_{side}_{step}.npy", y.numpy())
+
+
+totals = [sum(step[b] for step in REAL) for b in range(3)]
+sequences = [rows(t) for t in totals]
+padded(sequences, "left")
+padded(sequences, "right")
+
+even = [rows(sum(EVEN)) for _ in range(2)]
+expected = [layer(s.double()) for s in even]
+done = 0
+for step, n in enumerate(EVEN):
+    np.save(out / f"x_even_{step}.npy", torch.stack([s[done : done + n] for s in even]).numpy())
+    np.save(out / f"y_even_{step}.npy", torch.stack([e[done : done + n] for e in expected]).numpy())
+    done += n
+
+np.save(out / "real.npy", np.array(REAL, dtype=np.int64))
+np.save(out / "steps.npy", np.array([max(r) for r in REAL], dtype=np.int64))
+write_safetensors(out / "weights.safetensors", {name: t.numpy() for name, t in weights.items()})
+print("wrote", out)
