@@ -117,4 +117,32 @@ for step, n in enumerate(EVEN):
 np.save(out / "real.npy", np.array(REAL, dtype=np.int64))
 np.save(out / "steps.npy", np.array([max(r) for r in REAL], dtype=np.int64))
 write_safetensors(out / "weights.safetensors", {name: t.numpy() for name, t in weights.items()})
+
+# The same layer as the two common checkpoint layouts store it, matrices (out, in) as
+# torch.nn.Linear holds them, beside other parameters of the model: Hugging Face's
+# (model.layers.N.self_attn.q_proj.weight, ...) and Meta's, which Mistral's consolidated
+# files keep (layers.N.attention.wq.weight, ...).
+HUGGING_FACE = {
+    "attention_norm": "input_layernorm.weight", "attention.w_q": "self_attn.q_proj.weight",
+    "attention.w_k": "self_attn.k_proj.weight", "attention.w_v": "self_attn.v_proj.weight",
+    "attention.w_o": "self_attn.o_proj.weight", "ffn_norm": "post_attention_layernorm.weight",
+    "w_1": "mlp.gate_proj.weight", "w_3": "mlp.up_proj.weight", "w_2": "mlp.down_proj.weight",
+}
+META = {
+    "attention_norm": "attention_norm.weight", "attention.w_q": "attention.wq.weight",
+    "attention.w_k": "attention.wk.weight", "attention.w_v": "attention.wv.weight",
+    "attention.w_o": "attention.wo.weight", "ffn_norm": "ffn_norm.weight",
+    "w_1": "feed_forward.w1.weight", "w_3": "feed_forward.w3.weight", "w_2": "feed_forward.w2.weight",
+}
+
+
+def stored(t):
+    return t.t().contiguous().numpy() if t.dim() == 2 else t.numpy()
+
+
+for file, prefix, names in [("hugging_face.safetensors", "model.layers.1.", HUGGING_FACE),
+                            ("meta.safetensors", "layers.1.", META)]:
+    tensors = {prefix + names[name]: stored(t) for name, t in weights.items()}
+    tensors[prefix.replace("1", "0") + names["ffn_norm"]] = np.zeros(MODEL, dtype=np.float32)  # another layer
+    write_safetensors(out / file, tensors)
 print("wrote", out)

@@ -5,6 +5,7 @@
 #include "support.hpp"
 
 #include <dimsum/interop/parameters.hpp>
+#include <dimsum/nn/checkpoint_names.hpp>
 #include <xtensor/xnpy.hpp>
 
 #include <array>
@@ -429,4 +430,47 @@ TEST_CASE("multi_head_attention over a KV cache, with biases and no rotary embed
         }
         CHECK(cache.size() == total);
     }
+}
+
+TEST_CASE("nn::decoder_layer loads Hugging Face's and Meta's checkpoint layouts: other names, matrices transposed") {
+    using namespace decoder_data;
+    decoder_layer<float> own, hugging_face, meta;
+    ds::load(own, path("weights.safetensors"));
+    ds::load(hugging_face, path("hugging_face.safetensors"),
+             {.prefix = "model.layers.1.", .names = ds::nn::hugging_face_llama_names});
+    ds::load(meta, path("meta.safetensors"), {.prefix = "layers.1.", .names = ds::nn::meta_llama_names});
+    const auto want = ds::parameters(own);
+    for (const auto* loaded : {&hugging_face, &meta}) {
+        REQUIRE(ds::parameters(*loaded).size() == want.size());
+        auto same = [](const auto& a, const auto& b) {
+            REQUIRE(a.shape().extents() == b.shape().extents());
+            return std::equal(a.data(), a.data() + a.size(), b.data());
+        };
+        CHECK(same(loaded->attention_norm, own.attention_norm));
+        CHECK(same(*loaded->attention.w_q, *own.attention.w_q));
+        CHECK(same(*loaded->attention.w_k, *own.attention.w_k));
+        CHECK(same(*loaded->attention.w_v, *own.attention.w_v));
+        CHECK(same(loaded->attention.w_o, own.attention.w_o));
+        CHECK(same(loaded->ffn_norm, own.ffn_norm));
+        CHECK(same(loaded->w_1, own.w_1));
+        CHECK(same(loaded->w_3, own.w_3));
+        CHECK(same(loaded->w_2, own.w_2));
+        CHECK(!loaded->attention.b_q);
+    }
+    // the wrong layout's names: one error naming the file's name and the layer's, the layer unchanged
+    const std::string error = test::error_of([&] {
+        ds::load(meta, path("meta.safetensors"), {.prefix = "layers.1.", .names = ds::nn::hugging_face_llama_names});
+    });
+    CHECK_THAT(error, Catch::Contains("the file has no parameter 'layers.1.input_layernorm.weight' (the layer's "
+                                      "'layers.1.attention_norm')"));
+    CHECK(std::equal(meta.w_2.data(), meta.w_2.data() + meta.w_2.size(), own.w_2.data()));
+    // only a matrix can be read transposed
+    std::vector<ds::stored_as> vector_transposed(ds::nn::hugging_face_llama_names.begin(),
+                                                  ds::nn::hugging_face_llama_names.end());
+    vector_transposed.insert(vector_transposed.begin(), {"ffn_norm", "post_attention_layernorm.weight", true});
+    CHECK_THAT(test::error_of([&] {
+                   ds::load(hugging_face, path("hugging_face.safetensors"),
+                            {.prefix = "model.layers.1.", .names = vector_transposed});
+               }),
+               Catch::Contains("only a matrix can be stored transposed, not a tensor of 1 axes"));
 }

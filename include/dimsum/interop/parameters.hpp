@@ -42,6 +42,7 @@
 #include <optional>
 #include <ostream>
 #include <set>
+#include <span>
 #include <streambuf>
 #include <string>
 #include <string_view>
@@ -89,9 +90,23 @@ struct stored_array {
     std::vector<std::size_t> shape;
 };
 
+// A parameter that a file holds under another name, as other libraries' checkpoints name and
+// lay out their weights: the parameter whose name (after the prefix) is `parameter`, or ends
+// in "." + `parameter`, is read from the name with that ending replaced by `file`.
+// `transposed`: the file holds the matrix's transpose, (out, in), as torch.nn.Linear stores
+// its weight, where the parameter is (in, out).
+struct stored_as {
+    std::string_view parameter;
+    std::string_view file;
+    bool transposed = false;
+};
+
 struct load_options {
     std::string prefix = "";    // prepended to every name: "encoder.layer.0." loads one layer of a model's file
     bool allow_unused = false;  // whether the file may hold names (under the prefix) that are no parameter
+    // the parameters the file holds under other names: the first rule that matches a name
+    // applies; a name no rule matches is read as it is (e.g. nn::hugging_face_llama_names)
+    std::span<const stored_as> names = {};
 };
 
 struct save_options {
@@ -495,6 +510,27 @@ inline std::uint64_t data_bytes(const std::vector<std::size_t>& shape, std::size
     return bytes;
 }
 
+// Where the file holds the parameter called `name` (the prefix and the struct path included):
+// its name there, and whether as its transpose.
+struct source {
+    std::string name;
+    bool transposed = false;
+};
+inline source source_of(const std::string& name, const load_options& options) {
+    const std::string_view relative = std::string_view(name).substr(options.prefix.size());
+    for (const stored_as& rule : options.names) {
+        const bool whole = relative == rule.parameter;
+        const bool ending = relative.size() > rule.parameter.size() && relative.ends_with(rule.parameter) &&
+                            relative[relative.size() - rule.parameter.size() - 1] == '.';
+        if (whole || ending) return {name.substr(0, name.size() - rule.parameter.size()) + std::string(rule.file), rule.transposed};
+    }
+    return {name, false};
+}
+
+template <class T, axis_type In, axis_type Out>
+void load_transposed(reader& file, const std::string& name, const stored_array& stored, tensor<T, In, Out>& t,
+                     std::string_view op);
+
 // Loads one tensor: its element type checked against the file, the file seen to hold the data
 // its shape needs (before any is allocated), the shape checked against the tensor's, then the
 // data.
@@ -502,7 +538,16 @@ inline std::uint64_t data_bytes(const std::vector<std::size_t>& shape, std::size
 // (NumPy has no bfloat16: .npy and .npz files hold bf16 parameters as float32).
 template <class T, axis_type... Axes>
 void load_tensor(reader& file, const std::string& name, const stored_array& stored, tensor<T, Axes...>& t,
-                 std::string_view op) {
+                 std::string_view op, bool transposed = false) {
+    if (transposed) {
+        if constexpr (sizeof...(Axes) == 2) {
+            load_transposed(file, name, stored, t, op);
+            return;
+        } else {
+            throw_file_error(op, file.where(name), "only a matrix can be stored transposed, not a tensor of " +
+                                                       std::to_string(sizeof...(Axes)) + " axes");
+        }
+    }
     if constexpr (std::is_same_v<T, bf16>) {
         if (stored.element_type == "float32") {
             tensor<float, Axes...> wide;
@@ -516,6 +561,20 @@ void load_tensor(reader& file, const std::string& name, const stored_array& stor
     auto fresh = npy::tensor_for<T, Axes...>(stored.shape, shape<Axes...>::axes, op, file.where(name));
     file.read(name, fresh.data(), fresh.size() * sizeof(T));
     t = std::move(fresh);
+}
+
+// A matrix (in, out) that the file holds as (out, in): read as such, then transposed.
+template <class T, axis_type In, axis_type Out>
+void load_transposed(reader& file, const std::string& name, const stored_array& stored, tensor<T, In, Out>& t,
+                     std::string_view op) {
+    tensor<T, Out, In> stored_matrix;
+    load_tensor(file, name, stored, stored_matrix, op);
+    const std::size_t rows = stored_matrix.extent(1), columns = stored_matrix.extent(0);
+    tensor<T, In, Out> matrix(In{rows}, Out{columns});
+    for (std::size_t i = 0; i < rows; ++i) {
+        for (std::size_t j = 0; j < columns; ++j) matrix.data()[i * columns + j] = stored_matrix.data()[j * rows + i];
+    }
+    t = std::move(matrix);
 }
 
 // A file written in full under a temporary name, then renamed over the target: an error on
@@ -601,7 +660,8 @@ void load(Layer& layer, const std::filesystem::path& path, const load_options& o
     auto file = detail::parameters::open(path, op);
     Layer staged = layer;
     std::set<std::string> used;
-    auto load_member = [&]<class M>(const std::string& name, M& member) {
+    auto load_member = [&]<class M>(const std::string& parameter, M& member) {
+        const auto [name, transposed] = detail::parameters::source_of(parameter, options);
         std::optional<stored_array> stored = file->find(name);
         if constexpr (detail::parameters::is_optional<M>) {
             if (!stored) {
@@ -609,12 +669,13 @@ void load(Layer& layer, const std::filesystem::path& path, const load_options& o
                 return;
             }
             if (!member) member.emplace();
-            detail::parameters::load_tensor(*file, name, *stored, *member, op);
+            detail::parameters::load_tensor(*file, name, *stored, *member, op, transposed);
         } else {
             if (!stored) {
-                detail::throw_file_error(op, file->path(), "the file has no parameter '" + name + "'");
+                detail::throw_file_error(op, file->path(), "the file has no parameter '" + name + "'" +
+                                                               (name == parameter ? "" : " (the layer's '" + parameter + "')"));
             }
-            detail::parameters::load_tensor(*file, name, *stored, member, op);
+            detail::parameters::load_tensor(*file, name, *stored, member, op, transposed);
         }
         used.insert(name);
     };
