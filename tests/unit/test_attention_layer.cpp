@@ -366,6 +366,30 @@ TEST_CASE("nn::decoder_layer over a KV cache matches PyTorch: padded left and ri
     }
 }
 
+TEST_CASE("nn::decoder_layer without a cache: whole sequences at once, as PyTorch") {
+    using namespace decoder_data;
+    decoder_layer<float> layer;
+    ds::load(layer, path("weights.safetensors"));
+    auto part = [](const std::string& name, std::size_t s) {
+        return ds::load_npy<float, Batch, Seq, DModel>(path(name + "_" + std::to_string(s) + ".npy"));
+    };
+    const auto x0 = part("x_even", 0), x1 = part("x_even", 1), x2 = part("x_even", 2);
+    ds::tensor<float, Batch, Seq, DModel> whole = ds::concat<Seq>(x0, x1, x2);
+    ds::nn::rotary<float, Seq, DHead> rope(16);
+    ds::tensor<float, Batch, Seq, DModel> y = layer(whole, rope);
+    std::size_t done = 0;
+    double worst = 0;
+    for (std::size_t s = 0; s < 3; ++s) {
+        auto want = ds::load_npy<double, Batch, Seq, DModel>(path("y_even_" + std::to_string(s) + ".npy"));
+        const std::size_t rows = want.extent(1);
+        ds::tensor<float, Batch, Seq, DModel> got = ds::slice<Seq>(y, done, done + rows);
+        for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double(got.data()[i]) - want.data()[i]));
+        done += rows;
+    }
+    CHECK(done == whole.extent(1));
+    CHECK(worst < 1e-6);
+}
+
 TEST_CASE("nn::decoder_layer in bf16 stays within bf16's precision of PyTorch float64") {
     using namespace decoder_data;
     decoder_layer<ds::bf16> layer;

@@ -74,6 +74,19 @@ struct decoder_layer {
         return y;
     }
 
+    // Without a cache: the whole sequences x (batch, seq, model) at once (scoring, a prompt
+    // whose keys are not kept), each row attending to its sequence's rows up to its own, padded
+    // as `padding` says. The keys and values are held for the call only.
+    template <rows_of_width<Model> X, class Rope = no_rotary_t>
+        requires(!key_value_cache<Rope>)
+    tensor<T, batch_of<X>, rows_of<X>, Model> operator()(const X& x, const Rope& rope = no_rotary,
+                                                         const step_padding& padding = {},
+                                                         call_site caller = call_site::current()) const {
+        ::dimsum::detail::operation_site site(caller);
+        kv_cache<T, batch_of<X>, KvHeads, rows_of<X>, Head> cache(x.shape().extent(0), x.shape().extent(1));
+        return (*this)(x, cache, rope, padding, caller);
+    }
+
     // The same into y, a view of x's shape that x does not overlap: a decoding loop allocates
     // nothing after its first step of each size (but a padded step's positions). The normalised
     // rows and the residual stream between the attention and the feed-forward are held per
