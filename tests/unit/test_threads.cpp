@@ -104,6 +104,22 @@ TEST_CASE("a parallel loop runs every index exactly once, whatever the threads a
     }
 }
 
+TEST_CASE("on 2 threads, the caller's chunks come first and the worker's last, each a contiguous range") {
+    auto& team = ds::runtime::thread_team::instance();
+    for (int trial = 0; trial < 20; ++trial) {
+        constexpr std::size_t chunks = 64;
+        std::vector<std::thread::id> ran_by(chunks);
+        const auto caller = std::this_thread::get_id();
+        auto prepare = [](std::size_t) {};
+        auto chunk = [&](std::size_t c) { ran_by[c] = std::this_thread::get_id(); };
+        if (!team.run(1, chunks, prepare, chunk)) continue;  // the team could not start: nothing to see
+        // the caller claims from the front, the worker from the back: one boundary at most
+        std::size_t boundary = 0;
+        while (boundary < chunks && ran_by[boundary] == caller) ++boundary;
+        for (std::size_t c = boundary; c < chunks; ++c) REQUIRE(ran_by[c] != caller);
+    }
+}
+
 TEST_CASE("a loop inside a loop runs on its own thread, and the team is lent to one caller at a time") {
     const auto loops_before = ds::runtime::thread_team::instance().loops_run();
     std::atomic<int> inner_threads_seen{0}, inner_sum{0};

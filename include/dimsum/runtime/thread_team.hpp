@@ -129,23 +129,29 @@ public:
 private:
     thread_team() = default;
 
-    // The claim word: how many workers may help (12 bits), the next chunk to hand out and the
-    // loop's count (24 bits each). One compare-and-swap claims a chunk and proves, by its
-    // success, that the loop was still open: a worker reads the loop's callables only then.
-    static std::uint64_t claim_word(std::size_t helpers, std::size_t next, std::size_t total) {
-        return std::uint64_t(helpers) << 48 | std::uint64_t(next) << 24 | std::uint64_t(total);
+    // The claim word: how many workers may help (12 bits), and the chunks not yet handed out,
+    // [first, end) (24 bits each). The caller claims from the front, the workers from the
+    // back, so that on an idle machine each side works through a contiguous range, as a
+    // static split would (two threads streaming their own halves of K and V, not alternate
+    // chunks), while a member held up leaves its side's chunks to the others. One
+    // compare-and-swap claims a chunk and proves, by its success, that the loop was still open:
+    // a worker reads the loop's callables only then.
+    static std::uint64_t claim_word(std::size_t helpers, std::size_t first, std::size_t end) {
+        return std::uint64_t(helpers) << 48 | std::uint64_t(first) << 24 | std::uint64_t(end);
     }
 
-    // Claims the next chunk of the open loop into `c`; false once none is left (or, for worker
-    // `index`, when the loop wants fewer helpers).
+    // Claims a chunk of the open loop into `c`, the first left for the caller (index -1), the
+    // last for worker `index`; false once none is left (or, for a worker, when the loop wants
+    // fewer helpers).
     static bool claim(std::atomic<std::uint64_t>& claims, std::size_t& c, std::size_t index) {
+        const bool caller = index == std::size_t(-1);
         std::uint64_t word = claims.load(std::memory_order_acquire);
         for (;;) {
-            const std::size_t helpers = word >> 48, next = (word >> 24) & max_chunks, total = word & max_chunks;
-            if (next >= total || (index != std::size_t(-1) && index >= helpers)) return false;
-            if (claims.compare_exchange_weak(word, word + (std::uint64_t(1) << 24), std::memory_order_acq_rel,
-                                             std::memory_order_acquire)) {
-                c = next;
+            const std::size_t helpers = word >> 48, first = (word >> 24) & max_chunks, end = word & max_chunks;
+            if (first >= end || (!caller && index >= helpers)) return false;
+            const std::uint64_t claimed = caller ? word + (std::uint64_t(1) << 24) : word - 1;
+            if (claims.compare_exchange_weak(word, claimed, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                c = caller ? first : end - 1;
                 return true;
             }
         }
