@@ -81,18 +81,10 @@ public:
     template <class X>
     auto operator()(X&& x, std::size_t first = 0, call_site caller = call_site::current()) const {
         ::dimsum::detail::operation_site site(caller);
-        static_assert(!detail::is_temporary_tensor<X>,
-                      "dimsum: nn::rotary reads x twice: give it a named tensor or a formula, not a temporary tensor");
-        using S = shape_of<X>;
-        constexpr message error = detail::rotary_shape_error<S, Seq, Head>();
-        if constexpr (error.length != 0) {
-            return fail<error>();
-        } else {
-            const std::size_t count = x.shape().extent(S::rank - 2);
+        return rotate(std::forward<X>(x), [&]<class S>(std::size_t count) {
             if (first > positions() || count > positions() - first) detail::throw_rotary_positions(first, count, positions());
-            auto c = slice<Seq>(cos_, first, first + count), s = slice<Seq>(sin_, first, first + count);  // (seq, head/2)
-            return turn(x, c, s);
-        }
+            return [first, count](const tensor<T, Seq, Half>& table) { return slice<Seq>(table, first, first + count); };  // (seq, head/2)
+        });
     }
 
     // x (batch, ..., seq, head) whose rows lie at their own positions (batch, seq) (a padded
@@ -103,6 +95,20 @@ public:
     template <class X, axis_type Batch, axis_type Rows>
     auto operator()(X&& x, const tensor<std::int64_t, Batch, Rows>& positions, call_site caller = call_site::current()) const {
         ::dimsum::detail::operation_site site(caller);
+        return rotate(std::forward<X>(x), [&]<class S>(std::size_t) {
+            static_assert(S::rank >= 3, "dimsum: rotary: x at per-row positions is (batch, ..., seq, head)");
+            // (batch, 1, ..., 1, seq, head/2): the tables' rows, broadcast over x's middle axes
+            return [rows = &positions](const tensor<T, Seq, Half>& table) {
+                return detail::with_ones_after_batch<S::rank - 3>(gather<Seq>(table, *rows));
+            };
+        });
+    }
+
+private:
+    // x turned by the table rows that rows_for<shape of x>(x's seq extent) picks: what both
+    // calls share (x read twice, so no temporary tensor; x ending in (seq, head)).
+    template <class X, class RowsFor>
+    auto rotate(X&& x, RowsFor rows_for) const {
         static_assert(!detail::is_temporary_tensor<X>,
                       "dimsum: nn::rotary reads x twice: give it a named tensor or a formula, not a temporary tensor");
         using S = shape_of<X>;
@@ -110,17 +116,11 @@ public:
         if constexpr (error.length != 0) {
             return fail<error>();
         } else {
-            static_assert(S::rank >= 3, "dimsum: rotary: x at per-row positions is (batch, ..., seq, head)");
-            // (batch, 1, ..., 1, seq, head/2): the tables' rows, broadcast over x's middle axes
-            auto rows_of = [&](const tensor<T, Seq, Half>& table) {
-                return detail::with_ones_after_batch<S::rank - 3>(gather<Seq>(table, positions));
-            };
-            auto c = rows_of(cos_), s = rows_of(sin_);
-            return turn(x, c, s);
+            auto rows_of = rows_for.template operator()<S>(x.shape().extent(S::rank - 2));
+            return turn(x, rows_of(cos_), rows_of(sin_));
         }
     }
 
-private:
     // x's pairs turned by the angles whose cosines and sines c and s hold, (..., seq, head/2).
     template <class X, class C, class S>
     static auto turn(const X& x, const C& c, const S& s) {
