@@ -15,6 +15,7 @@ import pathlib
 import numpy as np
 import torch
 
+from llama_reference import decoder_layer, rms_norm
 from safetensors_by_hand import write_safetensors
 
 VOCAB, MODEL, HEADS, KV_HEADS, HEAD, HIDDEN = 50, 32, 4, 2, 8, 48
@@ -47,36 +48,9 @@ weights = {
 w = {name: t.double() for name, t in weights.items()}
 
 
-def rms_norm(x, g):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPSILON) * g
-
-
-def rotate(x):  # (batch, heads, seq, head), half-split pairs (i, i + head/2)
-    seq = x.shape[-2]
-    frequency = BASE ** (-torch.arange(0, HEAD, 2, dtype=torch.float64) / HEAD)
-    angle = torch.arange(seq, dtype=torch.float64)[:, None] * frequency[None, :]
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    x1, x2 = x[..., : HEAD // 2], x[..., HEAD // 2 :]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
 def forward(tokens):  # (batch, seq) -> logits of every position (batch, seq, vocab)
-    batch, seq = tokens.shape
-    x = w["embedding"][tokens]
-    h = rms_norm(x, w["block.attention_norm"])
-    q = (h @ w["block.attention.w_q"]).view(batch, seq, HEADS, HEAD).transpose(1, 2)
-    k = (h @ w["block.attention.w_k"]).view(batch, seq, KV_HEADS, HEAD).transpose(1, 2)
-    v = (h @ w["block.attention.w_v"]).view(batch, seq, KV_HEADS, HEAD).transpose(1, 2)
-    q, k = rotate(q), rotate(k)
-    k = k.repeat_interleave(HEADS // KV_HEADS, dim=1)
-    v = v.repeat_interleave(HEADS // KV_HEADS, dim=1)
-    scores = q @ k.transpose(-1, -2) / HEAD ** 0.5
-    scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
-    z = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, seq, HEADS * HEAD)
-    x = x + z @ w["block.attention.w_o"]
-    h = rms_norm(x, w["block.ffn_norm"])
-    x = x + (torch.nn.functional.silu(h @ w["block.w_1"]) * (h @ w["block.w_3"])) @ w["block.w_2"]
-    return rms_norm(x, w["norm"]) @ w["output"]
+    x = decoder_layer(w["embedding"][tokens], w, "block.", HEADS, KV_HEADS, HEAD, EPSILON, BASE)
+    return rms_norm(x, w["norm"], EPSILON) @ w["output"]
 
 
 prompt = torch.randint(0, VOCAB, (BATCH, PROMPT), generator=generator)

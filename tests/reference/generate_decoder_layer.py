@@ -21,6 +21,7 @@ import pathlib
 import numpy as np
 import torch
 
+from llama_reference import decoder_layer
 from safetensors_by_hand import write_safetensors
 
 MODEL, HEADS, KV_HEADS, HEAD, HIDDEN = 32, 4, 2, 8, 48
@@ -52,32 +53,8 @@ weights = {
 w = {name: t.double() for name, t in weights.items()}
 
 
-def rms_norm(x, g):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + EPSILON) * g
-
-
-def rotate(x):  # (heads, seq, head) at positions 0 .. seq, half-split pairs (i, i + head/2)
-    frequency = BASE ** (-torch.arange(0, HEAD, 2, dtype=torch.float64) / HEAD)
-    angle = torch.arange(x.shape[-2], dtype=torch.float64)[:, None] * frequency[None, :]
-    cos, sin = torch.cos(angle), torch.sin(angle)
-    x1, x2 = x[..., : HEAD // 2], x[..., HEAD // 2 :]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
 def layer(x):  # one sequence, all its rows: (seq, model) -> (seq, model)
-    seq = x.shape[0]
-    h = rms_norm(x, w["attention_norm"])
-    q = rotate((h @ w["attention.w_q"]).view(seq, HEADS, HEAD).transpose(0, 1))
-    k = rotate((h @ w["attention.w_k"]).view(seq, KV_HEADS, HEAD).transpose(0, 1))
-    v = (h @ w["attention.w_v"]).view(seq, KV_HEADS, HEAD).transpose(0, 1)
-    k = k.repeat_interleave(HEADS // KV_HEADS, dim=0)  # query head h reads key/value head h // group
-    v = v.repeat_interleave(HEADS // KV_HEADS, dim=0)
-    scores = q @ k.transpose(-1, -2) / HEAD ** 0.5
-    scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
-    z = (torch.softmax(scores, dim=-1) @ v).transpose(0, 1).reshape(seq, HEADS * HEAD)
-    x = x + z @ w["attention.w_o"]
-    h = rms_norm(x, w["ffn_norm"])
-    return x + (torch.nn.functional.silu(h @ w["w_1"]) * (h @ w["w_3"])) @ w["w_2"]
+    return decoder_layer(x[None], w, "", HEADS, KV_HEADS, HEAD, EPSILON, BASE)[0]
 
 
 def rows(count):
