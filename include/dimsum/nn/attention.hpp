@@ -86,30 +86,6 @@ struct attention_options {
     std::span<const std::size_t> key_lengths = {};
 };
 
-// No rotary embedding: what a call over a KV cache turns its rows by when given none.
-struct no_rotary_t {
-    template <class X, class Positions>
-    const X& operator()(const X& x, const Positions&) const {
-        return x;
-    }
-};
-inline constexpr no_rotary_t no_rotary{};
-
-// A key/value cache as multi_head_attention reads one: kv_cache, or a type with its members.
-template <class C>
-concept key_value_cache = requires(C& c, const C& cc) {
-    typename C::batch_axis;
-    typename C::seq_axis;
-    typename C::kv_heads_axis;
-    typename C::head_axis;
-    typename C::value_head_axis;
-    typename C::value_type;
-    cc.keys();
-    cc.values();
-    cc.size();
-    cc.uniform();
-};
-
 // The layer's inputs: a tensor, a view or a formula of (batch, rows, Width), Width named like
 // the layer's model or source axis; batch_of and rows_of name their first two axes.
 template <class X, class Width>

@@ -67,6 +67,22 @@ struct step_positions {
     tensor<std::int64_t, Batch> lengths;
 };
 
+// A key/value cache as multi_head_attention reads one: kv_cache (below), or a type with its
+// members.
+template <class C>
+concept key_value_cache = requires(const C& cache) {
+    typename C::batch_axis;
+    typename C::seq_axis;
+    typename C::kv_heads_axis;
+    typename C::head_axis;
+    typename C::value_head_axis;
+    typename C::value_type;
+    cache.keys();
+    cache.values();
+    cache.size();
+    cache.uniform();
+};
+
 // Keys (batch, kv_heads, seq, head) and values (batch, kv_heads, seq, value_head) of up to
 // `capacity` positions per sequence. append() writes a step's keys and values (tensors or
 // formulas, their seq axis the step's new rows) after each sequence's positions so far;

@@ -50,6 +50,16 @@ auto with_ones_after_batch(E&& e) {
 }
 }  // namespace detail
 
+// No rotary embedding: what an attention call over a KV cache (multi_head_attention) turns
+// its rows by when given no rotary.
+struct no_rotary_t {
+    template <class X, class Positions>
+    const X& operator()(const X& x, const Positions&) const {
+        return x;
+    }
+};
+inline constexpr no_rotary_t no_rotary{};
+
 // rotary<T, Seq, Head, Pairs>(positions, base = 10000): position p turns pair i of a head by
 // the angle p / base^(2i / head). The tables, (seq=positions, head/2), are computed once here,
 // in double and rounded once to T; a call reads slices of them and allocates nothing. The
