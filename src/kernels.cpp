@@ -11,8 +11,8 @@
 namespace dimsum::backend::cpu {
 
 #define DIMSUM_KERNELS_FOR(T)                                                                                      \
-    template void detail::plan_and_run<T>(detail::state<T>&, const evaluation::layout&, bool, void*,               \
-                                          const evaluation::planner_options&);                                     \
+    template void detail::plan_and_run<T>(detail::state<T>&, const evaluation::layout&, evaluation::element_type,  \
+                                          void*, const evaluation::planner_options&);                              \
     template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                           \
     template void attention<T>(const attention_problem<T>&);                                                       \
     template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const fused_region*, bf16*);      \

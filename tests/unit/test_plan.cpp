@@ -37,16 +37,16 @@ struct planned {
     }
 };
 
-// The plan of e into a row-major destination, or one laid out as `destination`; of bf16 if
-// `bf16_destination`.
+// The plan of e into a row-major destination, or one laid out as `destination`, of float or
+// of `destination_type`.
 template <class E>
 planned plan_of(const E& e, ev::planner_options options = {}, std::optional<ev::layout> destination = std::nullopt,
-                bool bf16_destination = false) {
+                ev::element_type destination_type = ev::element_type::float32) {
     planned p;
     ev::lower<float>(e, p.program, p.bindings);
     const ev::step& root = p.program.steps[p.program.root];
-    ev::make_plan(p.program, p.bindings, destination.value_or(ev::row_major(root.rank, root.extents)), options, p.plan,
-                  bf16_destination);
+    ev::make_plan(p.program, p.bindings, destination.value_or(ev::row_major(root.rank, root.extents)), destination_type,
+                  options, p.plan);
     return p;
 }
 
@@ -208,7 +208,7 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     const ev::planner_options reads_bf16{.read_bf16 = true};
     auto bf16_temporaries = [](const planned& p) {
         std::size_t n = 0;
-        for (const ev::temporary& t : p.plan.temporaries) n += t.bf16;
+        for (const ev::temporary& t : p.plan.temporaries) n += t.type == ev::element_type::bf16;
         return n;
     };
 
@@ -218,21 +218,30 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     REQUIRE(projected.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::gemm});
     const ev::entry& first = projected.plan.entries[0];
     const ev::entry& second = projected.plan.entries[1];
-    REQUIRE(first.bf16_out);
-    CHECK(projected.plan.temporaries[first.bf16_out->index].bf16);
-    CHECK(!projected.plan.temporaries[first.out.index].bf16);
-    CHECK(first.bf16_out->where == first.out.where);
+    REQUIRE(first.rounded_into);
+    CHECK(first.rounded_into->type == ev::element_type::bf16);
+    CHECK(projected.plan.temporaries[first.rounded_into->index].type == ev::element_type::bf16);
+    CHECK(projected.plan.temporaries[first.out.index].type == ev::element_type::float32);
+    CHECK(first.rounded_into->where == first.out.where);
     CHECK(first.out_unread);  // its float value read by no one: a kernel may write only the bf16
-    REQUIRE(second.bf16_operands[0]);
-    CHECK(second.bf16_operands[0]->memory == ev::memory_kind::temporary);
-    CHECK(second.bf16_operands[0]->index == first.bf16_out->index);
-    CHECK(!second.bf16_out);
+    // every operand where it lies, as bf16: a and w in their bindings, the rounded product in its temporary
+    REQUIRE(first.operand_count == 2);
+    CHECK((first.operands[0].memory == ev::memory_kind::binding && first.operands[0].index == 0));
+    CHECK((first.operands[1].memory == ev::memory_kind::binding && first.operands[1].index == 1));
+    CHECK(first.operands[0].type == ev::element_type::bf16);
+    CHECK(first.operands[1].where == ev::broadcast(ev::row_major(2, {4, 6}), 3));  // broadcast to the batch
+    REQUIRE(second.operand_count == 2);
+    CHECK(second.operands[0].memory == ev::memory_kind::temporary);
+    CHECK(second.operands[0].index == first.rounded_into->index);
+    CHECK(second.operands[0].type == ev::element_type::bf16);
+    CHECK((second.operands[1].memory == ev::memory_kind::binding && second.operands[1].type == ev::element_type::bf16));
+    CHECK(!second.rounded_into);
 
     // read as float too: still rounded by its gemm, its float value kept for the other reader
     auto x = ds::matmul(a, w) + 1.0f;
     auto read_twice = plan_of(ds::matmul(ds::cast<ds::bf16>(x), w2) + x, reads_bf16);
     REQUIRE(read_twice.plan.entries.size() >= 2);
-    REQUIRE(read_twice.plan.entries[0].bf16_out);
+    REQUIRE(read_twice.plan.entries[0].rounded_into);
     CHECK(!read_twice.plan.entries[0].out_unread);
 
     // computed by a pass: the pass writes the bf16 temporary itself, reading a where it lies
@@ -242,17 +251,19 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     CHECK(bf16_temporaries(passed) == 1);
     const ev::place& pass_out = passed.plan.entries[0].out;
     CHECK(pass_out.memory == ev::memory_kind::temporary);
-    REQUIRE(passed.plan.entries[1].bf16_operands[0]);
-    CHECK(passed.plan.entries[1].bf16_operands[0]->index == pass_out.index);
+    CHECK(pass_out.type == ev::element_type::bf16);
+    CHECK(passed.plan.entries[1].operands[0].type == ev::element_type::bf16);
+    CHECK(passed.plan.entries[1].operands[0].index == pass_out.index);
 
     // heads merged back into rows: the rounded values stored transposed, so the reshape is a
     // view of the bf16 temporary and there is no copy
     auto merged = plan_of(ds::matmul(ds::view<Rows, Model>(ds::transpose<Key, Batch>(ds::cast<ds::bf16>(ds::matmul(a, w)))), w2),
                           reads_bf16);
     REQUIRE(merged.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::gemm});
-    REQUIRE(merged.plan.entries[0].bf16_out);
+    REQUIRE(merged.plan.entries[0].rounded_into);
     CHECK(!(merged.plan.entries[0].out.where == ev::row_major(3, {2, 7, 6})));  // written transposed
-    CHECK(merged.plan.entries[1].bf16_operands[0]);
+    CHECK(merged.plan.entries[1].operands[0].type == ev::element_type::bf16);
+    CHECK(merged.plan.entries[1].operands[0].index == merged.plan.entries[0].rounded_into->index);
 
     // read by no product, or planned for a backend that reads no bf16 (the reference's): the
     // cast is an elementwise step like any other
@@ -260,7 +271,11 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     CHECK(alone.kinds() == kinds{ev::entry_kind::gemm});
     CHECK(bf16_temporaries(alone) == 0);
     auto reference = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), w2), {false, false});
-    for (const ev::entry& e : reference.plan.entries) CHECK(e.kind != ev::entry_kind::narrow);
+    for (const ev::entry& e : reference.plan.entries) {
+        CHECK(e.kind != ev::entry_kind::narrow);
+        if (e.kind == ev::entry_kind::convert) continue;  // reads a binding of bf16, into float
+        for (std::size_t o = 0; o < e.operand_count; ++o) CHECK(e.operands[o].type == ev::element_type::float32);
+    }
     CHECK(bf16_temporaries(reference) == 0);
 }
 
@@ -269,63 +284,73 @@ TEST_CASE("a destination of bf16 is rounded into by the kernel that computes the
     ds::tensor<ds::bf16, Batch, Key, Head> a(Batch{2}, Key{7});
     ds::tensor<ds::bf16, Head, Model> w;
     const ev::planner_options reads_bf16{.read_bf16 = true};
-    const ev::place out{ev::memory_kind::destination, 0, ev::row_major(3, {2, 7, 6})};
+    const ev::place out{ev::memory_kind::destination, 0, ev::row_major(3, {2, 7, 6}), ev::element_type::bf16};
+    const ev::element_type bf16 = ev::element_type::bf16;
     auto is_out = [&](const ev::place& p) { return p.memory == out.memory && p.where == out.where; };
 
     // a product: rounded into the destination block by block, its float value in a temporary
     // of the destination's layout; no narrow entry
-    auto product = plan_of(ds::matmul(a, w) + 1.0f, reads_bf16, out.where, true);
-    CHECK(product.plan.bf16_destination);
+    auto product = plan_of(ds::matmul(a, w) + 1.0f, reads_bf16, out.where, bf16);
+    CHECK(product.plan.destination_type == bf16);
     REQUIRE(product.kinds() == kinds{ev::entry_kind::gemm});
     const ev::entry& gemm = product.plan.entries[0];
     CHECK(gemm.out.memory == ev::memory_kind::temporary);
     CHECK(gemm.out.where == out.where);
-    REQUIRE(gemm.bf16_out);
-    CHECK(is_out(*gemm.bf16_out));
+    REQUIRE(gemm.rounded_into);
+    CHECK(is_out(*gemm.rounded_into));
+    CHECK(gemm.rounded_into->type == bf16);
     CHECK(gemm.out_unread);
     CHECK(product.plan.temporaries.size() == 1);  // the float value only
-    CHECK(!product.plan.temporaries[0].bf16);
+    CHECK(product.plan.temporaries[0].type == ev::element_type::float32);
 
     // cast<bf16> at the root rounds nothing more: the same plan
-    auto cast = plan_of(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), reads_bf16, out.where, true);
+    auto cast = plan_of(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), reads_bf16, out.where, bf16);
     REQUIRE(cast.kinds() == kinds{ev::entry_kind::gemm});
-    REQUIRE(cast.plan.entries[0].bf16_out);
-    CHECK(is_out(*cast.plan.entries[0].bf16_out));
+    REQUIRE(cast.plan.entries[0].rounded_into);
+    CHECK(is_out(*cast.plan.entries[0].rounded_into));
 
     // a pass, or a kernel along an axis, writes the destination itself, reading a where it lies
-    auto passed = plan_of(ds::exp(a), reads_bf16, out.where, true);
+    auto passed = plan_of(ds::exp(a), reads_bf16, out.where, bf16);
     REQUIRE(passed.kinds() == kinds{ev::entry_kind::fused});
     CHECK(is_out(passed.plan.entries[0].out));
+    CHECK(passed.plan.entries[0].out.type == bf16);
     CHECK(passed.plan.temporaries.empty());
-    auto lines = plan_of(ds::softmax<Head>(a), reads_bf16, ev::row_major(3, {2, 7, 4}), true);
+    auto lines = plan_of(ds::softmax<Head>(a), reads_bf16, ev::row_major(3, {2, 7, 4}), bf16);
     REQUIRE(lines.kinds() == kinds{ev::entry_kind::rowwise});
     CHECK(lines.plan.entries[0].out.memory == ev::memory_kind::destination);
-    REQUIRE(lines.plan.entries[0].bf16_operands[0]);
-    CHECK(lines.plan.entries[0].bf16_operands[0]->memory == ev::memory_kind::binding);
+    REQUIRE(lines.plan.entries[0].operand_count == 1);
+    CHECK(lines.plan.entries[0].operands[0].memory == ev::memory_kind::binding);
+    CHECK(lines.plan.entries[0].operands[0].type == bf16);
     CHECK(lines.plan.temporaries.empty());
 
     // any other entry: a narrow entry into the destination after it
-    auto joined = plan_of(ds::concat<Key>(a, a), reads_bf16, ev::row_major(3, {2, 14, 4}), true);
+    auto joined = plan_of(ds::concat<Key>(a, a), reads_bf16, ev::row_major(3, {2, 14, 4}), bf16);
     REQUIRE(joined.kinds() == kinds{ev::entry_kind::copy, ev::entry_kind::copy, ev::entry_kind::narrow});
-    CHECK(joined.plan.entries[2].out.memory == ev::memory_kind::destination);
+    const ev::entry& narrow = joined.plan.entries[2];
+    CHECK(narrow.out.memory == ev::memory_kind::destination);
+    CHECK(narrow.out.type == bf16);
+    REQUIRE(narrow.operand_count == 1);  // the float value the copies wrote
+    CHECK(narrow.operands[0].memory == joined.plan.entries[0].out.memory);
+    CHECK(narrow.operands[0].index == joined.plan.entries[0].out.index);
+    CHECK(narrow.operands[0].type == ev::element_type::float32);
 
     // a product into a destination of another dense order (transposed) is rounded into it as
     // well, its float value laid out alike; into one with gaps (a slice), the value in
     // row-major order, then a narrow entry
     const ev::layout transposed = ev::permute(ev::row_major(3, {7, 2, 6}), {1, 0, 2});
-    auto swapped = plan_of(ds::matmul(a, w), reads_bf16, transposed, true);
+    auto swapped = plan_of(ds::matmul(a, w), reads_bf16, transposed, bf16);
     REQUIRE(swapped.kinds() == kinds{ev::entry_kind::gemm});
-    REQUIRE(swapped.plan.entries[0].bf16_out);
+    REQUIRE(swapped.plan.entries[0].rounded_into);
     CHECK(swapped.plan.entries[0].out.where == transposed);
     const ev::layout gapped = ev::slice(ev::row_major(3, {2, 9, 6}), 1, 0, 7, 1);
-    auto strided = plan_of(ds::matmul(a, w), reads_bf16, gapped, true);
+    auto strided = plan_of(ds::matmul(a, w), reads_bf16, gapped, bf16);
     REQUIRE(strided.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::narrow});
-    CHECK(!strided.plan.entries[0].bf16_out);
+    CHECK(!strided.plan.entries[0].rounded_into);
     CHECK(strided.plan.entries[0].out.where == out.where);
     CHECK(strided.plan.entries[1].out.where == gapped);
 
     // only where the backend's kernels write bf16
-    CHECK_THROWS_AS(plan_of(ds::exp(a), {}, out.where, true), std::logic_error);
+    CHECK_THROWS_AS(plan_of(ds::exp(a), {}, out.where, bf16), std::logic_error);
 }
 
 TEST_CASE("the same tensor read twice is one binding") {

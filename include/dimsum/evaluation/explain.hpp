@@ -32,29 +32,30 @@ namespace explaining {
 
 class printer {
 public:
-    printer(const program& p, const plan& pl) : steps_(p.steps), plan_(pl), number_(pl.temporaries.size(), no_step) {
+    printer(const program& p, const plan& pl, element_type computes_in)
+        : steps_(p.steps), plan_(pl), computes_in_(computes_in), number_(pl.temporaries.size(), no_step) {
         // temporaries numbered in the order entries write them
         std::size_t next = 0;
         for (const entry& e : plan_.entries) {
             if (e.out.memory == memory_kind::temporary && number_[e.out.index] == no_step) number_[e.out.index] = next++;
-            if (e.bf16_out && number_[e.bf16_out->index] == no_step) number_[e.bf16_out->index] = next++;
+            if (e.rounded_into && e.rounded_into->memory == memory_kind::temporary && number_[e.rounded_into->index] == no_step) {
+                number_[e.rounded_into->index] = next++;
+            }
         }
         for (std::size_t& n : number_) n = n == no_step ? next++ : n;
     }
 
     std::string text(std::string_view backend, element_type stored) {
-        const element_type computes_in = steps_.empty() ? stored : steps_[0].computes_in;
-        const std::size_t size = size_of(computes_in);
         std::size_t bytes = 0;
-        for (const temporary& t : plan_.temporaries) bytes += bytes_of(t, size);
-        out_ << backend << " plan, " << name_of(computes_in);
-        if (stored != computes_in) out_ << " stored as " << name_of(stored);
+        for (const temporary& t : plan_.temporaries) bytes += t.size * size_of(t.type);
+        out_ << backend << " plan, " << name_of(computes_in_);
+        if (stored != computes_in_) out_ << " stored as " << name_of(stored);
         out_ << ": " << plan_.entries.size() << (plan_.entries.size() == 1 ? " entry, " : " entries, ")
              << plan_.temporaries.size() << (plan_.temporaries.size() == 1 ? " temporary" : " temporaries");
         if (!plan_.temporaries.empty()) out_ << " (" << human_bytes(bytes) << ")";
         out_ << '\n';
         for (std::size_t i = 0; i < plan_.entries.size(); ++i) write_entry(i + 1, plan_.entries[i]);
-        if (stored != computes_in && !plan_.bf16_destination) out_ << "  then out, computed in " << name_of(computes_in) << ", rounded to " << name_of(stored) << '\n';
+        if (stored != computes_in_ && plan_.destination_type != stored) out_ << "  then out, computed in " << name_of(computes_in_) << ", rounded to " << name_of(stored) << '\n';
         for (std::size_t b = 0, id = 0; id < steps_.size(); ++id) {  // bindings are numbered as first read
             if (steps_[id].kind != step_kind::tensor || steps_[id].binding != b) continue;
             out_ << "  in" << b++ << ' ';
@@ -65,15 +66,13 @@ public:
         for (std::size_t t = 0; t < number_.size(); ++t) by_number[number_[t]] = t;
         for (std::size_t n = 0; n < by_number.size(); ++n) {
             const temporary& t = plan_.temporaries[by_number[n]];
-            out_ << "  t" << n << ' ' << t.size << " elements, " << (t.bf16 ? "bf16, " : "") << human_bytes(bytes_of(t, size)) << '\n';
+            out_ << "  t" << n << ' ' << t.size << " elements, " << (t.type != computes_in_ ? std::string(name_of(t.type)) + ", " : "")
+                 << human_bytes(t.size * size_of(t.type)) << '\n';
         }
         return out_.str();
     }
 
 private:
-    static std::size_t bytes_of(const temporary& t, std::size_t element_size) {
-        return t.size * (t.bf16 ? size_of(element_type::bf16) : element_size);
-    }
     static std::string human_bytes(std::size_t bytes) {
         std::ostringstream s;
         s.precision(1);
@@ -111,9 +110,9 @@ private:
             out_ << inner;
             return;
         }
-        if (plan_.bf16_placed[id]) {
+        if (plan_.stored_placed[id]) {
             const bool cast = s.kind == step_kind::elementwise && s.op == op_code::round_bf16;
-            if (cast && as_stored_) return memory(plan_.bf16_values[id]);  // rounded into a bf16 temporary
+            if (cast && as_stored_) return memory(plan_.stored_values[id]);  // rounded into a bf16 temporary
             if (!cast) return formula(id, product, inner);  // a leaf a pass reads as bf16 where it lies
         }
         const bool converted = s.kind == step_kind::tensor && s.type != s.computes_in;  // into a temporary
@@ -247,23 +246,30 @@ private:
     }
     // Operand `slot` of entry e, step id; one read as bf16 where it lies, as the views of its tensor.
     void stored_operand(const entry& e, std::size_t slot, std::size_t id) {
-        as_stored_ = e.bf16_operands[slot].has_value();
+        as_stored_ = reads_stored(e, slot);
         operand(id);
         as_stored_ = false;
     }
     void rounded_mark(const entry& e) {
-        if (!e.bf16_out) return;
+        if (!e.rounded_into) return;
         out_ << "  [rounded into ";
-        memory(*e.bf16_out);
+        memory(*e.rounded_into);
         out_ << " block by block]";
     }
     void stored_mark(const entry& e) {
-        for (const std::optional<place>& stored : e.bf16_operands) {
-            if (stored) {
-                out_ << "  [bf16 read where it lies]";
+        for (std::size_t slot = 0; slot < e.operand_count; ++slot) {
+            if (reads_stored(e, slot)) {
+                out_ << "  [" << name_of(e.operands[slot].type) << " read where it lies]";
                 return;
             }
         }
+    }
+    // Whether entry e's kernel reads operand `slot` in a narrower type where it lies (a packed
+    // right operand is read from its packing).
+    bool reads_stored(const entry& e, std::size_t slot) const {
+        const bool kernel = e.kind == entry_kind::gemm || e.kind == entry_kind::attention || e.kind == entry_kind::rowwise;
+        const bool packed = e.kind == entry_kind::gemm && e.packed_right && slot == 1;
+        return kernel && slot < e.operand_count && !packed && e.operands[slot].type != computes_in_;
     }
 
     void attention(const entry& e) {
@@ -285,6 +291,7 @@ private:
 
     const std::vector<step>& steps_;
     const plan& plan_;
+    const element_type computes_in_;  // the program's type
     std::vector<std::size_t> number_;  // each temporary's number in the text
     std::ostringstream out_;
     bool as_stored_ = false;  // printing an operand read where it lies: views of a tensor, no temporary
@@ -297,7 +304,7 @@ private:
 inline std::string explain(const program& p, const plan& pl, std::string_view backend,
                            std::optional<element_type> stored = std::nullopt) {
     const element_type computes_in = p.steps.empty() ? element_type::float32 : p.steps[0].computes_in;
-    return explaining::printer(p, pl).text(backend, stored.value_or(computes_in));
+    return explaining::printer(p, pl, computes_in).text(backend, stored.value_or(computes_in));
 }
 
 // The plan of formula e for a new tensor of its shape, made with `options`, computing in T.
@@ -309,7 +316,8 @@ std::string explain_formula(const E& e, planner_options options, std::string_vie
     const step& root = p.steps[p.root];
     plan pl;
     const element_type stored = element_type_of<value_type_of<E>>();
-    make_plan(p, bindings, row_major(root.rank, root.extents), options, pl, options.read_bf16 && stored == element_type::bf16);
+    const element_type rounded_by_kernels = options.read_bf16 && stored == element_type::bf16 ? stored : element_type_of<T>();
+    make_plan(p, bindings, row_major(root.rank, root.extents), rounded_by_kernels, options, pl);
     return explain(p, pl, backend, stored);
 }
 

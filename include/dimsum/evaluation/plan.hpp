@@ -46,6 +46,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -59,21 +60,21 @@ namespace dimsum::evaluation {
 
 inline constexpr std::size_t no_step = std::numeric_limits<std::size_t>::max();
 
-// Where a value lives: memory, and the value's layout in it.
+// Where a value lives: memory, the value's layout in it, and the type of its elements: the
+// type the program computes in, or a narrower one it is stored in (bf16), which only the
+// kernels that read or write that type see.
 enum class memory_kind : std::uint8_t { binding, temporary, destination };
 struct place {
     memory_kind memory = memory_kind::destination;
     std::size_t index = 0;  // which binding or temporary
     layout where{};
+    element_type type = element_type::float32;
 };
 
-enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, narrow, gather };
+// The same memory seen through another layout (a view of the value there).
+inline place seen_as(const place& p, const layout& where) { return {p.memory, p.index, where, p.type}; }
 
-// The operands an entry reads as bf16, for kernels that read bf16 themselves
-// (planner_options::read_bf16): gemm's left and right, attention's Q, K^T and V, each where it
-// lies in its binding or in the bf16 temporary a cast<bf16> was rounded into; an operand
-// without a place here is read from its own place, plan::values, as usual.
-using stored_operands = std::array<std::optional<place>, 3>;
+enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, narrow, gather };
 
 struct entry {
     entry_kind kind;
@@ -83,53 +84,53 @@ struct entry {
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention: what the matcher found
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
-    stored_operands bf16_operands{};  // gemm, attention
-    // gemm, attention: bf16 memory (a temporary, or a destination of bf16) that each finished
-    // block of `out` is also rounded into, laid out as `out` (a narrow entry fused into the kernel)
-    std::optional<place> bf16_out{};
-    // with bf16_out: `out` is the rounding scratch, which no entry reads, so a kernel that holds
-    // its results elsewhere until they are final may write bf16_out alone (attention does)
+    // What the kernel reads, each in its own type (a kernel that reads bf16 reads it where it
+    // lies) and laid out with the entry's rank (broadcast): gemm: A and B (B's binding, where
+    // packed_right); attention: Q, K^T and V; rowwise: the lines; gather: the table and the
+    // ids (integers); convert: the binding; narrow: the value it rounds. Fused and copy
+    // entries read the leaves of their formula (plan::values, plan::stored_values).
+    std::array<place, 3> operands{};
+    std::size_t operand_count = 0;
+    // gemm, attention: memory of a narrower type (a temporary, or the destination) that each
+    // finished block of `out` is also rounded into, laid out as `out` (a narrow entry fused
+    // into the kernel)
+    std::optional<place> rounded_into{};
+    // with rounded_into: `out` is the rounding scratch, which no entry reads, so a kernel that
+    // holds its results elsewhere until they are final may write rounded_into alone (attention does)
     bool out_unread = false;
 };
 
-// Memory a plan needs for one evaluation: `size` elements of the program's type, or of bf16
-// (a cast<bf16> rounded for the kernels that read bf16).
+// Memory a plan needs for one evaluation: `size` elements of `type` (the program's, or bf16
+// for a cast<bf16> rounded for the kernels that read bf16).
 struct temporary {
     std::size_t size = 0;
-    bool bf16 = false;
+    element_type type = element_type::float32;
 };
 
 struct plan {
     std::vector<entry> entries;
     std::vector<temporary> temporaries;
-    std::vector<place> values;             // of each step whose value some entry reads
+    element_type destination_type = element_type::float32;  // of the memory the value is written into
+    std::vector<place> values;             // of each step whose value some entry reads, in the program's type
     std::vector<char> placed;              // whether values[step] is set
-    // where a step is read as bf16: each cast<bf16> step rounded into a bf16 temporary, and
-    // each leaf that passes read as bf16 where it lies (planner::read_leaf)
-    std::vector<place> bf16_values;
-    std::vector<char> bf16_placed;         // whether bf16_values[step] is set
-    bool bf16_destination = false;         // the entries round the value into a destination of bf16
+    // where a pass reads a step in the narrower type it is stored in: a tensor of bf16 where
+    // it lies, a cast<bf16> rounded into a temporary, a view of either (planner::read_leaf)
+    std::vector<place> stored_values;
+    std::vector<char> stored_placed;       // whether stored_values[step] is set
     // the planner's scratch, kept for its capacity
     std::vector<std::size_t> leaves;
     std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
     std::vector<char> seen;
 
-    // Whether place p is memory of bf16: a bf16 temporary, or a destination of bf16.
-    bool holds_bf16(const place& p) const {
-        if (p.memory == memory_kind::temporary) return temporaries[p.index].bf16;
-        return p.memory == memory_kind::destination && bf16_destination;
-    }
-
     // Empty, for a program of `steps` steps. values keeps its elements: placed says which
     // are set, and a plan made in a loop then writes no more memory than it uses.
     void clear(std::size_t steps) {
         entries.clear();
-        bf16_destination = false;
         temporaries.clear();
         if (values.size() < steps) values.resize(steps);
         placed.assign(steps, 0);
-        if (bf16_values.size() < steps) bf16_values.resize(steps);
-        bf16_placed.assign(steps, 0);
+        if (stored_values.size() < steps) stored_values.resize(steps);
+        stored_placed.assign(steps, 0);
         leaves.clear();
         readers.assign(steps, 0);
         seen.assign(steps, 0);
@@ -163,23 +164,26 @@ inline std::optional<layout> view_layout(const step& s, const layout& from) {
 class planner {
 public:
     // `bindings` give the layouts of the program's tensors, `destination` that of the memory
-    // its value goes to, which holds bf16 if `bf16_destination`: the plan then rounds the value
-    // into it (planner_options::read_bf16 only: the backend's kernels write bf16). No memory is
-    // read.
-    planner(const program& p, const std::vector<binding>& bindings, const layout& destination, planner_options options,
-            plan& out, bool bf16_destination = false)
-        : steps_(p.steps), bindings_(bindings), options_(options), plan_(out) {
+    // its value goes to, whose elements are of `destination_type`: the program's type, or bf16,
+    // into which the plan then rounds the value (planner_options::read_bf16 only: the
+    // backend's kernels write bf16). No memory is read.
+    planner(const program& p, const std::vector<binding>& bindings, const layout& destination, element_type destination_type,
+            planner_options options, plan& out)
+        : steps_(p.steps), bindings_(bindings), options_(options), plan_(out),
+          computes_in_(p.steps.empty() ? destination_type : p.steps[p.root].computes_in) {
         plan_.clear(steps_.size());
+        plan_.destination_type = destination_type;
         for (const step& s : steps_) {
             for (std::size_t o = 0; o < s.operand_count; ++o) ++plan_.readers[s.operands[o]];
         }
-        const place out_to{memory_kind::destination, 0, destination};
-        if (!bf16_destination) {
+        const place out_to{memory_kind::destination, 0, destination, destination_type};
+        if (destination_type == computes_in_) {
             write(p.root, out_to);
             return;
         }
-        if (!options.read_bf16) throw std::logic_error("dimsum: planner: a destination of bf16 for a backend that writes no bf16");
-        plan_.bf16_destination = true;
+        if (destination_type != element_type::bf16 || !options.read_bf16) {
+            throw std::logic_error("dimsum: planner: a destination of a type the backend's kernels do not write");
+        }
         // The value rounded straight into the destination (cast<bf16> at the root rounds
         // nothing more), computed in the destination's layout where that is dense, so that a
         // product or attention computing it rounds each block there.
@@ -205,9 +209,9 @@ private:
         const step& s = steps_[id];
         switch (s.kind) {
             case step_kind::tensor: {
-                if (s.type == s.computes_in) return {memory_kind::binding, s.binding, bindings_[s.binding].where};
+                if (s.type == s.computes_in) return binding_place(s.binding);
                 place converted = temporary(s.rank, s.extents);  // bf16 or integers, read as the formula's type
-                add(entry_kind::convert, id, converted);
+                set_operands(add(entry_kind::convert, id, converted), {binding_place(s.binding)});
                 return converted;
             }
             case step_kind::permute: case step_kind::select: case step_kind::slice: case step_kind::reshape: {
@@ -215,14 +219,14 @@ private:
                     const step& operand = steps_[s.operands[0]];
                     place copy = temporary(operand.rank, operand.extents);
                     write(s.operands[0], copy);
-                    return {copy.memory, copy.index, *view_layout(s, copy.where)};
+                    return seen_as(copy, *view_layout(s, copy.where));
                 }
                 const place from = value(s.operands[0]);
-                if (auto view = view_layout(s, from.where)) return {from.memory, from.index, *view};
+                if (auto view = view_layout(s, from.where)) return seen_as(from, *view);
                 // a reshape that the layout cannot express: a row-major copy of the operand first
                 place copy = temporary(from.where.rank, from.where.extents);
                 write(s.operands[0], copy);
-                return {copy.memory, copy.index, *view_layout(s, copy.where)};
+                return seen_as(copy, *view_layout(s, copy.where));
             }
             case step_kind::number: case step_kind::causal_mask: case step_kind::arange: case step_kind::elementwise:
             case step_kind::concat: case step_kind::gather: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
@@ -235,48 +239,60 @@ private:
         __builtin_unreachable();  // every kind is handled above
     }
 
+    place binding_place(std::size_t b) const { return {memory_kind::binding, b, bindings_[b].where, bindings_[b].type}; }
+
     place temporary(std::size_t rank, const extents_t& extents) { return temporary(row_major(rank, extents)); }
-    // A temporary seen through `where`, a layout over where.size() elements from 0.
-    place temporary(const layout& where, bool bf16 = false) {
-        place t{memory_kind::temporary, plan_.temporaries.size(), where};
-        plan_.temporaries.push_back({where.size(), bf16});
+    // A temporary of `type` (by default the program's) seen through `where`, a layout over
+    // where.size() elements from 0.
+    place temporary(const layout& where, std::optional<element_type> type = std::nullopt) {
+        place t{memory_kind::temporary, plan_.temporaries.size(), where, type.value_or(computes_in_)};
+        plan_.temporaries.push_back({where.size(), t.type});
         return t;
     }
 
-    void add(entry_kind kind, std::size_t step, const place& out, std::size_t epilogue = no_step,
-             const attention_match& attention = {}) {
-        plan_.entries.push_back({kind, step, out, epilogue, attention});
+    entry& add(entry_kind kind, std::size_t step, const place& out, std::size_t epilogue = no_step,
+               const attention_match& attention = {}) {
+        return plan_.entries.emplace_back(entry{kind, step, out, epilogue, attention});
+    }
+    static void set_operands(entry& e, std::initializer_list<place> operands) {
+        e.operand_count = 0;
+        for (const place& p : operands) e.operands[e.operand_count++] = p;
     }
 
     // How a gemm reads the operands of its product.
     struct product_operands {
         bool packed_right = false;
-        stored_operands bf16{};
+        std::array<place, 2> operands{};
     };
-    // Places the operands of product `id`, but those its gemm reads as they are, which need no
-    // place nor a convert: a right operand from its packing (ds::prepack), and an operand of
-    // bf16 where it lies.
+    // Places the operands of product `id` as its gemm reads them, broadcast to its rank: a
+    // right operand from its packing (ds::prepack), in its binding; an operand of bf16 where
+    // it lies (no convert); any other as a value of the program's type.
     product_operands place_operands_of_product(std::size_t id) {
         const step& s = steps_[id];
         const step& right = steps_[s.operands[1]];
         product_operands how;
         how.packed_right = options_.read_packed && right.kind == step_kind::tensor && bindings_[right.binding].packed;
         for (std::size_t o = 0; o < 2; ++o) {
-            if (o == 1 && how.packed_right) continue;
-            how.bf16[o] = stored_bf16(s.operands[o]);
-            if (!how.bf16[o]) value(s.operands[o]);
+            const place p = o == 1 && how.packed_right ? binding_place(right.binding) : read_operand(s.operands[o]);
+            how.operands[o] = seen_as(p, broadcast(p.where, s.rank));
         }
         return how;
     }
-    // Where a kernel may read step `id` as bf16 (planner_options::read_bf16): a bf16 tensor
-    // where it lies; cast<bf16> of a formula, rounded into a bf16 temporary (narrowed); or views
-    // of either that a layout expresses.
-    std::optional<place> stored_bf16(std::size_t id) {
+    // Where a kernel reads step `id`: where it is stored in a narrower type, if it is
+    // (stored_value), else its value in the program's type, planned if need be.
+    place read_operand(std::size_t id) {
+        if (const std::optional<place> stored = stored_value(id)) return *stored;
+        return value(id);
+    }
+    // Where a kernel may read step `id` in the narrower type it is stored in (planner_options::
+    // read_bf16): a bf16 tensor where it lies; cast<bf16> of a formula, rounded into a bf16
+    // temporary (narrowed); or views of either that a layout expresses.
+    std::optional<place> stored_value(std::size_t id) {
         if (!options_.read_bf16) return std::nullopt;
         const step& s = steps_[id];
         if (s.kind == step_kind::tensor) {
             if (s.type != element_type::bf16) return std::nullopt;
-            return place{memory_kind::binding, s.binding, bindings_[s.binding].where};
+            return binding_place(s.binding);
         }
         if (rounds_to_bf16(s)) return narrowed(id, row_major(s.rank, s.extents));
         if (!is_view(s.kind)) return std::nullopt;
@@ -285,15 +301,15 @@ private:
             // rows, rounded): the rounded values stored in the permuted order, rows a reshape reads.
             const step& permutation = steps_[s.operands[0]];
             const std::size_t rounded = permutation.operands[0];
-            if (permutation.kind == step_kind::permute && rounds_to_bf16(steps_[rounded]) && !plan_.bf16_placed[rounded]) {
+            if (permutation.kind == step_kind::permute && rounds_to_bf16(steps_[rounded]) && !plan_.stored_placed[rounded]) {
                 narrowed(rounded, unpermute(row_major(permutation.rank, permutation.extents), permutation.order));
             }
         }
-        const std::optional<place> from = stored_bf16(s.operands[0]);
+        const std::optional<place> from = stored_value(s.operands[0]);
         if (!from) return std::nullopt;
         const std::optional<layout> view = view_layout(s, from->where);
         if (!view) return std::nullopt;
-        return place{from->memory, from->index, *view};
+        return seen_as(*from, *view);
     }
     // The one temporary that values dead once rounded to bf16 share (narrowed), seen as `where`
     // and grown to hold it.
@@ -301,7 +317,7 @@ private:
         if (rounding_scratch_ == no_step) rounding_scratch_ = temporary(row_major(0, {})).index;
         std::size_t& size = plan_.temporaries[rounding_scratch_].size;
         size = std::max(size, where.size());
-        return {memory_kind::temporary, rounding_scratch_, where};
+        return {memory_kind::temporary, rounding_scratch_, where, computes_in_};
     }
     static bool rounds_to_bf16(const step& s) {
         return s.kind == step_kind::elementwise && s.op == op_code::round_bf16;
@@ -309,13 +325,13 @@ private:
     // The bf16 temporary that cast<bf16> step `id` is rounded into, laid out as `where`, planned
     // the first time.
     place narrowed(std::size_t id, const layout& where) {
-        if (!plan_.bf16_placed[id]) {
-            const place bf16 = temporary(where, true);
+        if (!plan_.stored_placed[id]) {
+            const place bf16 = temporary(where, element_type::bf16);
             round_value(steps_[id].operands[0], 1, where, bf16);
-            plan_.bf16_values[id] = bf16;
-            plan_.bf16_placed[id] = 1;
+            plan_.stored_values[id] = bf16;
+            plan_.stored_placed[id] = 1;
         }
-        return plan_.bf16_values[id];
+        return plan_.stored_values[id];
     }
     // Plans the entries that compute step id's value and round it into `bf16` (a bf16 temporary,
     // or the destination). `readers`: how many operand slots of other steps read the value when
@@ -358,10 +374,10 @@ private:
             value(id);
         }
         if (by_kernel) {
-            plan_.entries.back().bf16_out = bf16;
+            plan_.entries.back().rounded_into = bf16;
             plan_.entries.back().out_unread = in_scratch;
         } else {
-            add(entry_kind::narrow, id, bf16);
+            set_operands(add(entry_kind::narrow, id, bf16), {plan_.values[id]});
         }
     }
     static bool is_rowwise(step_kind kind) {
@@ -369,21 +385,22 @@ private:
                kind == step_kind::mean;
     }
     // A leaf of an elementwise formula (a pass, a gemm's epilogue, attention's score function):
-    // read by the pass as bf16 where it lies, if it can be (stored_bf16: a tensor of bf16, or a
+    // read by the pass as bf16 where it lies, if it can be (stored_value: a tensor of bf16, or a
     // view of one or of a rounded cast), else planned as a value. The rule holds for every
     // pass, so that a step read so is read so by all of them.
     void read_leaf(std::size_t leaf) {
-        if (const std::optional<place> stored = stored_bf16(leaf)) {
-            plan_.bf16_values[leaf] = *stored;
-            plan_.bf16_placed[leaf] = 1;
+        if (const std::optional<place> stored = stored_value(leaf)) {
+            plan_.stored_values[leaf] = *stored;
+            plan_.stored_placed[leaf] = 1;
             return;
         }
         value(leaf);
     }
-    void add_product(std::size_t id, const place& dst, std::size_t epilogue, const product_operands& how) {
-        add(entry_kind::gemm, id, dst, epilogue);
-        plan_.entries.back().packed_right = how.packed_right;
-        plan_.entries.back().bf16_operands = how.bf16;
+    entry& add_product(std::size_t id, const place& dst, std::size_t epilogue, const product_operands& how) {
+        entry& e = add(entry_kind::gemm, id, dst, epilogue);
+        e.packed_right = how.packed_right;
+        set_operands(e, {how.operands[0], how.operands[1]});
+        return e;
     }
 
     // Plans the entries that write the value of step `id` into `dst` (of that step's extents).
@@ -392,27 +409,27 @@ private:
         switch (s.kind) {
             case step_kind::matmul:
                 if (auto match = attention_at(id)) return attend(id, *match, dst);
-                return add_product(id, dst, no_step, place_operands_of_product(id));
+                add_product(id, dst, no_step, place_operands_of_product(id));
+                return;
             case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
             case step_kind::mean: {
-                const std::optional<place> stored = stored_bf16(s.operands[0]);  // its lines widened as read
-                if (!stored) value(s.operands[0]);
-                add(entry_kind::rowwise, id, dst);
-                plan_.entries.back().bf16_operands[0] = stored;
-                return;
+                const place lines = read_operand(s.operands[0]);  // widened as read, where they are of bf16
+                return set_operands(add(entry_kind::rowwise, id, dst), {lines});
             }
-            case step_kind::causal_mask: case step_kind::arange: return add(entry_kind::indices, id, dst);
-            case step_kind::gather:
-                value(s.operands[0]);  // the table; the ids are read where they are, as integers
-                return add(entry_kind::gather, id, dst);
+            case step_kind::causal_mask: case step_kind::arange:
+                add(entry_kind::indices, id, dst);
+                return;
+            case step_kind::gather: {  // the table; the ids where they are, as integers
+                const place table = value(s.operands[0]);
+                return set_operands(add(entry_kind::gather, id, dst), {table, binding_place(steps_[s.operands[1]].binding)});
+            }
             case step_kind::concat: {
                 // each operand into its slice of dst, where a later reader finds it; one already
                 // computed is copied there
                 const std::size_t split = steps_[s.operands[0]].extents[s.axis];
                 for (std::size_t o = 0; o < 2; ++o) {
                     const std::size_t operand = s.operands[o];
-                    const place into{dst.memory, dst.index,
-                                     slice(dst.where, s.axis, o == 0 ? 0 : split, steps_[operand].extents[s.axis], 1)};
+                    const place into = seen_as(dst, slice(dst.where, s.axis, o == 0 ? 0 : split, steps_[operand].extents[s.axis], 1));
                     if (plan_.placed[operand]) {
                         write_fused(operand, into);
                     } else {
@@ -430,7 +447,7 @@ private:
                 // into rows): computed straight into dst seen through the inverse permutation,
                 // rather than into a temporary that is then copied.
                 if (!is_view(steps_[s.operands[0]].kind)) {
-                    return write(s.operands[0], {dst.memory, dst.index, unpermute(dst.where, s.order)});
+                    return write(s.operands[0], seen_as(dst, unpermute(dst.where, s.order)));
                 }
                 return write_fused(id, dst);
             case step_kind::tensor: case step_kind::number: case step_kind::elementwise: case step_kind::reshape:
@@ -460,7 +477,7 @@ private:
     // product, whose sums need float, goes to the rounding scratch laid out as dst (which must
     // then be dense) and rounds each block into dst.
     void write_fused(std::size_t id, const place& dst) {
-        const bool bf16_dst = plan_.holds_bf16(dst);
+        const bool bf16_dst = dst.type == element_type::bf16;
         const std::size_t first_leaf = plan_.leaves.size();
         find_leaves(id);
         std::size_t product = no_step;
@@ -479,12 +496,15 @@ private:
         }
         plan_.leaves.resize(first_leaf);
         if (product != no_step && bf16_dst) {
-            add_product(product, rounding_scratch(dst.where), id, how);
-            plan_.entries.back().bf16_out = dst;
-            plan_.entries.back().out_unread = true;
+            entry& e = add_product(product, rounding_scratch(dst.where), id, how);
+            e.rounded_into = dst;
+            e.out_unread = true;
             return;
         }
-        if (product != no_step) return add_product(product, dst, id, how);
+        if (product != no_step) {
+            add_product(product, dst, id, how);
+            return;
+        }
         add(steps_[id].kind == step_kind::elementwise ? entry_kind::fused : entry_kind::copy, id, dst);
     }
 
@@ -515,10 +535,10 @@ private:
     void attend(std::size_t id, const attention_match& match, const place& dst) {
         const step& scores = steps_[match.scores];
         const std::size_t inputs[3] = {scores.operands[0], scores.operands[1], match.values};  // Q, K^T, V
-        stored_operands stored{};
+        std::array<place, 3> operands;
         for (std::size_t o = 0; o < 3; ++o) {
-            stored[o] = stored_bf16(inputs[o]);
-            if (!stored[o]) value(inputs[o]);
+            const place p = read_operand(inputs[o]);
+            operands[o] = seen_as(p, broadcast(p.where, dst.where.rank));
         }
         if (match.score_function != match.scores) {
             const std::size_t first_leaf = plan_.leaves.size();
@@ -528,8 +548,7 @@ private:
             }
             plan_.leaves.resize(first_leaf);
         }
-        add(entry_kind::attention, id, dst, no_step, match);
-        plan_.entries.back().bf16_operands = stored;
+        set_operands(add(entry_kind::attention, id, dst, no_step, match), {operands[0], operands[1], operands[2]});
     }
 
     // Whether reshape step s will need its operand copied into row-major order, known before
@@ -551,13 +570,15 @@ private:
     const std::vector<binding>& bindings_;
     planner_options options_;
     plan& plan_;
+    element_type computes_in_;  // the program's type, that of its values
     std::size_t rounding_scratch_ = no_step;  // its index in plan_.temporaries, once there is one
 };
 
-// The plan of program p over memory of these layouts, into `out` (cleared first).
+// The plan of program p over memory of these layouts, into `out` (cleared first), writing its
+// value into memory of `destination_type`.
 inline void make_plan(const program& p, const std::vector<binding>& bindings, const layout& destination,
-                      planner_options options, plan& out, bool bf16_destination = false) {
-    planner(p, bindings, destination, options, out, bf16_destination);
+                      element_type destination_type, planner_options options, plan& out) {
+    planner(p, bindings, destination, destination_type, options, out);
 }
 
 }  // namespace dimsum::evaluation

@@ -52,7 +52,7 @@ template <class T>
 class executor {
 public:
     // `destination`: where the plan's destination layout starts, of T, or of bf16 where the
-    // plan rounds into it (plan::bf16_destination).
+    // plan rounds into it (plan::destination_type).
     executor(state<T>& s, void* destination) : s_(s), steps_(s.program.steps), destination_(destination) {}
 
     void run() {
@@ -60,7 +60,9 @@ public:
         s_.temporaries.clear();
         temporaries& memory = thread_temporaries();
         for (const evaluation::temporary& t : s_.plan.temporaries) {
-            s_.temporaries.push_back(t.bf16 ? static_cast<void*>(memory.allocate<bf16>(t.size)) : memory.allocate<T>(t.size));
+            if (t.type == evaluation::element_type::bf16) s_.temporaries.push_back(memory.allocate<bf16>(t.size));
+            else if (t.type == evaluation::element_type_of<T>()) s_.temporaries.push_back(memory.allocate<T>(t.size));
+            else throw std::logic_error("dimsum: a plan's temporary of a type the CPU kernels do not store");
         }
         for (const entry& e : s_.plan.entries) run(e);
     }
@@ -68,11 +70,11 @@ public:
 private:
     void run(const entry& e) {
         const step& s = steps_[e.step];
-        if (e.kind == entry_kind::narrow) {  // the only entry that writes bf16
-            return evaluation::round_into<T>(value(e.step), evaluation::strided_at(bf16_memory(e.out), e.out.where));
+        if (e.kind == entry_kind::narrow) {
+            return evaluation::round_into<T>(read(e.operands[0]), evaluation::strided_at(bf16_memory(e.out), e.out.where));
         }
         // a pass or a kernel along an axis may write bf16 memory itself, rounding as it goes
-        bf16* const out_bf16 = s_.plan.holds_bf16(e.out) ? bf16_memory(e.out) + e.out.where.offset : nullptr;
+        bf16* const out_bf16 = is_bf16(e.out) ? bf16_memory(e.out) + e.out.where.offset : nullptr;
         const strided<T> dst = out_bf16 ? shape_only(e.out.where) : at(e.out);
         if (out_bf16 && e.kind != entry_kind::fused && e.kind != entry_kind::copy && e.kind != entry_kind::rowwise) {
             throw std::logic_error("dimsum: a plan has a kernel write bf16 that writes its own type only");
@@ -85,31 +87,30 @@ private:
                 return run_fused<T>(s_.fused, dst, true, nullptr, out_bf16);
             case entry_kind::rowwise: return rowwise(e, dst, out_bf16);
             case entry_kind::indices: return indices(s, dst);
-            case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[s.binding], dst);
+            case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[e.operands[0].index], dst);
             case entry_kind::narrow: return;  // above
             case entry_kind::gather:
-                return cpu::gather<T>(value(s.operands[0]), s.axis, evaluation::integers_of(s_.bindings[steps_[s.operands[1]].binding]), dst);
+                return cpu::gather<T>(read(e.operands[0]), s.axis, evaluation::integers_of(s_.bindings[e.operands[1].index]), dst);
         }
     }
 
-    // The memory of a place: the destination's or a temporary's (writable), or a binding's.
+    static bool is_bf16(const evaluation::place& p) { return p.type == evaluation::element_type::bf16; }
+    // The memory of a place of T: the destination's or a temporary's (writable).
     strided<T> at(const evaluation::place& p) const {
-        const bool bf16 = s_.plan.holds_bf16(p);  // read and written as bf16 only: bf16_memory()
-        switch (p.memory) {
-            case evaluation::memory_kind::destination:
-                if (bf16) break;
-                return evaluation::strided_at(static_cast<T*>(destination_), p.where);
-            case evaluation::memory_kind::temporary:
-                if (bf16) break;
-                return evaluation::strided_at(static_cast<T*>(s_.temporaries[p.index]), p.where);
-            case evaluation::memory_kind::binding: break;  // read only: value() reads it
+        if (p.type == evaluation::element_type_of<T>()) {
+            switch (p.memory) {
+                case evaluation::memory_kind::destination:
+                    return evaluation::strided_at(static_cast<T*>(destination_), p.where);
+                case evaluation::memory_kind::temporary:
+                    return evaluation::strided_at(static_cast<T*>(s_.temporaries[p.index]), p.where);
+                case evaluation::memory_kind::binding: break;  // read only: read() reads it
+            }
         }
-        throw std::logic_error("dimsum: a plan writes to a tensor it reads, or reads bf16 as its own type");
+        throw std::logic_error("dimsum: a plan writes to a tensor it reads, or reads another type as its own");
     }
-    // The value of step `id`, which the plan has placed.
-    strided<const T> value(std::size_t id) const {
-        const evaluation::place& p = s_.plan.values[id];
-        if (p.memory == evaluation::memory_kind::binding) {
+    // The values at place p, of T.
+    strided<const T> read(const evaluation::place& p) const {
+        if (p.memory == evaluation::memory_kind::binding && p.type == evaluation::element_type_of<T>()) {
             return evaluation::strided_at(static_cast<const T*>(s_.bindings[p.index].data), p.where);
         }
         const strided<T> m = at(p);
@@ -120,7 +121,7 @@ private:
     void rowwise(const entry& e, const strided<T>& dst, bf16* out_bf16) const {
         const step& s = steps_[e.step];
         bf16_lines narrow{nullptr, out_bf16};
-        const strided<const T> x = input(e, 0, s.operands[0], narrow.in);
+        const strided<const T> x = input(e.operands[0], narrow.in);
         switch (s.kind) {
             case step_kind::softmax: return cpu::softmax<T>(x, dst, s.axis, narrow);
             case step_kind::layer_norm: return cpu::layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number), narrow);
@@ -182,11 +183,8 @@ private:
             strided<const T> v;
             if (id == in_place) {
                 v = {dst.data, dst.rank, dst.extents, dst.strides};
-            } else if (s_.plan.bf16_placed[id]) {
-                v = extents_only(s_.plan.bf16_values[id].where);
-                narrow = bf16_at(s_.plan.bf16_values[id]);
             } else {
-                v = value(id);
+                v = input(s_.plan.stored_placed[id] ? s_.plan.stored_values[id] : s_.plan.values[id], narrow);
             }
             s_.fused.inputs.push_back(evaluation::broadcast_to_rank(v, dst.rank));
             s_.fused.bf16_inputs.push_back(narrow);
@@ -200,7 +198,7 @@ private:
         const fused_program<T>* program;  // null: none
         strided<T> dst;
         std::size_t product_input = no_input;  // which of the program's inputs reads the product from dst
-        bf16* rounded = nullptr;  // where dst's values are also rounded to, in dst's layout (entry::bf16_out)
+        bf16* rounded = nullptr;  // where dst's values are also rounded to, in dst's layout (entry::rounded_into)
     };
     // The box of an array of `shape`'s extents that a kernel's tile covers: batch item `item`
     // (numbered in row-major order over the leading axes), rows [row, row + rows) and columns
@@ -343,9 +341,9 @@ private:
         const step& scores = steps_[match.scores];
         const std::size_t r = dst.rank;
         attention_problem<T> problem;
-        strided<const T> q = evaluation::broadcast_to_rank(input(e, 0, scores.operands[0], problem.q_bf16), r);  // (..., queries, d)
-        strided<const T> kt = evaluation::broadcast_to_rank(input(e, 1, scores.operands[1], problem.k_bf16), r);  // (..., d, keys)
-        strided<const T> v = evaluation::broadcast_to_rank(input(e, 2, match.values, problem.v_bf16), r);  // (..., keys, dv)
+        const strided<const T> q = input(e.operands[0], problem.q_bf16);   // (..., queries, d)
+        const strided<const T> kt = input(e.operands[1], problem.k_bf16);  // (..., d, keys)
+        const strided<const T> v = input(e.operands[2], problem.v_bf16);   // (..., keys, dv)
         problem.q = last_two_axes(q);
         problem.k = transposed(last_two_axes(kt));
         problem.v = last_two_axes(v);
@@ -353,7 +351,7 @@ private:
         problem.batch = leading_axes(dst, q, kt, v, dst);
         problem.scale = evaluation::scale_of<T>(match);
         problem.causal = match.causal;
-        if (e.bf16_out) {
+        if (e.rounded_into) {
             problem.o_bf16 = rounded_into(e, dst);
             problem.o_unread = e.out_unread;
         }
@@ -366,10 +364,10 @@ private:
         attention<T>(problem);
     }
 
-    // The packing of the right operand of product s, which the plan reads from its binding
+    // The packing of the right operand of gemm entry e, which the plan reads from its binding
     // (ds::prepack packs a matrix of bf16 into float panels, of float or double as it is).
-    const packed_operand<T>* packed_right(const step& s) const {
-        const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
+    const packed_operand<T>* packed_right(const entry& e) const {
+        const evaluation::binding& b = s_.bindings[e.operands[1].index];
         const bool packed_as_t =
             b.type == evaluation::element_type_of<T>() || (b.type == evaluation::element_type::bf16 && std::is_same_v<T, float>);
         if (!b.packed || !packed_as_t) throw std::logic_error("dimsum: a plan reads a packing its operand lacks");
@@ -385,44 +383,30 @@ private:
         const strided<T> s = shape_only(where);
         return {s.data, s.rank, s.extents, s.strides};
     }
-    // Where binding b's values seen through `where` start, as bf16.
-    static const bf16* bf16_at(const evaluation::binding& b, const evaluation::layout& where) {
-        return static_cast<const bf16*>(b.data) + where.offset;
-    }
-    // The memory of place p, from its start, which the plan made bf16 (plan::holds_bf16): a
-    // temporary, or the destination.
+    // The memory of a place of bf16, from its start (a binding's, a temporary's or the
+    // destination's).
     bf16* bf16_memory(const evaluation::place& p) const {
-        if (!s_.plan.holds_bf16(p)) throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
-        return static_cast<bf16*>(p.memory == evaluation::memory_kind::temporary ? s_.temporaries[p.index] : destination_);
-    }
-    // Where the bf16 values of place p (a binding of bf16, or a bf16 temporary) start.
-    const bf16* bf16_at(const evaluation::place& p) const {
-        if (p.memory == evaluation::memory_kind::binding && s_.bindings[p.index].type == evaluation::element_type::bf16) {
-            return bf16_at(s_.bindings[p.index], p.where);
+        if (!is_bf16(p)) throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
+        switch (p.memory) {
+            case evaluation::memory_kind::binding: return static_cast<bf16*>(const_cast<void*>(s_.bindings[p.index].data));
+            case evaluation::memory_kind::temporary: return static_cast<bf16*>(s_.temporaries[p.index]);
+            case evaluation::memory_kind::destination: break;
         }
-        return bf16_memory(p) + p.where.offset;
+        return static_cast<bf16*>(destination_);
     }
-    // Step `id`, operand `slot` of entry e: its value, or, where the plan reads it as bf16
-    // (entry::bf16_operands), its shape, and `narrow` set to where it lies.
-    strided<const T> input(const entry& e, std::size_t slot, std::size_t id, const bf16*& narrow) const {
+    // What a kernel reads at place p: its values, if they are of T; if they are of bf16, its
+    // shape (data null), with `narrow` set to where they lie.
+    strided<const T> input(const evaluation::place& p, const bf16*& narrow) const {
         narrow = nullptr;
-        const std::optional<evaluation::place>& stored = e.bf16_operands[slot];
-        if (!stored) return value(id);
-        narrow = bf16_at(*stored);
-        return extents_only(stored->where);
-    }
-    // The shape of product s's right operand, which gemm reads from its panels; `narrow` set to
-    // its own values if they are bf16 (gemm.hpp: a few rows stream them instead).
-    strided<const T> packed_input(const step& s, const bf16*& narrow) const {
-        const evaluation::binding& b = s_.bindings[steps_[s.operands[1]].binding];
-        narrow = b.type == evaluation::element_type::bf16 ? bf16_at(b, b.where) : nullptr;
-        return extents_only(b.where);
+        if (!is_bf16(p)) return read(p);
+        narrow = bf16_memory(p) + p.where.offset;
+        return extents_only(p.where);
     }
 
     // Where entry e, writing dst (its out, a temporary, seen as the kernel sees it), also rounds
-    // its values (entry::bf16_out): bf16 memory of the same layout, so the same offsets.
+    // its values (entry::rounded_into): bf16 memory of the same layout, so the same offsets.
     bf16* rounded_into(const entry& e, const strided<T>& dst) const {
-        const evaluation::place& out = *e.bf16_out;
+        const evaluation::place& out = *e.rounded_into;
         if (e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
             throw std::logic_error("dimsum: a kernel rounds into memory that is not laid out as what it writes");
         }
@@ -431,11 +415,12 @@ private:
 
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
     void multiply(const entry& e, const strided<T>& destination) {
-        const step& s = steps_[e.step];
-        const packed_operand<T>* packed_b = e.packed_right ? packed_right(s) : nullptr;
+        const packed_operand<T>* packed_b = e.packed_right ? packed_right(e) : nullptr;
         const bf16 *a_bf16 = nullptr, *b_bf16 = nullptr;
-        strided<const T> a = evaluation::broadcast_to_rank(input(e, 0, s.operands[0], a_bf16), s.rank);
-        strided<const T> b = evaluation::broadcast_to_rank(packed_b ? packed_input(s, b_bf16) : input(e, 1, s.operands[1], b_bf16), s.rank);
+        strided<const T> a = input(e.operands[0], a_bf16);
+        // packed: gemm reads its panels, and the operand itself where it is of bf16 (gemm.hpp:
+        // a few rows stream it instead), or only its shape
+        strided<const T> b = packed_b && !is_bf16(e.operands[1]) ? extents_only(e.operands[1].where) : input(e.operands[1], b_bf16);
         strided<T> dst = destination;
         if (e.epilogue != no_step) {
             build_fused(e.epilogue, e.step, dst);
@@ -450,11 +435,11 @@ private:
         problem.packed_b = packed_b;
         problem.a_bf16 = a_bf16;
         problem.b_bf16 = b_bf16;
-        if (!fused && !e.bf16_out) return gemm<T>(problem);
+        if (!fused && !e.rounded_into) return gemm<T>(problem);
         epilogue_context context{fused ? &s_.fused : nullptr, dst};
         if (fused) context.product_input = s_.in_place_input;
         gemm_epilogue epilogue{&apply_epilogue, &reserve_epilogue, &context};
-        if (e.bf16_out) {
+        if (e.rounded_into) {
             context.rounded = rounded_into(e, dst);
             // dst the rounding scratch: the bf16 kernels keep each block's sums to themselves
             problem.c_unread = e.out_unread && std::is_same_v<T, float>;
@@ -502,9 +487,9 @@ private:
 };
 
 template <class T>
-void plan_and_run(state<T>& s, const evaluation::layout& destination, bool bf16_destination, void* memory,
+void plan_and_run(state<T>& s, const evaluation::layout& destination, evaluation::element_type destination_type, void* memory,
                   const evaluation::planner_options& options) {
-    evaluation::make_plan(s.program, s.bindings, destination, options, s.plan, bf16_destination);
+    evaluation::make_plan(s.program, s.bindings, destination, destination_type, options, s.plan);
     executor<T>(s, memory).run();
 }
 

@@ -378,10 +378,10 @@ struct state {
 };
 
 // Plans s.program (with s.bindings) for a destination laid out as `destination` and runs the
-// plan, writing `memory` (of T, or of bf16 where bf16_destination says so), each elementwise
-// function by its block in s.blocks. The part of an evaluation that does not depend on the formula.
+// plan, writing `memory` (of destination_type: T, or bf16), each elementwise function by its
+// block in s.blocks. The part of an evaluation that does not depend on the formula.
 template <class T>
-void plan_and_run(state<T>& s, const evaluation::layout& destination, bool bf16_destination, void* memory,
+void plan_and_run(state<T>& s, const evaluation::layout& destination, evaluation::element_type destination_type, void* memory,
                   const evaluation::planner_options& options);
 
 }  // namespace detail

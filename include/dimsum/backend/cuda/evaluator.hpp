@@ -157,12 +157,11 @@ private:
             case entry_kind::gemm: return multiply(e, dst);
             case entry_kind::fused: case entry_kind::copy: return fuse(e.step, no_step, dst);
             case entry_kind::convert: {
-                const evaluation::binding& b = s_.bindings[s.binding];
                 fused_pass& pass = pass_for(dst);
-                add_input({s_.device_bindings[s.binding], b.type, b.where}, pass);
+                add_input(read(e.operands[0]), pass);
                 return launch(pass);
             }
-            case entry_kind::rowwise: return rowwise(s, dst);
+            case entry_kind::rowwise: return rowwise(s, read(e.operands[0]), dst);
             case entry_kind::indices: {
                 indices_pass pass;
                 pass.causal = s.kind == step_kind::causal_mask;
@@ -174,8 +173,8 @@ private:
                 return run_indices(c_, pass);
             }
             case entry_kind::gather: {
-                const device_array table = value(s.operands[0]);
-                const std::size_t ids_binding = steps_[s.operands[1]].binding;
+                const device_array table = read(e.operands[0]);
+                const std::size_t ids_binding = e.operands[1].index;
                 const evaluation::binding& ids = s_.bindings[ids_binding];
                 gather_pass pass;
                 pass.type = type_;
@@ -208,9 +207,9 @@ private:
         }
         throw std::logic_error("dimsum: a plan writes to a tensor it reads");
     }
-    device_array value(std::size_t id) const {
-        const evaluation::place& p = s_.plan.values[id];
-        if (p.memory == evaluation::memory_kind::binding) return {s_.device_bindings[p.index], type_, p.where};
+    // The values at place p: a binding's (of its own type), or memory the plan writes.
+    device_array read(const evaluation::place& p) const {
+        if (p.memory == evaluation::memory_kind::binding) return {s_.device_bindings[p.index], p.type, p.where};
         return at(p);
     }
 
@@ -272,7 +271,7 @@ private:
             c.value = s.number;
             node = pass.node_count++;
         } else {
-            node = add_input(id == in_place ? dst : value(id), pass);
+            node = add_input(id == in_place ? dst : read(s_.plan.values[id]), pass);
         }
         s_.fused_steps.resize(pass.node_count, no_step);
         s_.fused_steps[node] = id;
@@ -295,8 +294,7 @@ private:
         launch(pass);
     }
 
-    void rowwise(const step& s, const device_array& dst) {
-        const device_array x = value(s.operands[0]);
+    void rowwise(const step& s, const device_array& x, const device_array& dst) {
         rowwise_pass pass;
         switch (s.kind) {
             case step_kind::softmax: pass.op = line_op::softmax; break;
@@ -326,10 +324,8 @@ private:
         const evaluation::attention_match& match = e.attention;
         const step& scores = steps_[match.scores];
         const std::size_t r = dst.where.rank;
-        device_array q = value(scores.operands[0]), kt = value(scores.operands[1]), v = value(match.values);
-        q.where = evaluation::broadcast(q.where, r);    // (..., queries, d)
-        kt.where = evaluation::broadcast(kt.where, r);  // (..., d, keys)
-        v.where = evaluation::broadcast(v.where, r);    // (..., keys, dv)
+        // (..., queries, d), (..., d, keys), (..., keys, dv)
+        const device_array q = read(e.operands[0]), kt = read(e.operands[1]), v = read(e.operands[2]);
         attention_pass& pass = attention_;
         pass.type = type_;
         pass.batch_rank = r - 2;
@@ -400,10 +396,7 @@ private:
     // The product goes into dst, or into a row-major temporary then copied when no form of
     // cuBLAS's writes dst; an operand that no form reads is copied row-major first.
     void multiply(const entry& e, const device_array& destination) {
-        const step& s = steps_[e.step];
-        device_array a = value(s.operands[0]), b = value(s.operands[1]), c = destination;
-        a.where = evaluation::broadcast(a.where, s.rank);
-        b.where = evaluation::broadcast(b.where, s.rank);
+        device_array a = read(e.operands[0]), b = read(e.operands[1]), c = destination;
         evaluation::fold_batch_into_rows(a.where, b.where, c.where, static_cast<layout*>(nullptr), 0);
         device_array target = c;
         blas_product form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(target.where));
@@ -573,7 +566,8 @@ private:
         // bf16 is planned into a row-major array of float, then rounded into the destination
         const evaluation::layout row_major = evaluation::row_major(destination.rank, destination.extents);
         const evaluation::layout where = on_device ? evaluation::layout_of(destination) : row_major;
-        evaluation::make_plan(s.program, s.bindings, stored == evaluation::element_type_of<T>() ? where : row_major, planning(), s.plan);
+        evaluation::make_plan(s.program, s.bindings, stored == evaluation::element_type_of<T>() ? where : row_major,
+                              evaluation::element_type_of<T>(), planning(), s.plan);
         context& c = this_thread_context();
         evaluation::check_before_running<T>(s.program, checkable(s, c), s.plan);
         const auto address = on_device ? reinterpret_cast<std::uintptr_t>(destination.data) : 0;

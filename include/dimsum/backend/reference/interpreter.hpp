@@ -49,9 +49,8 @@ private:
         const strided<T> dst = at(e.out);
         switch (e.kind) {
             case entry_kind::gemm:
-                return matmul<T>(broadcast_to_rank(value(s.operands[0]), s.rank),
-                                 broadcast_to_rank(value(s.operands[1]), s.rank), dst);
-            case entry_kind::rowwise: return rowwise(s, dst);
+                return matmul<T>(read(e.operands[0]), read(e.operands[1]), dst);
+            case entry_kind::rowwise: return rowwise(s, read(e.operands[0]), dst);
             case entry_kind::indices:
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
                     if (s.kind == step_kind::arange) dst.at(index) = static_cast<T>(index[0]);
@@ -61,11 +60,11 @@ private:
             case entry_kind::fused: case entry_kind::copy:
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = read(e.step, index); });
                 return;
-            case entry_kind::convert: return evaluation::convert_binding<T>(bindings_[s.binding], dst);
+            case entry_kind::convert: return evaluation::convert_binding<T>(bindings_[e.operands[0].index], dst);
             case entry_kind::gather: {
                 // out (before..., ids..., after...) = table (before..., ids[...], after...)
-                const strided<const T> table = value(s.operands[0]);
-                const evaluation::integers ids = evaluation::integers_of(bindings_[steps_[s.operands[1]].binding]);
+                const strided<const T> table = read(e.operands[0]);
+                const evaluation::integers ids = evaluation::integers_of(bindings_[e.operands[1].index]);
                 const std::size_t count = ids.where().rank;
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
                     std::array<std::size_t, max_rank> at{};
@@ -80,8 +79,7 @@ private:
         }
     }
 
-    void rowwise(const step& s, const strided<T>& dst) const {
-        const strided<const T> x = value(s.operands[0]);
+    static void rowwise(const step& s, const strided<const T>& x, const strided<T>& dst) {
         switch (s.kind) {
             case step_kind::softmax: return softmax<T>(x, dst, s.axis);
             case step_kind::layer_norm: return layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number));
@@ -116,7 +114,7 @@ private:
             case step_kind::gather: case step_kind::permute: case step_kind::reshape:
             case step_kind::select: case step_kind::slice: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
             case step_kind::sum: case step_kind::max: case step_kind::mean:
-                return value(id).at(index);
+                return read(plan_.values[id]).at(index);
         }
         __builtin_unreachable();  // every kind is handled above
     }
@@ -137,8 +135,7 @@ private:
         }
         throw std::logic_error("dimsum: a plan writes to a tensor it reads");
     }
-    strided<const T> value(std::size_t id) const {
-        const evaluation::place& p = plan_.values[id];
+    strided<const T> read(const evaluation::place& p) const {
         if (p.memory == evaluation::memory_kind::binding) {
             return evaluation::strided_at(static_cast<const T*>(bindings_[p.index].data), p.where);
         }
@@ -158,7 +155,7 @@ template <class T>
 void plan_and_interpret(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
                         const strided<T>& destination, const evaluation::planner_options& options) {
     evaluation::plan plan;
-    evaluation::make_plan(p, bindings, evaluation::layout_of(destination), options, plan);
+    evaluation::make_plan(p, bindings, evaluation::layout_of(destination), evaluation::element_type_of<T>(), options, plan);
     interpreter<T>(p, bindings, plan, destination).run();
 }
 
