@@ -182,6 +182,69 @@ TEST_CASE("the planner fuses what it can and says where each value lives") {
     CHECK(softmax.plan.entries[0].out.memory == ev::memory_kind::destination);
 }
 
+TEST_CASE("an entry's formula is data: functions, constants, inputs typed and broadcast, the kernel's own value") {
+    using node = ev::formula_node;
+    using fn_kind = ev::formula_node::kind;
+    qkv t;
+    ds::tensor<float, Head, Model> w;
+    ds::tensor<float, Model> bias;
+    ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
+    auto formula = [](const planned& p, const ev::entry& e) {
+        return std::vector<node>(p.plan.nodes.begin() + std::ptrdiff_t(e.first_node),
+                                 p.plan.nodes.begin() + std::ptrdiff_t(e.first_node + e.node_count));
+    };
+
+    // exp(y) * 2 + bias: y, exp, 2, *, bias (broadcast to rank 3: stride 0 along batch and query), +
+    auto pass = plan_of(ds::exp(y) * 2.0f + bias);
+    REQUIRE(pass.kinds() == kinds{ev::entry_kind::fused});
+    const std::vector<node> nodes = formula(pass, pass.plan.entries[0]);
+    REQUIRE(nodes.size() == 6);
+    CHECK((nodes[0].what == fn_kind::input && nodes[0].input.memory == ev::memory_kind::binding && nodes[0].input.index == 0));
+    CHECK(nodes[0].input.where == ev::row_major(3, {2, 5, 6}));
+    CHECK((nodes[1].what == fn_kind::function && nodes[1].op == ds::op_code::exp && nodes[1].operand_count == 1));
+    CHECK(nodes[1].operands[0] == 0);
+    CHECK((nodes[2].what == fn_kind::constant && nodes[2].constant == 2.0));
+    CHECK((nodes[3].op == ds::op_code::multiply && nodes[3].operands[0] == 1 && nodes[3].operands[1] == 2));
+    CHECK((nodes[4].what == fn_kind::input && nodes[4].input.index == 1));
+    CHECK(nodes[4].input.where == ev::broadcast(ev::row_major(1, {6}), 3));
+    CHECK((nodes[5].op == ds::op_code::add && nodes[5].operands[0] == 3 && nodes[5].operands[1] == 4));
+    for (const node& n : nodes) CHECK(!n.kernel_value);
+
+    // a value read twice is one node
+    auto twice = plan_of(ds::exp(y) * ds::exp(y));
+    CHECK(formula(twice, twice.plan.entries[0]).size() == 3);
+
+    // a gemm's epilogue reads the product as the kernel's own value; product + a vector along
+    // its columns is a bias the kernels may add themselves, anything else is not
+    auto biased = plan_of(ds::matmul(t.q, w) + bias);
+    REQUIRE(biased.kinds() == kinds{ev::entry_kind::gemm});
+    const ev::entry& gemm = biased.plan.entries[0];
+    const std::vector<node> epilogue = formula(biased, gemm);
+    REQUIRE(epilogue.size() == 3);
+    CHECK(epilogue[0].kernel_value);
+    REQUIRE(gemm.bias_node == 1);
+    CHECK(epilogue[1].input.index == 2);  // q, w, bias
+    auto swapped = plan_of(bias + ds::matmul(t.q, w));
+    CHECK(swapped.plan.entries[0].bias_node == 0);
+    CHECK(plan_of(ds::tanh(ds::matmul(t.q, w) + bias)).plan.entries[0].bias_node == ev::no_step);
+    CHECK(plan_of(ds::matmul(t.q, w) + y).plan.entries[0].bias_node == ev::no_step);  // a matrix, not one vector
+    CHECK(plan_of(ds::matmul(t.q, w) * bias).plan.entries[0].bias_node == ev::no_step);
+    CHECK(plan_of(ds::matmul(t.q, w)).plan.entries[0].node_count == 0);
+
+    // attention's score function: the scores are the kernel's own value, the mask an input
+    auto masked = plan_of(ds::matmul(ds::softmax(t.scores() * 0.5f + t.mask), t.v));
+    REQUIRE(masked.kinds() == kinds{ev::entry_kind::attention});
+    std::size_t kernel_values = 0, inputs = 0;
+    for (const node& n : formula(masked, masked.plan.entries[0])) {
+        kernel_values += n.kernel_value;
+        inputs += n.what == fn_kind::input && !n.kernel_value;
+    }
+    CHECK(kernel_values == 1);
+    CHECK(inputs == 1);
+    CHECK(masked.plan.entries[0].operand_count == 3);  // Q, K^T, V
+    CHECK(masked.plan.entries[0].operands[1].where == ev::permute(ev::row_major(3, {2, 7, 4}), {0, 2, 1}));
+}
+
 TEST_CASE("a reshape the layout cannot express is planned as one copy") {
     using Flat = ds::axis<"flat">;
     ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});

@@ -76,6 +76,25 @@ inline place seen_as(const place& p, const layout& where) { return {p.memory, p.
 
 enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, narrow, gather };
 
+// One node of an elementwise formula that a kernel computes: a fused pass, a gemm's epilogue,
+// the rest of attention's score function. A formula's nodes come in evaluation order, each
+// function reading earlier ones; the last is its value. Nothing in it points back into the
+// program, so that a backend runs it as it is.
+struct formula_node {
+    enum class kind : std::uint8_t { input, constant, function };
+    kind what = kind::input;
+    op_code op = op_code::add;   // function; op_code::map: the user's program::functions[map]
+    std::size_t map = 0;
+    std::array<std::size_t, max_operands> operands{};  // function: earlier nodes, from the formula's first
+    std::size_t operand_count = 0;
+    double constant = 0;         // constant
+    // input: where it is read, in its own type, broadcast to the formula's rank; or, with
+    // kernel_value, the value the entry's kernel computes (the product, the scores), read
+    // where the kernel holds it
+    place input{};
+    bool kernel_value = false;
+};
+
 struct entry {
     entry_kind kind;
     // gemm, attention: the matmul step; fused, copy: the root of the pass; the others: the step
@@ -87,10 +106,17 @@ struct entry {
     // What the kernel reads, each in its own type (a kernel that reads bf16 reads it where it
     // lies) and laid out with the entry's rank (broadcast): gemm: A and B (B's binding, where
     // packed_right); attention: Q, K^T and V; rowwise: the lines; gather: the table and the
-    // ids (integers); convert: the binding; narrow: the value it rounds. Fused and copy
-    // entries read the leaves of their formula (plan::values, plan::stored_values).
+    // ids (integers); convert: the binding; narrow: the value it rounds.
     std::array<place, 3> operands{};
     std::size_t operand_count = 0;
+    // fused, copy: the formula the pass computes; gemm: its epilogue; attention: the rest of
+    // its score function: plan::nodes[first_node, first_node + node_count) (none: 0)
+    std::size_t first_node = 0;
+    std::size_t node_count = 0;
+    // gemm: where its epilogue is the product plus one vector along the product's columns for
+    // every row (a bias), that vector's node, from first_node: a kernel that rounds may add it
+    // itself. Else no_step.
+    std::size_t bias_node = no_step;
     // gemm, attention: memory of a narrower type (a temporary, or the destination) that each
     // finished block of `out` is also rounded into, laid out as `out` (a narrow entry fused
     // into the kernel)
@@ -109,16 +135,19 @@ struct temporary {
 
 struct plan {
     std::vector<entry> entries;
+    std::vector<formula_node> nodes;  // the entries' formulas, one after another
     std::vector<temporary> temporaries;
     element_type destination_type = element_type::float32;  // of the memory the value is written into
     std::vector<place> values;             // of each step whose value some entry reads, in the program's type
     std::vector<char> placed;              // whether values[step] is set
-    // where a pass reads a step in the narrower type it is stored in: a tensor of bf16 where
-    // it lies, a cast<bf16> rounded into a temporary, a view of either (planner::read_leaf)
+    // where the steps read in the narrower type they are stored in lie: a tensor of bf16
+    // where it lies, a cast<bf16> rounded into a temporary, a view of either (the planner's
+    // record, which explain prints; the entries say where they read them)
     std::vector<place> stored_values;
     std::vector<char> stored_placed;       // whether stored_values[step] is set
     // the planner's scratch, kept for its capacity
     std::vector<std::size_t> leaves;
+    std::vector<std::size_t> formula_steps;  // the step of each node of the formula being built
     std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
     std::vector<char> seen;
 
@@ -126,6 +155,7 @@ struct plan {
     // are set, and a plan made in a loop then writes no more memory than it uses.
     void clear(std::size_t steps) {
         entries.clear();
+        nodes.clear();
         temporaries.clear();
         if (values.size() < steps) values.resize(steps);
         placed.assign(steps, 0);
@@ -499,13 +529,64 @@ private:
             entry& e = add_product(product, rounding_scratch(dst.where), id, how);
             e.rounded_into = dst;
             e.out_unread = true;
-            return;
+            return add_formula(e, id, product);
         }
-        if (product != no_step) {
-            add_product(product, dst, id, how);
-            return;
+        if (product != no_step) return add_formula(add_product(product, dst, id, how), id, product);
+        add_formula(add(steps_[id].kind == step_kind::elementwise ? entry_kind::fused : entry_kind::copy, id, dst), id, no_step);
+    }
+
+    // Entry e's formula: the elementwise formula rooted at `root`, whose leaves are placed,
+    // with the value of step `kernel_value` (if any) read where e's kernel holds it; its inputs
+    // broadcast to the rank of the value the kernel computes.
+    void add_formula(entry& e, std::size_t root, std::size_t kernel_value) {
+        const std::size_t rank = steps_[kernel_value == no_step ? root : kernel_value].rank;
+        e.first_node = plan_.nodes.size();
+        plan_.formula_steps.clear();
+        add_node(root, kernel_value, rank, e.first_node);
+        e.node_count = plan_.nodes.size() - e.first_node;
+        if (e.kind == entry_kind::gemm) e.bias_node = bias_of(&plan_.nodes[e.first_node], e.node_count);
+    }
+    // Which of a gemm's epilogue nodes is a bias the product is plus (entry::bias_node): the
+    // formula is an add of the product and an input that is one vector for every row.
+    static std::size_t bias_of(const formula_node* nodes, std::size_t count) {
+        using kind = formula_node::kind;
+        if (count != 3 || nodes[2].what != kind::function || nodes[2].op != op_code::add) return no_step;
+        if (nodes[0].what != kind::input || nodes[1].what != kind::input) return no_step;
+        if (nodes[0].kernel_value == nodes[1].kernel_value) return no_step;
+        const std::size_t bias = nodes[0].kernel_value ? 1 : 0;  // either order: + commutes
+        const layout& where = nodes[bias].input.where;
+        for (std::size_t axis = 0; axis + 1 < where.rank; ++axis) {
+            if (where.strides[axis] != 0 && where.extents[axis] != 1) return no_step;
         }
-        add(steps_[id].kind == step_kind::elementwise ? entry_kind::fused : entry_kind::copy, id, dst);
+        return bias;
+    }
+    // Appends the nodes of step id (one node for a step read more than once); returns its
+    // node's index from the formula's first.
+    std::size_t add_node(std::size_t id, std::size_t kernel_value, std::size_t rank, std::size_t first) {
+        for (std::size_t k = 0; k < plan_.formula_steps.size(); ++k) {
+            if (plan_.formula_steps[k] == id) return k;
+        }
+        const step& s = steps_[id];
+        formula_node node;
+        if (s.kind == step_kind::elementwise) {
+            node.what = formula_node::kind::function;
+            node.op = s.op;
+            node.map = s.index;
+            node.operand_count = s.operand_count;
+            for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_node(s.operands[o], kernel_value, rank, first);
+        } else if (s.kind == step_kind::number) {
+            node.what = formula_node::kind::constant;
+            node.constant = s.number;
+        } else if (id == kernel_value) {
+            node.kernel_value = true;
+        } else {
+            if (!plan_.placed[id] && !plan_.stored_placed[id]) throw std::logic_error("dimsum: planner: a formula reads a value not planned");
+            const place& p = plan_.stored_placed[id] ? plan_.stored_values[id] : plan_.values[id];
+            node.input = seen_as(p, broadcast(p.where, rank));
+        }
+        plan_.nodes.push_back(node);
+        plan_.formula_steps.push_back(id);
+        return plan_.nodes.size() - 1 - first;
     }
 
     // How many operand slots of the elementwise formula rooted at `id` read step `leaf`, each
@@ -548,7 +629,9 @@ private:
             }
             plan_.leaves.resize(first_leaf);
         }
-        set_operands(add(entry_kind::attention, id, dst, no_step, match), {operands[0], operands[1], operands[2]});
+        entry& e = add(entry_kind::attention, id, dst, no_step, match);
+        set_operands(e, {operands[0], operands[1], operands[2]});
+        if (match.score_function != match.scores) add_formula(e, match.score_function, match.scores);
     }
 
     // Whether reshape step s will need its operand copied into row-major order, known before

@@ -83,7 +83,7 @@ private:
             case entry_kind::gemm: return multiply(e, dst);
             case entry_kind::attention: return attend(e, dst);
             case entry_kind::fused: case entry_kind::copy:
-                build_fused(e.step, no_step, dst);
+                build_fused(e, dst);
                 return run_fused<T>(s_.fused, dst, true, nullptr, out_bf16);
             case entry_kind::rowwise: return rowwise(e, dst, out_bf16);
             case entry_kind::indices: return indices(s, dst);
@@ -149,49 +149,43 @@ private:
         }
     }
 
-    // s_.fused := the fused pass of step `root` into dst. The step `in_place`, if any, reads
-    // the destination itself (the GEMM epilogue's C, or the attention's scores tile).
-    void build_fused(std::size_t root, std::size_t in_place, const strided<T>& dst) {
+    // s_.fused := entry e's formula (evaluation::formula_node), its inputs bound to memory; the
+    // value the entry's kernel computes read from `kernel_value` (the GEMM epilogue's C, or
+    // the attention's scores tile), s_.in_place_input saying which input that is.
+    void build_fused(const entry& e, const strided<T>& kernel_value) {
         s_.fused.clear();
-        s_.fused_steps.clear();
         s_.in_place_input = no_input;
-        add_nodes(root, in_place, dst);
-    }
-
-    // Appends the fused nodes of step `id` to s_.fused; returns the index of its node. A step
-    // read more than once (a sub-formula used twice) is one node, computed once per block.
-    std::size_t add_nodes(std::size_t id, std::size_t in_place, const strided<T>& dst) {
-        for (std::size_t k = 0; k < s_.fused_steps.size(); ++k) {
-            if (s_.fused_steps[k] == id) return k;
-        }
-        const step& s = steps_[id];
-        fused_node<T> node;
-        if (s.kind == step_kind::elementwise) {
-            node.what = fused_node<T>::kind::function;
-            if (s.op == op_code::map) node.host = &s_.program.functions[s.index];
-            else node.function = s_.blocks[std::size_t(s.op)];
-            node.operand_count = s.operand_count;
-            for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_nodes(s.operands[o], in_place, dst);
-        } else if (s.kind == step_kind::number) {
-            node.what = fused_node<T>::kind::constant;
-            node.value = static_cast<T>(s.number);
-        } else {
-            node.what = fused_node<T>::kind::input;
-            node.input = s_.fused.inputs.size();
-            if (id == in_place) s_.in_place_input = node.input;
-            const bf16* narrow = nullptr;  // where it lies, if the pass reads it as bf16 (planner::read_leaf)
-            strided<const T> v;
-            if (id == in_place) {
-                v = {dst.data, dst.rank, dst.extents, dst.strides};
-            } else {
-                v = input(s_.plan.stored_placed[id] ? s_.plan.stored_values[id] : s_.plan.values[id], narrow);
+        for (std::size_t n = e.first_node; n < e.first_node + e.node_count; ++n) {
+            const evaluation::formula_node& from = s_.plan.nodes[n];
+            fused_node<T> node;
+            switch (from.what) {
+                case evaluation::formula_node::kind::function:
+                    node.what = fused_node<T>::kind::function;
+                    if (from.op == op_code::map) node.host = &s_.program.functions[from.map];
+                    else node.function = s_.blocks[std::size_t(from.op)];
+                    node.operand_count = from.operand_count;
+                    std::copy_n(from.operands.begin(), from.operand_count, node.operands.begin());
+                    break;
+                case evaluation::formula_node::kind::constant:
+                    node.what = fused_node<T>::kind::constant;
+                    node.value = static_cast<T>(from.constant);
+                    break;
+                case evaluation::formula_node::kind::input: {
+                    node.what = fused_node<T>::kind::input;
+                    node.input = s_.fused.inputs.size();
+                    const bf16* narrow = nullptr;  // where it lies, if the pass reads it as bf16
+                    if (from.kernel_value) {
+                        s_.in_place_input = node.input;
+                        s_.fused.inputs.push_back({kernel_value.data, kernel_value.rank, kernel_value.extents, kernel_value.strides});
+                    } else {
+                        s_.fused.inputs.push_back(input(from.input, narrow));
+                    }
+                    s_.fused.bf16_inputs.push_back(narrow);
+                    break;
+                }
             }
-            s_.fused.inputs.push_back(evaluation::broadcast_to_rank(v, dst.rank));
-            s_.fused.bf16_inputs.push_back(narrow);
+            s_.fused.nodes.push_back(node);
         }
-        s_.fused.nodes.push_back(node);
-        s_.fused_steps.push_back(id);
-        return s_.fused.nodes.size() - 1;
     }
 
     struct epilogue_context {
@@ -357,7 +351,7 @@ private:
         }
         score_context context{&s_.fused, 0, {nullptr, r, scores.extents, {}}};
         if (match.score_function != match.scores) {  // the rest of the score function, on each tile
-            build_fused(match.score_function, match.scores, context.scores);
+            build_fused(e, context.scores);
             context.tile_input = s_.in_place_input;
             problem.scores = {&apply_score_function, &reserve_score_function, &context};
         }
@@ -423,7 +417,7 @@ private:
         strided<const T> b = packed_b && !is_bf16(e.operands[1]) ? extents_only(e.operands[1].where) : input(e.operands[1], b_bf16);
         strided<T> dst = destination;
         if (e.epilogue != no_step) {
-            build_fused(e.epilogue, e.step, dst);
+            build_fused(e, dst);
         }
         const bool fused = e.epilogue != no_step;
         evaluation::fold_batch_into_rows(a, b, dst, fused ? s_.fused.inputs.data() : nullptr, fused ? s_.fused.inputs.size() : 0);
@@ -443,40 +437,28 @@ private:
             context.rounded = rounded_into(e, dst);
             // dst the rounding scratch: the bf16 kernels keep each block's sums to themselves
             problem.c_unread = e.out_unread && std::is_same_v<T, float>;
-            if (problem.c_unread) epilogue.rounding = rounding_of(e, context.rounded);
+            if (problem.c_unread) epilogue.rounding = rounding_of(e, context.rounded, context.product_input);
             if (!epilogue.rounding.rounded) epilogue.apply_to_block = &apply_epilogue_to_block;
         }
         gemm<T>(problem, epilogue);
     }
 
-    // Entry e's epilogue as data (gemm_rounding), where it is one: the product rounded, or the
-    // product plus a vector along the columns (a bias, read where it lies) rounded. Else none
-    // (rounded null): the kernels run the fused pass. Called once the batch is folded, so that
-    // the bias's strides are the problem's.
-    gemm_rounding rounding_of(const entry& e, bf16* rounded) const {
+    // Entry e's epilogue as the kernels' data (gemm_rounding), where the plan found it one
+    // (entry::bias_node): the product rounded, or the product plus a bias rounded, the bias read
+    // where it lies. Else none (rounded null): the kernels run the fused pass. Called once the
+    // batch is folded, so that the bias's strides are the problem's.
+    gemm_rounding rounding_of(const entry& e, bf16* rounded, std::size_t product) const {
         gemm_rounding rounding;
         if constexpr (std::is_same_v<T, float>) {  // (only float sums are rounded by the bf16 kernels)
-            if (e.epilogue == no_step) {
-                rounding.rounded = rounded;
-                return rounding;
-            }
-            const step& s = steps_[e.epilogue];
-            const auto& nodes = s_.fused.nodes;  // an add's two operands first, in order, then the add
-            if (s.kind != step_kind::elementwise || s.op != op_code::add || nodes.size() != 3) return rounding;
-            const fused_node<T>& first = nodes[0];
-            const fused_node<T>& second = nodes[1];
-            if (first.what != fused_node<T>::kind::input || second.what != fused_node<T>::kind::input) return rounding;
-            const std::size_t product = s_.in_place_input;
-            if (first.input != product && second.input != product) return rounding;
-            const std::size_t bias = first.input == product ? second.input : first.input;  // either order: + commutes
+            if (e.node_count != 0 && e.bias_node == no_step) return rounding;
+            rounding.rounded = rounded;
+            if (e.node_count == 0) return rounding;
+            const std::size_t bias = s_.fused.nodes[e.bias_node].input;
+            if (bias == product) throw std::logic_error("dimsum: a plan adds a product to itself as a bias");
             const strided<const T>& in = s_.fused.inputs[bias];
-            for (std::size_t axis = 0; axis + 1 < in.rank; ++axis) {
-                if (in.strides[axis] != 0 && in.extents[axis] != 1) return rounding;  // not one vector for every row
-            }
             rounding.bias_bf16 = s_.fused.bf16_inputs[bias];
             if (!rounding.bias_bf16) rounding.bias = in.data;
             rounding.bias_stride = in.strides[in.rank - 1];
-            rounding.rounded = rounded;
         }
         return rounding;
     }

@@ -368,7 +368,6 @@ struct state {
     block_table<T> blocks{};
     std::vector<void*> temporaries;  // the plan's, in this evaluation's memory: T, or bf16
     fused_program<T> fused;
-    std::vector<std::size_t> fused_steps;  // the step of each of fused.nodes
     std::size_t in_place_input = no_input;  // which of fused.inputs reads the destination (or the scores tile), if one does
 
     static state& of_this_thread() {

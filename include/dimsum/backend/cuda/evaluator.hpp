@@ -87,7 +87,6 @@ struct state {
     evaluation::plan plan;
     std::vector<std::uintptr_t> device_bindings;  // each binding's device copy (offset 0)
     std::vector<std::uintptr_t> temporaries;
-    std::vector<std::size_t> fused_steps;  // the step of each node of the pass being built
     std::vector<std::byte> result;  // the destination's value, downloaded row-major
     std::vector<evaluation::binding> checked;  // the bindings as the host checks them (device ids copied back)
     std::vector<std::vector<std::byte>> host_ids;
@@ -155,7 +154,7 @@ private:
         if (dst.where.size() == 0) return;
         switch (e.kind) {
             case entry_kind::gemm: return multiply(e, dst);
-            case entry_kind::fused: case entry_kind::copy: return fuse(e.step, no_step, dst);
+            case entry_kind::fused: case entry_kind::copy: return fuse(e, dst);
             case entry_kind::convert: {
                 fused_pass& pass = pass_for(dst);
                 add_input(read(e.operands[0]), pass);
@@ -223,7 +222,6 @@ private:
         pass.out_type = dst.type;
         pass.out_strides = dst.where.strides;
         pass.node_count = pass.input_count = 0;
-        s_.fused_steps.clear();
         return pass;
     }
     // Appends an input node reading v (broadcast to the pass's rank); returns its index.
@@ -246,36 +244,32 @@ private:
                                 " inputs is not supported yet; evaluate a part of it into a tensor first");
     }
 
-    // Appends the nodes of step id; returns the index of its node. A step read more than once is
-    // one node. The step `in_place` reads the destination itself (a product's epilogue).
-    std::size_t add_nodes(std::size_t id, std::size_t in_place, const device_array& dst, fused_pass& pass) {
-        for (std::size_t k = 0; k < s_.fused_steps.size(); ++k) {
-            if (s_.fused_steps[k] == id) return k;
-        }
-        const step& s = steps_[id];
-        std::size_t node = 0;
-        if (s.kind == step_kind::elementwise) {
-            fused_node f;
+    // Appends entry e's formula (evaluation::formula_node) to the pass, its inputs bound to
+    // memory, the value the entry's kernel computes read from `kernel_value` (a product's
+    // epilogue reads the destination itself); returns which input that is (max_fused_inputs: none).
+    std::size_t add_formula(const entry& e, const device_array& kernel_value, fused_pass& pass) {
+        std::size_t kernel_input = max_fused_inputs;
+        for (std::size_t n = e.first_node; n < e.first_node + e.node_count; ++n) {
+            const evaluation::formula_node& from = s_.plan.nodes[n];
+            if (from.what == evaluation::formula_node::kind::input) {
+                const std::size_t node = add_input(from.kernel_value ? kernel_value : read(from.input), pass);
+                if (from.kernel_value) kernel_input = pass.nodes[node].input;
+                continue;
+            }
+            if (pass.node_count == max_fused_nodes) too_large();
+            fused_node& f = pass.nodes[pass.node_count++];
+            f = {};
+            if (from.what == evaluation::formula_node::kind::constant) {
+                f.what = fused_node::kind::constant;
+                f.value = from.constant;
+                continue;
+            }
             f.what = fused_node::kind::function;
-            f.op = s.op;
-            f.operand_count = static_cast<std::uint8_t>(s.operand_count);
-            for (std::size_t o = 0; o < s.operand_count; ++o) f.operands[o] = static_cast<std::uint8_t>(add_nodes(s.operands[o], in_place, dst, pass));
-            if (pass.node_count == max_fused_nodes) too_large();
-            pass.nodes[pass.node_count] = f;
-            node = pass.node_count++;
-        } else if (s.kind == step_kind::number) {
-            if (pass.node_count == max_fused_nodes) too_large();
-            fused_node& c = pass.nodes[pass.node_count];
-            c = {};
-            c.what = fused_node::kind::constant;
-            c.value = s.number;
-            node = pass.node_count++;
-        } else {
-            node = add_input(id == in_place ? dst : read(s_.plan.values[id]), pass);
+            f.op = from.op;
+            f.operand_count = static_cast<std::uint8_t>(from.operand_count);
+            for (std::size_t o = 0; o < from.operand_count; ++o) f.operands[o] = static_cast<std::uint8_t>(from.operands[o]);
         }
-        s_.fused_steps.resize(pass.node_count, no_step);
-        s_.fused_steps[node] = id;
-        return node;
+        return kernel_input;
     }
 
     // The pass with its axes coalesced (most formulas become one contiguous axis, cheap to
@@ -287,10 +281,10 @@ private:
         run_fused(c_, pass);
     }
 
-    // dst = the formula rooted at `root`, one fused pass; step `in_place` reads dst.
-    void fuse(std::size_t root, std::size_t in_place, const device_array& dst) {
+    // dst = entry e's formula, one fused pass; the value its kernel computed read from dst.
+    void fuse(const entry& e, const device_array& dst) {
         fused_pass& pass = pass_for(dst);
-        add_nodes(root, in_place, dst, pass);
+        add_formula(e, dst, pass);
         launch(pass);
     }
 
@@ -352,9 +346,9 @@ private:
         if (pass.has_score_function) {  // the rest of the score function, its score an input of no memory
             const device_array scores_shape{0, type_, evaluation::row_major(scores.rank, scores.extents)};
             fused_pass& f = pass_for(scores_shape);
-            add_nodes(match.score_function, match.scores, scores_shape, f);
+            pass.score_input = add_formula(e, scores_shape, f);
+            if (pass.score_input == max_fused_inputs) throw std::logic_error("dimsum: cuda: a score function that does not read its scores");
             pass.score = f;
-            pass.score_input = score_input_of(match.scores);
         }
         // few queries and many keys: the keys split into ranges, their partials in the arena
         const std::size_t rows = pass.dv == 0 ? 0 : dst.where.size() / pass.dv;  // (batch..., queries)
@@ -364,13 +358,6 @@ private:
                                              : std::clamp<std::size_t>(key_splits_, 1, std::max<std::size_t>(key_blocks, 1));
         pass.partials = pass.key_splits > 1 ? allocate(c_, rows * pass.key_splits * (2 + pass.dv) * sizeof(T)) : nullptr;
         run_attention(c_, pass);
-    }
-    // Which input of the pass being built reads step `id`.
-    std::size_t score_input_of(std::size_t id) const {
-        for (std::size_t n = 0; n < pass_.node_count; ++n) {
-            if (s_.fused_steps[n] == id) return pass_.nodes[n].input;
-        }
-        throw std::logic_error("dimsum: cuda: a score function that does not read its scores");
     }
 
     static matrix_layout last_two_axes(const layout& l) {
@@ -412,7 +399,7 @@ private:
             add_input(target, pass);
             launch(pass);
         }
-        if (e.epilogue != no_step) fuse(e.epilogue, e.step, destination);
+        if (e.epilogue != no_step) fuse(e, destination);
     }
 
     // c = a b over every batch item: cuBLAS's batch along the innermost batch axis, a loop over
