@@ -1,8 +1,9 @@
 #pragma once
-// The CPU executor: plans a lowered program and runs the plan, mapping each entry to a kernel:
-//   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C,
-//                 then, if the plan asks, the block rounded into a bf16 temporary; its
-//                 operands of bf16 read where they lie;
+// The CPU executor: plans a lowered program and runs the plan, binding each entry's places
+// (evaluation/plan.hpp: operands, formula inputs, out) to memory and calling its kernel:
+//   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C
+//                 (fused.hpp: region_program), then, if the plan asks, the block rounded into
+//                 bf16 memory; its operands of bf16 read where they lie;
 //   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
 //                 a fused pass over each tile of scores, its inputs of bf16 read where they lie;
 //   fused, copy -> one fused elementwise pass (fused.hpp), which widens its inputs of bf16
@@ -37,7 +38,6 @@
 #include "dimsum/evaluation/fold_batch.hpp"
 #include "dimsum/evaluation/integers.hpp"
 #include "dimsum/evaluation/plan.hpp"
-#include "dimsum/runtime/member_memory.hpp"
 
 namespace dimsum::backend::cpu::detail {
 
@@ -188,126 +188,6 @@ private:
         }
     }
 
-    struct epilogue_context {
-        const fused_program<T>* program;  // null: none
-        strided<T> dst;
-        std::size_t product_input = no_input;  // which of the program's inputs reads the product from dst
-        bf16* rounded = nullptr;  // where dst's values are also rounded to, in dst's layout (entry::rounded_into)
-    };
-    // The box of an array of `shape`'s extents that a kernel's tile covers: batch item `item`
-    // (numbered in row-major order over the leading axes), rows [row, row + rows) and columns
-    // [col, col + cols).
-    static fused_region tile_of(const strided<T>& shape, std::size_t item, std::size_t row, std::size_t col,
-                                std::size_t rows, std::size_t cols) {
-        fused_region tile;
-        const std::size_t r = shape.rank;
-        for (std::size_t axis = r - 2; axis-- > 0;) {
-            tile.first[axis] = item % shape.extents[axis];
-            item /= shape.extents[axis];
-            tile.extents[axis] = 1;
-        }
-        tile.first[r - 2] = row;
-        tile.first[r - 1] = col;
-        tile.extents[r - 2] = rows;
-        tile.extents[r - 1] = cols;
-        return tile;
-    }
-
-    static void apply_epilogue(const void* context, std::size_t item, std::size_t row, std::size_t col,
-                               std::size_t rows, std::size_t cols) {
-        const auto& c = *static_cast<const epilogue_context*>(context);
-        const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
-        if (c.program) run_fused<T>(*c.program, c.dst, false, &region);
-        if (!c.rounded) return;
-        const std::size_t r = c.dst.rank;
-        const std::ptrdiff_t first = offset_of(region, c.dst.strides, r);
-        for (std::size_t i = 0; i < rows; ++i) {  // into bf16 memory of dst's layout: the same offsets
-            const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.dst.strides[r - 2];
-            round_line(c.dst.data + at, c.dst.strides[r - 1], c.rounded + at, c.dst.strides[r - 1], cols);
-        }
-    }
-    // Where `place` starts in an array of these strides.
-    static std::ptrdiff_t offset_of(const fused_region& place, const std::array<std::ptrdiff_t, max_rank>& strides, std::size_t rank) {
-        std::ptrdiff_t offset = 0;
-        for (std::size_t axis = 0; axis < rank; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * strides[axis];
-        return offset;
-    }
-    // apply_epilogue for a block whose sums the kernel holds in its own buffer, C unread
-    // (gemm_problem::c_unread, set only where C is the rounding scratch): the program moved to
-    // the block, as the score function is to its tile, and its result, the only one, rounded
-    // into c.rounded. (An epilogue without a program is a rounding, which the kernels do
-    // themselves: rounding_of.)
-    static void apply_epilogue_to_block(const void* context, std::size_t item, std::size_t row, std::size_t col,
-                                        std::size_t rows, std::size_t cols, float* block, std::ptrdiff_t ld) {
-        if constexpr (!std::is_same_v<T, float>) {
-            throw std::logic_error("dimsum: a product of float sums for an evaluation in another type");
-        } else {
-            const auto& c = *static_cast<const epilogue_context*>(context);
-            const fused_region region = tile_of(c.dst, item, row, col, rows, cols);
-            const std::size_t r = c.dst.rank;
-            const std::ptrdiff_t first = offset_of(region, c.dst.strides, r);
-            strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
-            sums.strides[r - 2] = ld;
-            sums.strides[r - 1] = 1;
-            const strided<T> out{c.dst.data + first, r, region.extents, c.dst.strides};  // its layout; only bf16 is written
-            run_fused<T>(moved_to(*c.program, c.product_input, region, sums), out, false, nullptr, c.rounded + first);
-        }
-    }
-    static void reserve_epilogue(const void* context) {
-        const auto& c = *static_cast<const epilogue_context*>(context);
-        if (c.program) reserve_moved(*c.program);
-    }
-
-    // The score function's fused program, run on one tile of scores (attention.hpp): its
-    // inputs moved to the tile's position, the scores read from the tile itself.
-    struct score_context {
-        const fused_program<T>* program;
-        std::size_t tile_input;
-        strided<T> scores;  // the extents of the scores; no data
-    };
-    static void apply_score_function(const void* context, std::size_t item, std::size_t query, std::size_t key,
-                                     std::size_t queries, std::size_t keys, T* tile, std::ptrdiff_t query_stride) {
-        const auto& c = *static_cast<const score_context*>(context);
-        const std::size_t r = c.scores.rank;
-        const fused_region place = tile_of(c.scores, item, query, key, queries, keys);
-        strided<T> result{tile, r, place.extents, {}};  // the tile itself: batch axes of extent 1
-        result.strides[r - 2] = query_stride;
-        result.strides[r - 1] = 1;
-        run_fused<T>(moved_to(*c.program, c.tile_input, place, {tile, r, result.extents, result.strides}), result, false);
-    }
-
-    // `program` moved to one block of its result, `place`: its input `in_block` (the product,
-    // or the scores) read from `block`, every other from the block's place in it. Per thread,
-    // since the team runs blocks at once, in the capacity reserve_moved took.
-    static const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in_block, const fused_region& place,
-                                            const strided<const T>& block) {
-        fused_program<T>& local = moved_program();
-        local.nodes = program.nodes;
-        local.inputs = program.inputs;
-        local.bf16_inputs = program.bf16_inputs;
-        for (std::size_t i = 0; i < local.inputs.size(); ++i) {
-            strided<const T>& input = local.inputs[i];
-            if (i == in_block) {
-                input = block;
-                continue;
-            }
-            const std::ptrdiff_t offset = offset_of(place, input.strides, block.rank);
-            if (local.bf16_inputs[i]) local.bf16_inputs[i] += offset;  // (its data null)
-            else input.data += offset;
-        }
-        return local;
-    }
-    static fused_program<T>& moved_program() {  // this member's (runtime/member_memory.hpp)
-        return runtime::member_local<fused_program<T>>();
-    }
-    static void reserve_moved(const fused_program<T>& program) {
-        moved_program().nodes.reserve(program.nodes.size());
-        moved_program().inputs.reserve(program.inputs.size());
-        moved_program().bf16_inputs.reserve(program.bf16_inputs.size());
-        prepare_fused<T>(program);
-    }
-    static void reserve_score_function(const void* context) { reserve_moved(*static_cast<const score_context*>(context)->program); }
-
     // A strided array's last two axes as a matrix (its first element's).
     template <class X>
     static matrix<X> last_two_axes(const strided<X>& s) {
@@ -349,11 +229,11 @@ private:
             problem.o_bf16 = rounded_into(e, dst);
             problem.o_unread = e.out_unread;
         }
-        score_context context{&s_.fused, 0, {nullptr, r, scores.extents, {}}};
-        if (match.score_function != match.scores) {  // the rest of the score function, on each tile
-            build_fused(e, context.scores);
-            context.tile_input = s_.in_place_input;
-            problem.scores = {&apply_score_function, &reserve_score_function, &context};
+        region_program<T> score_function{&s_.fused, no_input, {nullptr, r, scores.extents, {}}};
+        if (e.node_count != 0) {  // the rest of the score function, on each tile
+            build_fused(e, score_function.result);
+            score_function.own = s_.in_place_input;
+            problem.scores = score_epilogue_of(score_function);
         }
         attention<T>(problem);
     }
@@ -430,15 +310,14 @@ private:
         problem.a_bf16 = a_bf16;
         problem.b_bf16 = b_bf16;
         if (!fused && !e.rounded_into) return gemm<T>(problem);
-        epilogue_context context{fused ? &s_.fused : nullptr, dst};
-        if (fused) context.product_input = s_.in_place_input;
-        gemm_epilogue epilogue{&apply_epilogue, &reserve_epilogue, &context};
-        if (e.rounded_into) {
-            context.rounded = rounded_into(e, dst);
-            // dst the rounding scratch: the bf16 kernels keep each block's sums to themselves
-            problem.c_unread = e.out_unread && std::is_same_v<T, float>;
-            if (problem.c_unread) epilogue.rounding = rounding_of(e, context.rounded, context.product_input);
-            if (!epilogue.rounding.rounded) epilogue.apply_to_block = &apply_epilogue_to_block;
+        region_program<T> program{fused ? &s_.fused : nullptr, fused ? s_.in_place_input : no_input, dst};
+        if (e.rounded_into) program.rounded = rounded_into(e, dst);
+        // dst the rounding scratch: the bf16 kernels keep each block's sums to themselves
+        problem.c_unread = e.rounded_into && e.out_unread && std::is_same_v<T, float>;
+        gemm_epilogue epilogue = gemm_epilogue_of(program);
+        if (problem.c_unread) {
+            epilogue.rounding = rounding_of(e, program.rounded, program.own);
+            if (epilogue.rounding.rounded) epilogue.apply_to_block = nullptr;  // the kernels round it themselves
         }
         gemm<T>(problem, epilogue);
     }

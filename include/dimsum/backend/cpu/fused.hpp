@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "dimsum/backend/cpu/kernels.hpp"
@@ -75,6 +77,7 @@ fused_thread_memory<T>& fused_memory() {
 }
 
 }  // namespace detail
+
 
 // (kernels.hpp)
 template <class T>
@@ -204,5 +207,153 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
 
     split_range(parallel && size >= parallel_elements ? num_threads() : 1, items, [&] { prepare_fused(program); }, sweep);
 }
+
+// ---- a fused program as the epilogue of a kernel's regions
+
+// A fused program that a kernel runs on each finished region of its result (a gemm's blocks
+// of C, attention's tiles of scores), in place: input `own` reads the kernel's values there,
+// every other input its own values at the region's place. The kernels get it through
+// gemm_epilogue and score_epilogue (gemm_epilogue_of, score_epilogue_of), which call the
+// functions below; it must outlive the kernel's call.
+template <class T>
+struct region_program {
+    const fused_program<T>* program = nullptr;  // null: none (a gemm that only rounds)
+    std::size_t own = detail::no_input;
+    strided<T> result;        // the kernel's whole result: C (attention: the scores' extents, data null)
+    bf16* rounded = nullptr;  // gemm: each region also rounded into this bf16 memory, at C's offsets
+};
+
+namespace regions {
+
+// The box of an array of `shape`'s extents that a kernel's tile covers: batch item `item`
+// (numbered in row-major order over the leading axes), rows [row, row + rows) and columns
+// [col, col + cols).
+template <class T>
+fused_region tile_of(const strided<T>& shape, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
+                     std::size_t cols) {
+    fused_region tile;
+    const std::size_t r = shape.rank;
+    for (std::size_t axis = r - 2; axis-- > 0;) {
+        tile.first[axis] = item % shape.extents[axis];
+        item /= shape.extents[axis];
+        tile.extents[axis] = 1;
+    }
+    tile.first[r - 2] = row;
+    tile.first[r - 1] = col;
+    tile.extents[r - 2] = rows;
+    tile.extents[r - 1] = cols;
+    return tile;
+}
+// Where `place` starts in an array of these strides.
+inline std::ptrdiff_t offset_of(const fused_region& place, const std::array<std::ptrdiff_t, max_rank>& strides, std::size_t rank) {
+    std::ptrdiff_t offset = 0;
+    for (std::size_t axis = 0; axis < rank; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * strides[axis];
+    return offset;
+}
+
+template <class T>
+fused_program<T>& moved_program() {  // this member's (runtime/member_memory.hpp)
+    return runtime::member_local<fused_program<T>>();
+}
+// `program` moved to one block of its result, `place`: its input `in_block` read from
+// `block`, every other from the block's place in it. Per thread, since the team runs blocks
+// at once, in the capacity reserve_moved took.
+template <class T>
+const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in_block, const fused_region& place,
+                                 const strided<const T>& block) {
+    fused_program<T>& local = moved_program<T>();
+    local.nodes = program.nodes;
+    local.inputs = program.inputs;
+    local.bf16_inputs = program.bf16_inputs;
+    for (std::size_t i = 0; i < local.inputs.size(); ++i) {
+        strided<const T>& input = local.inputs[i];
+        if (i == in_block) {
+            input = block;
+            continue;
+        }
+        const std::ptrdiff_t offset = offset_of(place, input.strides, block.rank);
+        if (local.bf16_inputs[i]) local.bf16_inputs[i] += offset;  // (its data null)
+        else input.data += offset;
+    }
+    return local;
+}
+template <class T>
+void reserve_moved(const fused_program<T>& program) {
+    moved_program<T>().nodes.reserve(program.nodes.size());
+    moved_program<T>().inputs.reserve(program.inputs.size());
+    moved_program<T>().bf16_inputs.reserve(program.bf16_inputs.size());
+    prepare_fused<T>(program);
+}
+
+// gemm_epilogue::apply: the program over a finished region of C, then the region rounded.
+template <class T>
+void apply_to_c(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) {
+    const auto& c = *static_cast<const region_program<T>*>(context);
+    const fused_region region = tile_of(c.result, item, row, col, rows, cols);
+    if (c.program) run_fused<T>(*c.program, c.result, false, &region);
+    if (!c.rounded) return;
+    const std::size_t r = c.result.rank;
+    const std::ptrdiff_t first = offset_of(region, c.result.strides, r);
+    for (std::size_t i = 0; i < rows; ++i) {  // into bf16 memory of C's layout: the same offsets
+        const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.result.strides[r - 2];
+        round_line(c.result.data + at, c.result.strides[r - 1], c.rounded + at, c.result.strides[r - 1], cols);
+    }
+}
+// gemm_epilogue::apply_to_block, for a block whose sums the kernel holds in its own buffer, C
+// unread (gemm_problem::c_unread): the program moved to the block, as the score function is
+// to its tile, and its result, the only one, rounded into c.rounded.
+template <class T>
+void apply_to_sums(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
+                   std::size_t cols, float* block, std::ptrdiff_t ld) {
+    if constexpr (!std::is_same_v<T, float>) {
+        throw std::logic_error("dimsum: a product of float sums for an evaluation in another type");
+    } else {
+        const auto& c = *static_cast<const region_program<T>*>(context);
+        const fused_region region = tile_of(c.result, item, row, col, rows, cols);
+        const std::size_t r = c.result.rank;
+        const std::ptrdiff_t first = offset_of(region, c.result.strides, r);
+        strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
+        sums.strides[r - 2] = ld;
+        sums.strides[r - 1] = 1;
+        const strided<T> out{c.result.data + first, r, region.extents, c.result.strides};  // its layout; only bf16 is written
+        if (!c.program) throw std::logic_error("dimsum: a product's sums handed to an epilogue that only rounds (gemm_rounding's)");
+        run_fused<T>(moved_to(*c.program, c.own, region, sums), out, false, nullptr, c.rounded + first);
+    }
+}
+template <class T>
+void reserve_region(const void* context) {
+    const auto& c = *static_cast<const region_program<T>*>(context);
+    if (c.program) reserve_moved(*c.program);
+}
+
+// score_epilogue::apply: the program on one tile of scores, its scores read from the tile itself.
+template <class T>
+void apply_to_scores(const void* context, std::size_t item, std::size_t query, std::size_t key, std::size_t queries,
+                     std::size_t keys, T* tile, std::ptrdiff_t query_stride) {
+    const auto& c = *static_cast<const region_program<T>*>(context);
+    const std::size_t r = c.result.rank;
+    const fused_region place = tile_of(c.result, item, query, key, queries, keys);
+    strided<T> result{tile, r, place.extents, {}};  // the tile itself: batch axes of extent 1
+    result.strides[r - 2] = query_stride;
+    result.strides[r - 1] = 1;
+    run_fused<T>(moved_to(*c.program, c.own, place, {tile, r, result.extents, result.strides}), result, false);
+}
+
+}  // namespace regions
+
+// The epilogue that runs `program` on C's regions and rounds them into program.rounded if set;
+// with C unread, on the kernel's buffer of sums (apply_to_block).
+template <class T>
+gemm_epilogue gemm_epilogue_of(const region_program<T>& program) {
+    gemm_epilogue epilogue{&regions::apply_to_c<T>, &regions::reserve_region<T>, &program};
+    if (program.rounded) epilogue.apply_to_block = &regions::apply_to_sums<T>;
+    return epilogue;
+}
+// The score function that runs `program` on attention's tiles of scores.
+template <class T>
+score_epilogue<T> score_epilogue_of(const region_program<T>& program) {
+    return {&regions::apply_to_scores<T>, &regions::reserve_region<T>, &program};
+}
+
 
 }  // namespace dimsum::backend::cpu
