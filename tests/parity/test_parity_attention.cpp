@@ -126,6 +126,40 @@ TEST_CASE("the scale however spelt, and a score function the kernel applies to e
                    w.v));
 }
 
+TEST_CASE("a score function on tiles of a batch that is O's, not the scores' own") {
+    // Q and K shared by the heads (extent 1), V per head: the kernel's batch of tiles is O's
+    // (batch, heads), of which the scores have only (batch, 1), and a padding mask that differs
+    // from sequence to sequence must be read at each tile's own sequence
+    ds::tensor<float, Batch, ds::dim<1>, Query, D> q(Batch{2}, ds::dim<1>{1}, Query{9}, D{8});
+    ds::tensor<float, Batch, ds::dim<1>, Key, D> k(Batch{2}, ds::dim<1>{1}, Key{40}, D{8});
+    ds::tensor<float, Batch, Heads, Key, DV> v(Batch{2}, Heads{3}, Key{40}, DV{5});
+    ds::tensor<float, Batch, ds::dim<1>, ds::dim<1>, Key> padding(Batch{2}, ds::dim<1>{1}, ds::dim<1>{1}, Key{40});
+    ds::fill_normal(q, 21);
+    ds::fill_normal(k, 22);
+    ds::fill_normal(v, 23);
+    for (std::size_t b = 0; b < 2; ++b) {
+        for (std::size_t j = 0; j < 40; ++j) padding(b, 0, 0, j) = j < (b == 0 ? 31u : 12u) ? 0.0f : -inf;
+    }
+    auto wq = widened(q);
+    auto wk = widened(k);
+    auto wv = widened(v);
+    auto wpadding = widened(padding);
+    require_agreement(ds::matmul(ds::softmax(ds::matmul(q, ds::transpose(k)) * 0.3f + padding), v),
+                      ds::matmul(ds::softmax(ds::matmul(wq, ds::transpose(wk)) * 0.3 + wpadding), wv));
+    // scores of a lower rank than O (Q and K without the batch axis V has), a mask per query and key
+    ds::tensor<float, Query, D> q2(Query{9}, D{8});
+    ds::tensor<float, Key, D> k2(Key{40}, D{8});
+    ds::tensor<float, Query, Key> mask(Query{9}, Key{40});
+    ds::fill_normal(q2, 24);
+    ds::fill_normal(k2, 25);
+    ds::fill_normal(mask, 26);
+    auto wq2 = widened(q2);
+    auto wk2 = widened(k2);
+    auto wmask = widened(mask);
+    require_agreement(ds::matmul(ds::softmax(ds::matmul(q2, ds::transpose(k2)) * 0.3f + mask), v),
+                      ds::matmul(ds::softmax(ds::matmul(wq2, ds::transpose(wk2)) * 0.3 + wmask), wv));
+}
+
 TEST_CASE("fused attention reads strided, transposed and broadcast operands") {
     // Q, K, V as heads of one projection (batch, seq, heads, d), read through transposed views;
     // keys and values shared by every head (broadcast), and the output written transposed.

@@ -260,6 +260,9 @@ TEST_CASE("broadcast to a higher rank reads l at the right-aligned index, at 0 a
         layout b = broadcast(l, rank);
         CAPTURE(l, b);
         REQUIRE(b.rank == rank);
+        layout in_place = l;  // the planner's form: the same layout, every field
+        broadcast_in_place(in_place, rank);
+        REQUIRE(in_place == b);
         for (std::size_t a = 0; a < rank; ++a) REQUIRE(b.extents[a] == (a < lead ? 1 : l.extents[a - lead]));
         // Widen every axis of extent 1: all its indices must read the one element there.
         for (std::size_t a = 0; a < rank; ++a) b.extents[a] = b.extents[a] == 1 ? 3 : b.extents[a];

@@ -199,14 +199,17 @@ TEST_CASE("an entry's formula is data: functions, constants, inputs typed and br
     REQUIRE(pass.kinds() == kinds{ev::entry_kind::fused});
     const std::vector<node> nodes = formula(pass, pass.plan.entries[0]);
     REQUIRE(nodes.size() == 6);
-    CHECK((nodes[0].what == fn_kind::input && nodes[0].input.memory == ev::memory_kind::binding && nodes[0].input.index == 0));
-    CHECK(nodes[0].input.where == ev::row_major(3, {2, 5, 6}));
+    auto place_of = [&](const node& n) { return pass.plan.inputs[n.input]; };
+    CHECK(nodes[0].what == fn_kind::input);
+    CHECK((place_of(nodes[0]).memory == ev::memory_kind::binding && place_of(nodes[0]).index == 0));
+    CHECK(place_of(nodes[0]).where == ev::row_major(3, {2, 5, 6}));
     CHECK((nodes[1].what == fn_kind::function && nodes[1].op == ds::op_code::exp && nodes[1].operand_count == 1));
     CHECK(nodes[1].operands[0] == 0);
     CHECK((nodes[2].what == fn_kind::constant && nodes[2].constant == 2.0));
     CHECK((nodes[3].op == ds::op_code::multiply && nodes[3].operands[0] == 1 && nodes[3].operands[1] == 2));
-    CHECK((nodes[4].what == fn_kind::input && nodes[4].input.index == 1));
-    CHECK(nodes[4].input.where == ev::broadcast(ev::row_major(1, {6}), 3));
+    CHECK(nodes[4].what == fn_kind::input);
+    CHECK(place_of(nodes[4]).index == 1);
+    CHECK(place_of(nodes[4]).where == ev::broadcast(ev::row_major(1, {6}), 3));
     CHECK((nodes[5].op == ds::op_code::add && nodes[5].operands[0] == 3 && nodes[5].operands[1] == 4));
     for (const node& n : nodes) CHECK(!n.kernel_value);
 
@@ -223,7 +226,7 @@ TEST_CASE("an entry's formula is data: functions, constants, inputs typed and br
     REQUIRE(epilogue.size() == 3);
     CHECK(epilogue[0].kernel_value);
     REQUIRE(gemm.bias_node == 1);
-    CHECK(epilogue[1].input.index == 2);  // q, w, bias
+    CHECK(biased.plan.inputs[epilogue[1].input].index == 2);  // q, w, bias
     auto swapped = plan_of(bias + ds::matmul(t.q, w));
     CHECK(swapped.plan.entries[0].bias_node == 0);
     CHECK(plan_of(ds::tanh(ds::matmul(t.q, w) + bias)).plan.entries[0].bias_node == ev::no_step);
@@ -243,6 +246,34 @@ TEST_CASE("an entry's formula is data: functions, constants, inputs typed and br
     CHECK(inputs == 1);
     CHECK(masked.plan.entries[0].operand_count == 3);  // Q, K^T, V
     CHECK(masked.plan.entries[0].operands[1].where == ev::permute(ev::row_major(3, {2, 7, 4}), {0, 2, 1}));
+}
+
+TEST_CASE("rowwise, gather and indices entries say what they compute, with no step to read") {
+    ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
+    auto normed = plan_of(ds::layer_norm<Query>(y, 1e-3));
+    REQUIRE(normed.kinds() == kinds{ev::entry_kind::rowwise});
+    CHECK(normed.plan.entries[0].line == ev::line_op::layer_norm);
+    CHECK(normed.plan.entries[0].axis == 1);
+    CHECK(normed.plan.entries[0].number == Approx(1e-3));  // (the step holds it as the formula had it)
+    auto summed = plan_of(ds::sum<Model>(y));
+    CHECK(summed.plan.entries[0].line == ev::line_op::sum);
+    CHECK(summed.plan.entries[0].axis == 2);
+    CHECK(plan_of(ds::mean<Batch>(y)).plan.entries[0].line == ev::line_op::mean);
+    CHECK(plan_of(ds::max<Batch>(y)).plan.entries[0].line == ev::line_op::max);
+    CHECK(plan_of(ds::softmax<Query>(y)).plan.entries[0].line == ev::line_op::softmax);
+
+    ds::tensor<std::int32_t, Query> ids(Query{5});
+    auto gathered = plan_of(ds::gather<Batch>(y, ids));
+    REQUIRE(gathered.kinds() == kinds{ev::entry_kind::gather});
+    const ev::entry& gather = gathered.plan.entries[0];
+    CHECK(gather.axis == 0);
+    REQUIRE(gather.operand_count == 2);
+    CHECK((gather.operands[0].memory == ev::memory_kind::binding && gather.operands[0].type == ev::element_type::float32));
+    CHECK((gather.operands[1].memory == ev::memory_kind::binding && gather.operands[1].type == ev::element_type::int32));
+
+    auto masked = plan_of(ds::masked_fill(ds::tensor<float, Query, Key>(Query{5}, Key{7}), ds::causal_mask(Query{5}, Key{7}), 0.0f));
+    REQUIRE(masked.kinds() == kinds{ev::entry_kind::indices, ev::entry_kind::fused});
+    CHECK(masked.plan.entries[0].causal);
 }
 
 TEST_CASE("a reshape the layout cannot express is planned as one copy") {

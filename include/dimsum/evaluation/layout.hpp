@@ -107,6 +107,17 @@ constexpr layout broadcast(const layout& l, std::size_t rank) {
     return b;
 }
 
+// broadcast(l, rank), written over l (the planner builds many: a layout built apart and
+// copied costs a stalled wide load of what was just stored).
+constexpr void broadcast_in_place(layout& l, std::size_t rank) {
+    const std::size_t lead = rank - l.rank;
+    for (std::size_t i = rank; i-- > 0;) {  // from the last axis: axis i reads axis i - lead, not yet written
+        l.extents[i] = i < lead ? 1 : l.extents[i - lead];
+        l.strides[i] = i < lead || l.extents[i] == 1 ? 0 : l.strides[i - lead];
+    }
+    l.rank = rank;
+}
+
 // Whether l lays its elements out densely from offset 0: its strides are the row-major
 // strides of some order of its axes (axes of extent 1 aside), so it covers [0, size()) once.
 constexpr bool is_dense(const layout& l) {

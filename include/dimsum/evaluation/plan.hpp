@@ -46,7 +46,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -76,6 +75,9 @@ inline place seen_as(const place& p, const layout& where) { return {p.memory, p.
 
 enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, narrow, gather };
 
+// The kernel of a rowwise entry, along its axis.
+enum class line_op : std::uint8_t { softmax, layer_norm, sum, max, mean };
+
 // One node of an elementwise formula that a kernel computes: a fused pass, a gemm's epilogue,
 // the rest of attention's score function. A formula's nodes come in evaluation order, each
 // function reading earlier ones; the last is its value. Nothing in it points back into the
@@ -88,10 +90,10 @@ struct formula_node {
     std::array<std::size_t, max_operands> operands{};  // function: earlier nodes, from the formula's first
     std::size_t operand_count = 0;
     double constant = 0;         // constant
-    // input: where it is read, in its own type, broadcast to the formula's rank; or, with
-    // kernel_value, the value the entry's kernel computes (the product, the scores), read
-    // where the kernel holds it
-    place input{};
+    // input: where it is read (plan::inputs[input]: in its own type, broadcast to the
+    // formula's rank); or, with kernel_value, the value the entry's kernel computes (the
+    // product, the scores), read where the kernel holds it
+    std::size_t input = 0;
     bool kernel_value = false;
 };
 
@@ -103,6 +105,13 @@ struct entry {
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention: what the matcher found
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
+    // rowwise: its kernel, its axis and layer_norm's epsilon (number); gather: the table's axis;
+    // indices: causal_mask (causal) or arange. Copied from the step, so that an executor reads
+    // no step.
+    line_op line = line_op::softmax;
+    std::size_t axis = 0;
+    double number = 0;
+    bool causal = false;
     // What the kernel reads, each in its own type (a kernel that reads bf16 reads it where it
     // lies) and laid out with the entry's rank (broadcast): gemm: A and B (B's binding, where
     // packed_right); attention: Q, K^T and V; rowwise: the lines; gather: the table and the
@@ -136,6 +145,7 @@ struct temporary {
 struct plan {
     std::vector<entry> entries;
     std::vector<formula_node> nodes;  // the entries' formulas, one after another
+    std::vector<place> inputs;        // where their input nodes read
     std::vector<temporary> temporaries;
     element_type destination_type = element_type::float32;  // of the memory the value is written into
     std::vector<place> values;             // of each step whose value some entry reads, in the program's type
@@ -156,6 +166,7 @@ struct plan {
     void clear(std::size_t steps) {
         entries.clear();
         nodes.clear();
+        inputs.clear();
         temporaries.clear();
         if (values.size() < steps) values.resize(steps);
         placed.assign(steps, 0);
@@ -241,7 +252,7 @@ private:
             case step_kind::tensor: {
                 if (s.type == s.computes_in) return binding_place(s.binding);
                 place converted = temporary(s.rank, s.extents);  // bf16 or integers, read as the formula's type
-                set_operands(add(entry_kind::convert, id, converted), {binding_place(s.binding)});
+                set_operands(add(entry_kind::convert, id, converted), binding_place(s.binding));
                 return converted;
             }
             case step_kind::permute: case step_kind::select: case step_kind::slice: case step_kind::reshape: {
@@ -280,33 +291,45 @@ private:
         return t;
     }
 
+    // (an entry is a kilobyte: built where it stays, since a decoding step plans a dozen)
     entry& add(entry_kind kind, std::size_t step, const place& out, std::size_t epilogue = no_step,
-               const attention_match& attention = {}) {
-        return plan_.entries.emplace_back(entry{kind, step, out, epilogue, attention});
+               const attention_match* attention = nullptr) {
+        entry& e = plan_.entries.emplace_back();
+        e.kind = kind;
+        e.step = step;
+        e.out = out;
+        e.epilogue = epilogue;
+        if (attention) e.attention = *attention;
+        return e;
     }
-    static void set_operands(entry& e, std::initializer_list<place> operands) {
+    template <class... Places>
+    static void set_operands(entry& e, const Places&... operands) {
         e.operand_count = 0;
-        for (const place& p : operands) e.operands[e.operand_count++] = p;
+        ((e.operands[e.operand_count++] = operands), ...);
     }
 
     // How a gemm reads the operands of its product.
     struct product_operands {
         bool packed_right = false;
-        std::array<place, 2> operands{};
+        std::array<place, 2> operands{};  // as they lie, of their own rank
     };
-    // Places the operands of product `id` as its gemm reads them, broadcast to its rank: a
-    // right operand from its packing (ds::prepack), in its binding; an operand of bf16 where
-    // it lies (no convert); any other as a value of the program's type.
+    // Places the operands of product `id` as its gemm reads them: a right operand from its
+    // packing (ds::prepack), in its binding; an operand of bf16 where it lies (no convert);
+    // any other as a value of the program's type.
     product_operands place_operands_of_product(std::size_t id) {
         const step& s = steps_[id];
         const step& right = steps_[s.operands[1]];
         product_operands how;
         how.packed_right = options_.read_packed && right.kind == step_kind::tensor && bindings_[right.binding].packed;
-        for (std::size_t o = 0; o < 2; ++o) {
-            const place p = o == 1 && how.packed_right ? binding_place(right.binding) : read_operand(s.operands[o]);
-            how.operands[o] = seen_as(p, broadcast(p.where, s.rank));
-        }
+        how.operands[0] = read_operand(s.operands[0]);
+        how.operands[1] = how.packed_right ? binding_place(right.binding) : read_operand(s.operands[1]);
         return how;
+    }
+    // e's operands := these places, broadcast to rank (written where they stay).
+    template <class... Places>
+    static void set_broadcast_operands(entry& e, std::size_t rank, const Places&... operands) {
+        set_operands(e, operands...);
+        for (std::size_t o = 0; o < e.operand_count; ++o) broadcast_in_place(e.operands[o].where, rank);
     }
     // Where a kernel reads step `id`: where it is stored in a narrower type, if it is
     // (stored_value), else its value in the program's type, planned if need be.
@@ -407,7 +430,7 @@ private:
             plan_.entries.back().rounded_into = bf16;
             plan_.entries.back().out_unread = in_scratch;
         } else {
-            set_operands(add(entry_kind::narrow, id, bf16), {plan_.values[id]});
+            set_operands(add(entry_kind::narrow, id, bf16), plan_.values[id]);
         }
     }
     static bool is_rowwise(step_kind kind) {
@@ -429,7 +452,7 @@ private:
     entry& add_product(std::size_t id, const place& dst, std::size_t epilogue, const product_operands& how) {
         entry& e = add(entry_kind::gemm, id, dst, epilogue);
         e.packed_right = how.packed_right;
-        set_operands(e, {how.operands[0], how.operands[1]});
+        set_broadcast_operands(e, steps_[id].rank, how.operands[0], how.operands[1]);
         return e;
     }
 
@@ -444,14 +467,24 @@ private:
             case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
             case step_kind::mean: {
                 const place lines = read_operand(s.operands[0]);  // widened as read, where they are of bf16
-                return set_operands(add(entry_kind::rowwise, id, dst), {lines});
+                entry& e = add(entry_kind::rowwise, id, dst);
+                e.line = s.kind == step_kind::softmax      ? line_op::softmax
+                         : s.kind == step_kind::layer_norm ? line_op::layer_norm
+                         : s.kind == step_kind::sum        ? line_op::sum
+                         : s.kind == step_kind::max        ? line_op::max
+                                                           : line_op::mean;
+                e.axis = s.axis;
+                e.number = s.number;
+                return set_operands(e, lines);
             }
             case step_kind::causal_mask: case step_kind::arange:
-                add(entry_kind::indices, id, dst);
+                add(entry_kind::indices, id, dst).causal = s.kind == step_kind::causal_mask;
                 return;
             case step_kind::gather: {  // the table; the ids where they are, as integers
                 const place table = value(s.operands[0]);
-                return set_operands(add(entry_kind::gather, id, dst), {table, binding_place(steps_[s.operands[1]].binding)});
+                entry& e = add(entry_kind::gather, id, dst);
+                e.axis = s.axis;
+                return set_operands(e, table, binding_place(steps_[s.operands[1]].binding));
             }
             case step_kind::concat: {
                 // each operand into its slice of dst, where a later reader finds it; one already
@@ -537,24 +570,25 @@ private:
 
     // Entry e's formula: the elementwise formula rooted at `root`, whose leaves are placed,
     // with the value of step `kernel_value` (if any) read where e's kernel holds it; its inputs
-    // broadcast to the rank of the value the kernel computes.
+    // broadcast to the rank of what the entry writes (attention: the rank of its batch of
+    // tiles of scores, which is O's).
     void add_formula(entry& e, std::size_t root, std::size_t kernel_value) {
-        const std::size_t rank = steps_[kernel_value == no_step ? root : kernel_value].rank;
+        const std::size_t rank = e.out.where.rank;
         e.first_node = plan_.nodes.size();
         plan_.formula_steps.clear();
         add_node(root, kernel_value, rank, e.first_node);
         e.node_count = plan_.nodes.size() - e.first_node;
-        if (e.kind == entry_kind::gemm) e.bias_node = bias_of(&plan_.nodes[e.first_node], e.node_count);
+        if (e.kind == entry_kind::gemm) e.bias_node = bias_of(&plan_.nodes[e.first_node], e.node_count, plan_.inputs);
     }
     // Which of a gemm's epilogue nodes is a bias the product is plus (entry::bias_node): the
     // formula is an add of the product and an input that is one vector for every row.
-    static std::size_t bias_of(const formula_node* nodes, std::size_t count) {
+    static std::size_t bias_of(const formula_node* nodes, std::size_t count, const std::vector<place>& inputs) {
         using kind = formula_node::kind;
         if (count != 3 || nodes[2].what != kind::function || nodes[2].op != op_code::add) return no_step;
         if (nodes[0].what != kind::input || nodes[1].what != kind::input) return no_step;
         if (nodes[0].kernel_value == nodes[1].kernel_value) return no_step;
         const std::size_t bias = nodes[0].kernel_value ? 1 : 0;  // either order: + commutes
-        const layout& where = nodes[bias].input.where;
+        const layout& where = inputs[nodes[bias].input].where;
         for (std::size_t axis = 0; axis + 1 < where.rank; ++axis) {
             if (where.strides[axis] != 0 && where.extents[axis] != 1) return no_step;
         }
@@ -567,13 +601,18 @@ private:
             if (plan_.formula_steps[k] == id) return k;
         }
         const step& s = steps_[id];
-        formula_node node;
+        std::array<std::size_t, max_operands> operands{};  // a function's, planned first
+        if (s.kind == step_kind::elementwise) {
+            for (std::size_t o = 0; o < s.operand_count; ++o) operands[o] = add_node(s.operands[o], kernel_value, rank, first);
+        }
+        // Written where it stays, field by field (small: an input's place is in plan::inputs).
+        formula_node& node = plan_.nodes.emplace_back();
         if (s.kind == step_kind::elementwise) {
             node.what = formula_node::kind::function;
             node.op = s.op;
             node.map = s.index;
             node.operand_count = s.operand_count;
-            for (std::size_t o = 0; o < s.operand_count; ++o) node.operands[o] = add_node(s.operands[o], kernel_value, rank, first);
+            node.operands = operands;
         } else if (s.kind == step_kind::number) {
             node.what = formula_node::kind::constant;
             node.constant = s.number;
@@ -581,10 +620,10 @@ private:
             node.kernel_value = true;
         } else {
             if (!plan_.placed[id] && !plan_.stored_placed[id]) throw std::logic_error("dimsum: planner: a formula reads a value not planned");
-            const place& p = plan_.stored_placed[id] ? plan_.stored_values[id] : plan_.values[id];
-            node.input = seen_as(p, broadcast(p.where, rank));
+            node.input = plan_.inputs.size();
+            place& in = plan_.inputs.emplace_back(plan_.stored_placed[id] ? plan_.stored_values[id] : plan_.values[id]);
+            broadcast_in_place(in.where, rank);
         }
-        plan_.nodes.push_back(node);
         plan_.formula_steps.push_back(id);
         return plan_.nodes.size() - 1 - first;
     }
@@ -617,10 +656,7 @@ private:
         const step& scores = steps_[match.scores];
         const std::size_t inputs[3] = {scores.operands[0], scores.operands[1], match.values};  // Q, K^T, V
         std::array<place, 3> operands;
-        for (std::size_t o = 0; o < 3; ++o) {
-            const place p = read_operand(inputs[o]);
-            operands[o] = seen_as(p, broadcast(p.where, dst.where.rank));
-        }
+        for (std::size_t o = 0; o < 3; ++o) operands[o] = read_operand(inputs[o]);
         if (match.score_function != match.scores) {
             const std::size_t first_leaf = plan_.leaves.size();
             find_leaves(match.score_function);
@@ -629,8 +665,8 @@ private:
             }
             plan_.leaves.resize(first_leaf);
         }
-        entry& e = add(entry_kind::attention, id, dst, no_step, match);
-        set_operands(e, {operands[0], operands[1], operands[2]});
+        entry& e = add(entry_kind::attention, id, dst, no_step, &match);
+        set_broadcast_operands(e, dst.where.rank, operands[0], operands[1], operands[2]);
         if (match.score_function != match.scores) add_formula(e, match.score_function, match.scores);
     }
 

@@ -44,8 +44,6 @@ namespace dimsum::backend::cpu::detail {
 using evaluation::entry;
 using evaluation::entry_kind;
 using evaluation::no_step;
-using evaluation::step;
-using evaluation::step_kind;
 
 // Runs a plan: each entry by its kernel.
 template <class T>
@@ -53,7 +51,7 @@ class executor {
 public:
     // `destination`: where the plan's destination layout starts, of T, or of bf16 where the
     // plan rounds into it (plan::destination_type).
-    executor(state<T>& s, void* destination) : s_(s), steps_(s.program.steps), destination_(destination) {}
+    executor(state<T>& s, void* destination) : s_(s), destination_(destination) {}
 
     void run() {
         evaluation::check_before_running<T>(s_.program, s_.bindings, s_.plan);
@@ -69,7 +67,6 @@ public:
 
 private:
     void run(const entry& e) {
-        const step& s = steps_[e.step];
         if (e.kind == entry_kind::narrow) {
             return evaluation::round_into<T>(read(e.operands[0]), evaluation::strided_at(bf16_memory(e.out), e.out.where));
         }
@@ -86,11 +83,11 @@ private:
                 build_fused(e, dst);
                 return run_fused<T>(s_.fused, dst, true, nullptr, out_bf16);
             case entry_kind::rowwise: return rowwise(e, dst, out_bf16);
-            case entry_kind::indices: return indices(s, dst);
+            case entry_kind::indices: return indices(e.causal, dst);
             case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[e.operands[0].index], dst);
             case entry_kind::narrow: return;  // above
             case entry_kind::gather:
-                return cpu::gather<T>(read(e.operands[0]), s.axis, evaluation::integers_of(s_.bindings[e.operands[1].index]), dst);
+                return cpu::gather<T>(read(e.operands[0]), e.axis, evaluation::integers_of(s_.bindings[e.operands[1].index]), dst);
         }
     }
 
@@ -119,32 +116,28 @@ private:
 
     // dst = the kernel along an axis of entry e; its operand, or dst (out_bf16), may be of bf16.
     void rowwise(const entry& e, const strided<T>& dst, bf16* out_bf16) const {
-        const step& s = steps_[e.step];
         bf16_lines narrow{nullptr, out_bf16};
         const strided<const T> x = input(e.operands[0], narrow.in);
-        switch (s.kind) {
-            case step_kind::softmax: return cpu::softmax<T>(x, dst, s.axis, narrow);
-            case step_kind::layer_norm: return cpu::layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number), narrow);
-            case step_kind::sum: return cpu::reduce<fn::sum, T>(x, dst, s.axis, narrow);
-            case step_kind::max: return cpu::reduce<fn::max, T>(x, dst, s.axis, narrow);
-            case step_kind::mean: return cpu::reduce<fn::mean, T>(x, dst, s.axis, narrow);
-            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
-            case step_kind::elementwise: case step_kind::concat: case step_kind::gather:
-            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
-                break;
+        switch (e.line) {
+            case evaluation::line_op::softmax: return cpu::softmax<T>(x, dst, e.axis, narrow);
+            case evaluation::line_op::layer_norm: return cpu::layer_norm<T>(x, dst, e.axis, static_cast<T>(e.number), narrow);
+            case evaluation::line_op::sum: return cpu::reduce<fn::sum, T>(x, dst, e.axis, narrow);
+            case evaluation::line_op::max: return cpu::reduce<fn::max, T>(x, dst, e.axis, narrow);
+            case evaluation::line_op::mean: return cpu::reduce<fn::mean, T>(x, dst, e.axis, narrow);
         }
-        throw std::logic_error("dimsum: a rowwise entry of another step");
     }
 
-    static void indices(const step& s, const strided<T>& dst) {
-        if (s.kind == step_kind::arange) {
-            for (std::size_t i = 0; i < s.extents[0]; ++i) dst.data[static_cast<std::ptrdiff_t>(i) * dst.strides[0]] = T(i);
+    // dst = causal_mask (1 where a key is in a query's future) or arange.
+    static void indices(bool causal, const strided<T>& dst) {
+        if (!causal) {
+            for (std::size_t i = 0; i < dst.extents[0]; ++i) dst.data[static_cast<std::ptrdiff_t>(i) * dst.strides[0]] = T(i);
             return;
         }
-        for (std::size_t q = 0; q < s.extents[0]; ++q) {
-            for (std::size_t k = 0; k < s.extents[1]; ++k) {
+        const std::size_t queries = dst.extents[0], keys = dst.extents[1];
+        for (std::size_t q = 0; q < queries; ++q) {
+            for (std::size_t k = 0; k < keys; ++k) {
                 auto at = static_cast<std::ptrdiff_t>(q) * dst.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.strides[1];
-                dst.data[at] = evaluation::in_future(q, k, s.extents[0], s.extents[1]) ? T(1) : T(0);
+                dst.data[at] = evaluation::in_future(q, k, queries, keys) ? T(1) : T(0);
             }
         }
     }
@@ -178,7 +171,7 @@ private:
                         s_.in_place_input = node.input;
                         s_.fused.inputs.push_back({kernel_value.data, kernel_value.rank, kernel_value.extents, kernel_value.strides});
                     } else {
-                        s_.fused.inputs.push_back(input(from.input, narrow));
+                        s_.fused.inputs.push_back(input(s_.plan.inputs[from.input], narrow));
                     }
                     s_.fused.bf16_inputs.push_back(narrow);
                     break;
@@ -212,7 +205,6 @@ private:
     // dst = the attention the entry describes (evaluation/attention_pattern.hpp), by the fused kernel.
     void attend(const entry& e, const strided<T>& dst) {
         const evaluation::attention_match& match = e.attention;
-        const step& scores = steps_[match.scores];
         const std::size_t r = dst.rank;
         attention_problem<T> problem;
         const strided<const T> q = input(e.operands[0], problem.q_bf16);   // (..., queries, d)
@@ -229,7 +221,9 @@ private:
             problem.o_bf16 = rounded_into(e, dst);
             problem.o_unread = e.out_unread;
         }
-        region_program<T> score_function{&s_.fused, no_input, {nullptr, r, scores.extents, {}}};
+        // the tiles of scores: O's batch, (queries, keys)
+        region_program<T> score_function{&s_.fused, no_input, {nullptr, r, dst.extents, {}}};
+        score_function.result.extents[r - 1] = kt.extents[r - 1];
         if (e.node_count != 0) {  // the rest of the score function, on each tile
             build_fused(e, score_function.result);
             score_function.own = s_.in_place_input;
@@ -343,7 +337,6 @@ private:
     }
 
     state<T>& s_;
-    const std::vector<step>& steps_;
     void* destination_;
 };
 

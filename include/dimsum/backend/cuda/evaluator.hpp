@@ -50,8 +50,6 @@ using evaluation::entry;
 using evaluation::entry_kind;
 using evaluation::layout;
 using evaluation::no_step;
-using evaluation::step;
-using evaluation::step_kind;
 
 // Device memory seen through a layout: element `index` at address + where.at(index) elements.
 // The address is an integer: device memory is never dereferenced on the host.
@@ -101,7 +99,7 @@ template <class T>
 class executor {
 public:
     executor(state<T>& s, context& c, gemm_precision precision, std::size_t key_splits)
-        : s_(s), steps_(s.program.steps), c_(c), precision_(precision), key_splits_(key_splits) {}
+        : s_(s), c_(c), precision_(precision), key_splits_(key_splits) {}
 
     // Computes the plan and stores its value, as `type` (T, or bf16: rounded), into device
     // memory of layout `where` at `address` (0: a new array of the arena); returns that memory.
@@ -149,7 +147,6 @@ private:
     }
 
     void run(const entry& e) {
-        const step& s = steps_[e.step];
         const device_array dst = at(e.out);
         if (dst.where.size() == 0) return;
         switch (e.kind) {
@@ -160,10 +157,10 @@ private:
                 add_input(read(e.operands[0]), pass);
                 return launch(pass);
             }
-            case entry_kind::rowwise: return rowwise(s, read(e.operands[0]), dst);
+            case entry_kind::rowwise: return rowwise(e, read(e.operands[0]), dst);
             case entry_kind::indices: {
                 indices_pass pass;
-                pass.causal = s.kind == step_kind::causal_mask;
+                pass.causal = e.causal;
                 pass.type = type_;
                 pass.rank = dst.where.rank;
                 pass.extents = dst.where.extents;
@@ -179,7 +176,7 @@ private:
                 pass.type = type_;
                 pass.table = table.first();
                 pass.table_rank = table.where.rank;
-                pass.axis = s.axis;
+                pass.axis = e.axis;
                 pass.table_extents = table.where.extents;
                 pass.table_strides = table.where.strides;
                 pass.ids = device_array{s_.device_bindings[ids_binding], ids.type, ids.where}.first();
@@ -252,7 +249,7 @@ private:
         for (std::size_t n = e.first_node; n < e.first_node + e.node_count; ++n) {
             const evaluation::formula_node& from = s_.plan.nodes[n];
             if (from.what == evaluation::formula_node::kind::input) {
-                const std::size_t node = add_input(from.kernel_value ? kernel_value : read(from.input), pass);
+                const std::size_t node = add_input(from.kernel_value ? kernel_value : read(s_.plan.inputs[from.input]), pass);
                 if (from.kernel_value) kernel_input = pass.nodes[node].input;
                 continue;
             }
@@ -288,35 +285,30 @@ private:
         launch(pass);
     }
 
-    void rowwise(const step& s, const device_array& x, const device_array& dst) {
+    void rowwise(const entry& e, const device_array& x, const device_array& dst) {
         rowwise_pass pass;
-        switch (s.kind) {
-            case step_kind::softmax: pass.op = line_op::softmax; break;
-            case step_kind::layer_norm: pass.op = line_op::layer_norm; break;
-            case step_kind::sum: pass.op = line_op::sum; break;
-            case step_kind::max: pass.op = line_op::max; break;
-            case step_kind::mean: pass.op = line_op::mean; break;
-            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
-            case step_kind::elementwise: case step_kind::concat: case step_kind::gather: case step_kind::permute:
-            case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
-                throw std::logic_error("dimsum: a rowwise entry of another step");
+        switch (e.line) {
+            case evaluation::line_op::softmax: pass.op = line_op::softmax; break;
+            case evaluation::line_op::layer_norm: pass.op = line_op::layer_norm; break;
+            case evaluation::line_op::sum: pass.op = line_op::sum; break;
+            case evaluation::line_op::max: pass.op = line_op::max; break;
+            case evaluation::line_op::mean: pass.op = line_op::mean; break;
         }
         pass.type = type_;
         pass.rank = x.where.rank;
-        pass.axis = s.axis;
+        pass.axis = e.axis;
         pass.extents = x.where.extents;
         pass.x = x.first();
         pass.x_strides = x.where.strides;
         pass.y = dst.first_writable();
         pass.y_strides = dst.where.strides;
-        pass.epsilon = s.number;
+        pass.epsilon = e.number;
         run_rowwise(c_, pass);
     }
 
     // dst = the attention the entry describes (evaluation/attention_pattern.hpp), fused.
     void attend(const entry& e, const device_array& dst) {
         const evaluation::attention_match& match = e.attention;
-        const step& scores = steps_[match.scores];
         const std::size_t r = dst.where.rank;
         // (..., queries, d), (..., d, keys), (..., keys, dv)
         const device_array q = read(e.operands[0]), kt = read(e.operands[1]), v = read(e.operands[2]);
@@ -344,7 +336,9 @@ private:
         pass.causal = match.causal;
         pass.has_score_function = match.score_function != match.scores;
         if (pass.has_score_function) {  // the rest of the score function, its score an input of no memory
-            const device_array scores_shape{0, type_, evaluation::row_major(scores.rank, scores.extents)};
+            evaluation::extents_t scores = dst.where.extents;  // O's batch, (queries, keys)
+            scores[r - 1] = pass.keys;
+            const device_array scores_shape{0, type_, evaluation::row_major(r, scores)};
             fused_pass& f = pass_for(scores_shape);
             pass.score_input = add_formula(e, scores_shape, f);
             if (pass.score_input == max_fused_inputs) throw std::logic_error("dimsum: cuda: a score function that does not read its scores");
@@ -464,7 +458,6 @@ private:
     }
 
     state<T>& s_;
-    const std::vector<step>& steps_;
     context& c_;
     gemm_precision precision_;
     std::size_t key_splits_;  // 0: attention_key_splits chooses
@@ -525,7 +518,7 @@ private:
         s.host_ids.resize(s.bindings.size());
         for (const evaluation::entry& e : s.plan.entries) {
             if (e.kind != evaluation::entry_kind::gather) continue;
-            const std::size_t id = s.program.steps[s.program.steps[e.step].operands[1]].binding;
+            const std::size_t id = e.operands[1].index;  // the ids' binding
             evaluation::binding& b = s.checked[id];
             if (!b.on_device || b.where.size() == 0) continue;
             const detail::byte_span span = detail::span_of(b);

@@ -45,16 +45,15 @@ private:
         if (e.kind == entry_kind::narrow) {
             throw std::logic_error("dimsum: the reference backend runs plans that read no operand as bf16");
         }
-        const step& s = steps_[e.step];
         const strided<T> dst = at(e.out);
         switch (e.kind) {
             case entry_kind::gemm:
                 return matmul<T>(read(e.operands[0]), read(e.operands[1]), dst);
-            case entry_kind::rowwise: return rowwise(s, read(e.operands[0]), dst);
+            case entry_kind::rowwise: return rowwise(e, read(e.operands[0]), dst);
             case entry_kind::indices:
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
-                    if (s.kind == step_kind::arange) dst.at(index) = static_cast<T>(index[0]);
-                    else dst.at(index) = in_future(index[0], index[1], s.extents[0], s.extents[1]) ? T(1) : T(0);
+                    if (!e.causal) dst.at(index) = static_cast<T>(index[0]);
+                    else dst.at(index) = in_future(index[0], index[1], dst.extents[0], dst.extents[1]) ? T(1) : T(0);
                 });
                 return;
             case entry_kind::fused: case entry_kind::copy:
@@ -68,9 +67,9 @@ private:
                 const std::size_t count = ids.where().rank;
                 for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
                     std::array<std::size_t, max_rank> at{};
-                    for (std::size_t i = 0; i < s.axis; ++i) at[i] = index[i];
-                    at[s.axis] = static_cast<std::size_t>(ids.at(index + s.axis));
-                    for (std::size_t i = s.axis + 1; i < table.rank; ++i) at[i] = index[i - 1 + count];
+                    for (std::size_t i = 0; i < e.axis; ++i) at[i] = index[i];
+                    at[e.axis] = static_cast<std::size_t>(ids.at(index + e.axis));
+                    for (std::size_t i = e.axis + 1; i < table.rank; ++i) at[i] = index[i - 1 + count];
                     dst.at(index) = table.at(at.data());
                 });
                 return;
@@ -79,18 +78,14 @@ private:
         }
     }
 
-    static void rowwise(const step& s, const strided<const T>& x, const strided<T>& dst) {
-        switch (s.kind) {
-            case step_kind::softmax: return softmax<T>(x, dst, s.axis);
-            case step_kind::layer_norm: return layer_norm<T>(x, dst, s.axis, static_cast<T>(s.number));
-            case step_kind::sum: return reduce<fn::sum, T>(x, dst, s.axis);
-            case step_kind::max: return reduce<fn::max, T>(x, dst, s.axis);
-            case step_kind::mean: return reduce<fn::mean, T>(x, dst, s.axis);
-            case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
-            case step_kind::elementwise: case step_kind::concat: case step_kind::gather: case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: case step_kind::matmul:
-                break;
+    static void rowwise(const entry& e, const strided<const T>& x, const strided<T>& dst) {
+        switch (e.line) {
+            case evaluation::line_op::softmax: return softmax<T>(x, dst, e.axis);
+            case evaluation::line_op::layer_norm: return layer_norm<T>(x, dst, e.axis, static_cast<T>(e.number));
+            case evaluation::line_op::sum: return reduce<fn::sum, T>(x, dst, e.axis);
+            case evaluation::line_op::max: return reduce<fn::max, T>(x, dst, e.axis);
+            case evaluation::line_op::mean: return reduce<fn::mean, T>(x, dst, e.axis);
         }
-        throw std::logic_error("dimsum: a rowwise entry of another step");
     }
 
     // The element of step `id` at `index` (that step's rank): numbers and elementwise steps
