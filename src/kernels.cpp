@@ -15,13 +15,14 @@ namespace dimsum::backend::cpu {
                                           void*, const evaluation::planner_options&);                              \
     template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                           \
     template void attention<T>(const attention_problem<T>&);                                                       \
-    template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const fused_region*, bf16*);      \
+    template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const fused_region*,              \
+                               const rounded_memory<T>&);                                                          \
     template void prepare_fused<T>(const fused_program<T>&);                                                       \
-    template void softmax<T>(const strided<const T>&, const strided<T>&, std::size_t, bf16_lines);                 \
-    template void layer_norm<T>(const strided<const T>&, const strided<T>&, std::size_t, T, bf16_lines);           \
-    template void reduce<fn::sum, T>(const strided<const T>&, const strided<T>&, std::size_t, bf16_lines);         \
-    template void reduce<fn::max, T>(const strided<const T>&, const strided<T>&, std::size_t, bf16_lines);         \
-    template void reduce<fn::mean, T>(const strided<const T>&, const strided<T>&, std::size_t, bf16_lines);        \
+    template void softmax<T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&);    \
+    template void layer_norm<T>(const source_array<T>&, const strided<T>&, std::size_t, T, const rounded_memory<T>&); \
+    template void reduce<fn::sum, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \
+    template void reduce<fn::max, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \
+    template void reduce<fn::mean, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \
     template void gather<T>(const strided<const T>&, std::size_t, const evaluation::integers&, const strided<T>&); \
     template block_table<T> every_block<T>();
 

@@ -26,7 +26,7 @@ using ds::bf16;
 namespace {
 
 enum class poison { none, nan_q, nan_k, nan_v };
-// What the kernel writes of O: float; float and bf16 (o_bf16, as a product a bf16 kernel reads
+// What the kernel writes of O: float; float and bf16 (o_rounded, as a product a bf16 kernel reads
 // next); bf16 alone (o_unread: the float output a scratch no one reads)
 enum class o_output { float_only, float_and_bf16, bf16_only };
 
@@ -142,16 +142,13 @@ void check_case(const attention_case& c) {
     const std::size_t o_item = c.queries * c.dv;
     std::vector<float> o(c.items * o_item, std::numeric_limits<float>::quiet_NaN());  // every element written
     cpu::attention_problem<float> problem;
-    problem.q = {nullptr, c.queries, c.d, std::ptrdiff_t(c.d), 1};
-    problem.k = c.k_transposed ? cpu::matrix<const float>{nullptr, c.keys, c.d, 1, std::ptrdiff_t(c.keys)}
-                               : cpu::matrix<const float>{nullptr, c.keys, c.d, std::ptrdiff_t(c.d), 1};
-    problem.v = c.v_transposed ? cpu::matrix<const float>{nullptr, c.keys, c.dv, 1, std::ptrdiff_t(c.keys)}
-                               : cpu::matrix<const float>{nullptr, c.keys, c.dv, std::ptrdiff_t(c.dv), 1};
+    problem.q = cpu::matrix<const bf16>{q.data(), c.queries, c.d, std::ptrdiff_t(c.d), 1};
+    problem.k = c.k_transposed ? cpu::matrix<const bf16>{k.data(), c.keys, c.d, 1, std::ptrdiff_t(c.keys)}
+                               : cpu::matrix<const bf16>{k.data(), c.keys, c.d, std::ptrdiff_t(c.d), 1};
+    problem.v = c.v_transposed ? cpu::matrix<const bf16>{v.data(), c.keys, c.dv, 1, std::ptrdiff_t(c.keys)}
+                               : cpu::matrix<const bf16>{v.data(), c.keys, c.dv, std::ptrdiff_t(c.dv), 1};
     problem.o = c.o_columns ? cpu::matrix<float>{o.data(), c.queries, c.dv, 1, std::ptrdiff_t(c.queries)}
                             : cpu::matrix<float>{o.data(), c.queries, c.dv, std::ptrdiff_t(c.dv), 1};
-    problem.q_bf16 = q.data();
-    problem.k_bf16 = k.data();
-    problem.v_bf16 = v.data();
     problem.batch.rank = 1;
     problem.batch.extents[0] = c.items;
     problem.batch.strides[0][0] = std::ptrdiff_t(q_item);
@@ -163,7 +160,7 @@ void check_case(const attention_case& c) {
     if (c.score_bias) problem.scores.apply = &add_bias;
     const bf16 unwritten = bf16::from_bits(0x7fc1);  // a NaN no kernel makes
     std::vector<bf16> o_bf16(c.output == o_output::float_only ? 0 : o.size(), unwritten);
-    if (c.output != o_output::float_only) problem.o_bf16 = o_bf16.data();
+    if (c.output != o_output::float_only) problem.o_rounded = cpu::rounded_into<float>(o_bf16.data());
     problem.o_unread = c.output == o_output::bf16_only;
 
     const int unreleased = test::emulated_tiles::unreleased().load();
@@ -374,11 +371,10 @@ TEST_CASE("bf16 attention carries NaN from a query, a key or a value, and finds 
         std::vector<bf16> nan(128 * 300, std::numeric_limits<bf16>::quiet_NaN());
         std::vector<float> o(128 * 64);
         cpu::attention_problem<float> poisoned;
-        poisoned.q = {nullptr, 128, 64, 64, 1};
-        poisoned.k = {nullptr, 300, 64, 64, 1};
-        poisoned.v = {nullptr, 300, 64, 64, 1};
+        poisoned.q = cpu::matrix<const bf16>{nan.data(), 128, 64, 64, 1};
+        poisoned.k = cpu::matrix<const bf16>{nan.data(), 300, 64, 64, 1};
+        poisoned.v = cpu::matrix<const bf16>{nan.data(), 300, 64, 64, 1};
         poisoned.o = {o.data(), 128, 64, 64, 1};
-        poisoned.q_bf16 = poisoned.k_bf16 = poisoned.v_bf16 = nan.data();
         poisoned.batch.rank = 1;
         poisoned.batch.extents[0] = 1;
         cpu::bf16_attention<Kernel>(poisoned);

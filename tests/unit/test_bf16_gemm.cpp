@@ -148,12 +148,12 @@ void check_case(const product_case& p) {
     std::vector<float> c(p.items * c_item, std::numeric_limits<float>::quiet_NaN());  // every element written
 
     cpu::gemm_problem<float> problem;
-    problem.a = {nullptr, p.m, p.k, p.layout.a_transposed ? 1 : std::ptrdiff_t(a_row), p.layout.a_transposed ? std::ptrdiff_t(p.m) : 1};
-    problem.b = {nullptr, p.k, p.n, p.layout.b_transposed ? 1 : std::ptrdiff_t(p.n), p.layout.b_transposed ? std::ptrdiff_t(p.k) : 1};
+    problem.a = cpu::matrix<const bf16>{a.data(), p.m, p.k, p.layout.a_transposed ? 1 : std::ptrdiff_t(a_row),
+                                        p.layout.a_transposed ? std::ptrdiff_t(p.m) : 1};
+    problem.b = cpu::matrix<const bf16>{b.data(), p.k, p.n, p.layout.b_transposed ? 1 : std::ptrdiff_t(p.n),
+                                        p.layout.b_transposed ? std::ptrdiff_t(p.k) : 1};
     if (p.layout.c == layouts::c_kind::columns) problem.c = {c.data(), p.m, p.n, 1, std::ptrdiff_t(p.m)};
     else problem.c = {c.data(), p.m, p.n, std::ptrdiff_t(p.n + c_pad), 1};
-    problem.a_bf16 = a.data();
-    problem.b_bf16 = b.data();
     problem.batch.rank = 1;
     problem.batch.extents[0] = p.items;
     problem.batch.strides[0][0] = p.a_broadcast ? 0 : std::ptrdiff_t(a_item);
@@ -169,7 +169,7 @@ void check_case(const product_case& p) {
         packed_b.pairs_kc = kc;
         cpu::detail::pack_pairs_in_blocks({b.data(), p.k, p.n, problem.b.row_stride, problem.b.col_stride}, pairs.data(), kc);
         problem.packed_b = &packed_b;
-        if (kc == Kernel::kc) problem.b_bf16 = nullptr;  // the kernel must read the pairs alone
+        if (kc == Kernel::kc) problem.b.data = nullptr;  // the kernel must read the pairs alone
     }
 
     std::vector<int> seen(p.items * p.m * p.n, 0);
@@ -322,12 +322,10 @@ void check_rounding(std::size_t items, std::size_t m, std::size_t k, std::size_t
     std::vector<float> c(items * c_item, nan), unread(items * c_item, nan);
 
     cpu::gemm_problem<float> problem;
-    problem.a = {nullptr, m, k, std::ptrdiff_t(k), 1};
-    problem.b = {nullptr, k, n, std::ptrdiff_t(n), 1};
+    problem.a = cpu::matrix<const bf16>{a.data(), m, k, std::ptrdiff_t(k), 1};
+    problem.b = cpu::matrix<const bf16>{b.data(), k, n, std::ptrdiff_t(n), 1};
     problem.c = c_layout == layouts::c_kind::columns ? cpu::matrix<float>{c.data(), m, n, 1, std::ptrdiff_t(m)}
                                                      : cpu::matrix<float>{c.data(), m, n, std::ptrdiff_t(n + c_pad), 1};
-    problem.a_bf16 = a.data();
-    problem.b_bf16 = b.data();
     problem.batch.rank = 1;
     problem.batch.extents[0] = items;
     problem.batch.strides[0][0] = std::ptrdiff_t(m * k);
@@ -343,12 +341,12 @@ void check_rounding(std::size_t items, std::size_t m, std::size_t k, std::size_t
     buffered.c_unread = true;
     // (the evaluator gives no apply_to_block where the rounding is all: the kernel buffers all the same)
     cpu::gemm_epilogue epilogue{&never_called, nullptr, nullptr, with_block_function ? &never_called_to_block : nullptr};
-    epilogue.rounding.rounded = rounded.data();
+    epilogue.rounding.rounded = cpu::rounded_into<float>(rounded.data());
     if (bias == bias_kind::bf16) {
-        epilogue.rounding.bias_bf16 = bias_bf16.data();
+        epilogue.rounding.bias = {bias_bf16.data(), ds::evaluation::element_type::bf16};
         epilogue.rounding.bias_stride = 1;
     } else if (bias == bias_kind::float_strided) {
-        epilogue.rounding.bias = bias_float.data();
+        epilogue.rounding.bias = {bias_float.data(), ds::evaluation::element_type::float32};
         epilogue.rounding.bias_stride = 3;
     }
     cpu::bf16_gemm<Kernel>(buffered, epilogue);
@@ -464,10 +462,9 @@ TEST_CASE("bf16 products carry NaN and infinities from every lane, and padding n
         std::vector<bf16> nan(300 * 300, std::numeric_limits<bf16>::quiet_NaN());
         std::vector<float> c(300 * 300);
         cpu::gemm_problem<float> poisoned;
-        poisoned.a = {nullptr, 300, 300, 300, 1};
-        poisoned.b = {nullptr, 300, 300, 300, 1};
+        poisoned.a = cpu::matrix<const bf16>{nan.data(), 300, 300, 300, 1};
+        poisoned.b = cpu::matrix<const bf16>{nan.data(), 300, 300, 300, 1};
         poisoned.c = {c.data(), 300, 300, 300, 1};
-        poisoned.a_bf16 = poisoned.b_bf16 = nan.data();
         cpu::bf16_gemm<Kernel>(poisoned, {});
         for (const auto [m, k, n] : {extents{17, 33, 33}, extents{70, 255, 64}, extents{97, 257, 65}}) {
             INFO(m << " x " << k << " x " << n);

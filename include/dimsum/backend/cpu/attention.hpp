@@ -138,15 +138,15 @@ void values_by_rows(const T* p, std::size_t ld_p, std::size_t queries, const U* 
     }
 }
 
-// Q, K and V of batch item `item`, of T or bf16 (gemm.hpp's source).
+// Q, K and V of batch item `item`, as stored.
 template <class T>
 struct item_inputs {
-    source<T> q, k, v;
+    source_matrix<T> q, k, v;
 };
 template <class T>
 item_inputs<T> inputs_of(const attention_problem<T>& p, std::size_t item) {
     const auto at = p.batch.offsets(item);
-    item_inputs<T> r{{p.q, p.q_bf16}, {p.k, p.k_bf16}, {p.v, p.v_bf16}};
+    item_inputs<T> r{p.q, p.k, p.v};
     r.q.advance(at[q_operand]);
     r.k.advance(at[k_operand]);
     r.v.advance(at[v_operand]);
@@ -156,9 +156,9 @@ item_inputs<T> inputs_of(const attention_problem<T>& p, std::size_t item) {
 // Keys [first, first + count) of k (keys, d) transposed, (d, count), into the micro-kernel's
 // column panels: key j's d values at out + (j / nr) * nr * d.
 template <class T>
-void pack_keys(const source<T>& k, std::size_t first, std::size_t count, T* out) {
+void pack_keys(const source_matrix<T>& k, std::size_t first, std::size_t count, T* out) {
     constexpr std::size_t nr = gemm_tiling<T>::nr;
-    const std::size_t d = k.m.cols;
+    const std::size_t d = k.cols;
     k.visit([&](const auto& keys) {
         auto kt = transposed(sub(keys, first, 0));  // (d, count)
         for (std::size_t j = 0; j < count; j += nr) pack_b_panel<T>(sub(kt, 0, j), std::min(nr, count - j), d, out + j * d);
@@ -314,14 +314,14 @@ void online_softmax(const attention_problem<T>& p, std::size_t item, std::size_t
 
 // Row `row` of O, final (dv contiguous values), written to the problem's output at `target`
 // (its values `stride` apart): as float, unless no one reads those (o_unread), and rounded into
-// o_bf16 at the same offsets, if the problem has it.
+// o_rounded at the same offsets, if the problem has it.
 template <class T>
 void write_row_of_o(const attention_problem<T>& p, const T* row, T* target, std::ptrdiff_t stride, std::size_t dv) {
-    if (!p.o_bf16 || !p.o_unread) {
+    if (!p.o_rounded || !p.o_unread) {
         if (stride == 1) std::copy(row, row + dv, target);
         else for (std::size_t c = 0; c < dv; ++c) target[static_cast<std::ptrdiff_t>(c) * stride] = row[c];
     }
-    if (p.o_bf16) round_line(row, 1, p.o_bf16 + (target - p.o.data), stride, dv);
+    if (p.o_rounded) round_line(row, 1, p.o_rounded, target - p.o.data, stride, dv);
 }
 
 // The end of a task, whichever kernel multiplied: O / l into the problem's output, or, with
@@ -399,7 +399,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     // With a causal mask, no query of the block sees past what its last query sees.
     std::size_t end = last_key;
     if (p.causal) end = std::min(end, visible_keys(first_query + queries - 1, m, n));
-    const bool v_in_place = !p.v_bf16 && p.v.col_stride == 1 && dv % nr == 0;
+    const bool v_in_place = p.v.holds_own() && p.v.col_stride == 1 && dv % nr == 0;
 
     for (std::size_t key = first_key; key < end; key += block_keys) {
         const std::size_t cols = std::min(block_keys, end - key), cols_pad = round_up(cols, nr);
@@ -435,7 +435,7 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
             });
         }
         macro_kernel<T>({.a = {.direct = scores, .ld = static_cast<std::ptrdiff_t>(block_keys)},
-                         .b = {.packed = packed_v, .direct = v_in_place ? sub(in.v.m, key, 0).data : nullptr, .ld = p.v.row_stride},
+                         .b = {.packed = packed_v, .direct = v_in_place ? sub(in.v.own(), key, 0).data : nullptr, .ld = p.v.row_stride},
                          .depth = cols,
                          .c = matrix<T>{out, rows, dv_pad, static_cast<std::ptrdiff_t>(dv_pad), 1},
                          .accumulate = true});
@@ -444,9 +444,6 @@ void attend_block(const attention_problem<T>& p, std::size_t item, std::size_t f
 }
 
 // ---- the blocks on the bf16 dot-product kernels (Q, K and V stored as bf16)
-
-// bf16 operand `s` (of a problem over float) as a matrix of its own elements.
-inline matrix<const bf16> stored_bf16(const source<float>& s) { return {s.narrow, s.m.rows, s.m.cols, s.m.row_stride, s.m.col_stride}; }
 
 // An item's K^T and V in pairs, packed once for all its blocks of queries (pair_blocks).
 struct packed_pairs {
@@ -504,7 +501,7 @@ void attend_pairs(const attention_problem<float>& p, std::size_t item, std::size
 
     // this item's operands: q (queries, d), k (keys, d), v (keys, dv), each of bf16
     const item_inputs<float> in = inputs_of(p, item);
-    const matrix<const bf16> q = stored_bf16(in.q), k = stored_bf16(in.k), v = stored_bf16(in.v);
+    const matrix<const bf16> q = in.q.stored<bf16>(), k = in.k.stored<bf16>(), v = in.v.stored<bf16>();
 
     // this thread's tiles, taken before the team's work began (attention's prepare)
     const pair_tiles at = pair_tiles_for<Kernel>(p, queries, block_keys);
@@ -649,7 +646,7 @@ struct pair_blocks {
         bf16* packed_k = scratch<bf16>(scratch_use::attention_keys, keys_size() + values_size());
         bf16* packed_v = packed_k + keys_size();
         const item_inputs<float> in = inputs_of(p, item);
-        const matrix<const bf16> k = stored_bf16(in.k), v = stored_bf16(in.v);  // (keys, d), (keys, dv)
+        const matrix<const bf16> k = in.k.stored<bf16>(), v = in.v.stored<bf16>();  // (keys, d), (keys, dv)
         pack_bf16_b(transposed(k), k.rows, k.cols, depth(), packed_k);
         for (std::size_t key = 0; key < v.rows; key += keys) {
             const std::size_t cols = std::min(keys, v.rows - key);
@@ -745,11 +742,16 @@ void run_attention(const attention_problem<T>& p, const Blocks& blocks) {
 
 }  // namespace detail
 
+// Whether Q, K and V are all stored as bf16.
+inline bool stored_as_bf16(const attention_problem<float>& p) {
+    return p.q.type == element_type::bf16 && p.k.type == element_type::bf16 && p.v.type == element_type::bf16;
+}
+
 // Attention with Q, K and V of bf16 on `Kernel` (bf16_gemm.hpp's tile_kernel or pair_kernel,
 // over the instructions or the tests' stand-ins), whatever the path in use.
 template <class Kernel>
 void bf16_attention(const attention_problem<float>& p) {
-    if (!p.q_bf16 || !p.k_bf16 || !p.v_bf16) throw std::logic_error("dimsum: bf16_attention: Q, K and V must all be of bf16");
+    if (!stored_as_bf16(p)) throw std::logic_error("dimsum: bf16_attention: Q, K and V must all be of bf16");
     if (p.q.rows == 0 || p.v.cols == 0 || p.batch.count() == 0) return;
     detail::run_attention(p, detail::pair_blocks<Kernel>{p});
 }
@@ -761,7 +763,7 @@ template <class T>
 void attention(const attention_problem<T>& p) {
     if (p.q.rows == 0 || p.v.cols == 0 || p.batch.count() == 0) return;
     if constexpr (std::is_same_v<T, float>) {
-        if (p.q_bf16 && p.k_bf16 && p.v_bf16) {
+        if (stored_as_bf16(p)) {
             const bf16_path path = p.q.rows <= attention_tiling<T>::few_queries ? bf16_path::widen : current_bf16_path();
             detail::attentions_on(path).fetch_add(1, std::memory_order_relaxed);
             if (with_bf16_kernel(path, "attention", [&]<class Kernel>() { bf16_attention<Kernel>(p); })) return;

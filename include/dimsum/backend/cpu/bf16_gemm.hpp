@@ -492,10 +492,12 @@ inline void round_tile(const float* sums, std::size_t ld, std::size_t rows, std:
                        std::size_t col, const matrix<bf16>& to) {
     constexpr std::size_t width = bf16_blocking::cols;
     alignas(64) float bias[width] = {};
-    const bool has_bias = rounding.bias || rounding.bias_bf16;
-    for (std::size_t j = 0; has_bias && j < cols; ++j) {
-        const std::ptrdiff_t at = static_cast<std::ptrdiff_t>(col + j) * rounding.bias_stride;
-        bias[j] = rounding.bias ? rounding.bias[at] : float(rounding.bias_bf16[at]);
+    const bool has_bias = rounding.bias.data != nullptr;
+    if (has_bias) {
+        with_storage<float>(rounding.bias.type, [&]<class U>() {
+            const U* stored = static_cast<const U*>(rounding.bias.data);
+            for (std::size_t j = 0; j < cols; ++j) bias[j] = widened<float>(stored[static_cast<std::ptrdiff_t>(col + j) * rounding.bias_stride]);
+        });
     }
     auto round_rows = [&](auto value) {
         for (std::size_t i = 0; i < rows; ++i) {
@@ -630,7 +632,7 @@ inline void pack_pairs_in_blocks(const matrix<const bf16>& m, bf16* pairs, std::
 }
 }  // namespace detail
 
-// C = A B (gemm's problem with both operands of bf16, a_bf16 and b_bf16, at any strides; B's
+// C = A B (gemm's problem with both operands stored as bf16, at any strides; B's
 // pairs read where packed once, its float panels never), then the epilogue on each finished
 // region. Each thread takes whole tasks (an item's rows x columns), packs its own operands
 // and configures its own kernel (AMX: its own tiles).
@@ -671,7 +673,7 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
     if (pairs && (once->rows != k || once->cols != n)) {
         throw std::logic_error("dimsum: gemm: an operand packed once does not fit this product");
     }
-    if (!pairs && !problem.b_bf16 && k > 0) {
+    if (!pairs && !problem.b.data && k > 0) {
         throw std::logic_error("dimsum: gemm: B's pairs were packed in depth blocks of " + std::to_string(once ? once->pairs_kc : 0) +
                                ", not this kernel's " + std::to_string(Kernel::kc) + ", and B itself is not given");
     }
@@ -697,8 +699,8 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
             const std::size_t group = task % row_groups, block = task / row_groups % col_blocks;
             const std::size_t item = task / row_groups / col_blocks;
             const auto at = problem.batch.offsets(item);  // a, b, c
-            const matrix<const bf16> a{problem.a_bf16 + at[0], m, k, problem.a.row_stride, problem.a.col_stride};
-            const matrix<const bf16> b{problem.b_bf16 + at[1], k, n, problem.b.row_stride, problem.b.col_stride};
+            const matrix<const bf16> a = problem.a.stored<bf16>(at[0]);
+            const matrix<const bf16> b = problem.b.stored<bf16>(at[1]);
             matrix<float> c = problem.c;
             c.data += at[2];
             const std::size_t row_first = std::min(m, row_tiles * group / row_groups * tile_rows);
@@ -716,7 +718,7 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
             }
             // the item's bf16 result, where the epilogue is a rounding that bf16_task does itself
             const bool rounds = sums && epilogue.rounding.rounded;
-            const matrix<bf16> rounded{rounds ? epilogue.rounding.rounded + at[2] : nullptr, m, n, c.row_stride, c.col_stride};
+            const matrix<bf16> rounded{rounds ? epilogue.rounding.rounded.as<bf16>() + at[2] : nullptr, m, n, c.row_stride, c.col_stride};
             detail::bf16_task(kernel, a, b, pairs, c, item, row_first, row_last, col_first, col_last, epilogue, packed_a, packed_b, sums,
                               rounds ? &rounded : nullptr);
         }

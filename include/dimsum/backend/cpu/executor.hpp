@@ -3,17 +3,19 @@
 // (evaluation/plan.hpp: operands, formula inputs, out) to memory and calling its kernel:
 //   gemm       -> gemm.hpp, its epilogue formula a fused pass over each finished block of C
 //                 (fused.hpp: region_program), then, if the plan asks, the block rounded into
-//                 bf16 memory; its operands of bf16 read where they lie;
+//                 memory of a narrower type (bf16);
 //   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
-//                 a fused pass over each tile of scores, its inputs of bf16 read where they lie;
-//   fused, copy -> one fused elementwise pass (fused.hpp), which widens its inputs of bf16
-//                 and rounds a result of bf16 block by block;
+//                 a fused pass over each tile of scores;
+//   fused, copy -> one fused elementwise pass (fused.hpp), which rounds a result stored
+//                 narrower block by block;
 //   rowwise    -> the line kernels (rowwise.hpp), the same line by line;
 //   indices    -> a loop (causal_mask, arange: small, read broadcast);
 //   convert    -> a loop (bf16 values, lengths and positions to the formula's type);
-//   narrow     -> a loop (a value rounded into a bf16 temporary, which products read as bf16,
-//                 or into a destination of bf16);
+//   narrow     -> a loop (a value rounded into a temporary of a narrower type, which products
+//                 read as stored, or into such a destination);
 //   gather     -> gather.hpp, once every id has been checked (evaluation/integers.hpp).
+// Every kernel reads its operands as stored (kernels.hpp: source_array, source_matrix), T or
+// a narrower type that it widens as it reads; the executor only says which.
 // The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
 // one evaluation to the next, so a formula evaluated in a loop allocates nothing after its
 // first evaluation.
@@ -58,40 +60,41 @@ public:
         s_.temporaries.clear();
         temporaries& memory = thread_temporaries();
         for (const evaluation::temporary& t : s_.plan.temporaries) {
-            if (t.type == evaluation::element_type::bf16) s_.temporaries.push_back(memory.allocate<bf16>(t.size));
-            else if (t.type == evaluation::element_type_of<T>()) s_.temporaries.push_back(memory.allocate<T>(t.size));
-            else throw std::logic_error("dimsum: a plan's temporary of a type the CPU kernels do not store");
+            with_storage<T>(t.type, [&]<class U>() { s_.temporaries.push_back(memory.allocate<U>(t.size)); });
         }
         for (const entry& e : s_.plan.entries) run(e);
     }
 
 private:
     void run(const entry& e) {
-        if (e.kind == entry_kind::narrow) {
-            return evaluation::round_into<T>(read(e.operands[0]), evaluation::strided_at(bf16_memory(e.out), e.out.where));
-        }
-        // a pass or a kernel along an axis may write bf16 memory itself, rounding as it goes
-        bf16* const out_bf16 = is_bf16(e.out) ? bf16_memory(e.out) + e.out.where.offset : nullptr;
-        const strided<T> dst = out_bf16 ? shape_only(e.out.where) : at(e.out);
-        if (out_bf16 && e.kind != entry_kind::fused && e.kind != entry_kind::copy && e.kind != entry_kind::rowwise) {
-            throw std::logic_error("dimsum: a plan has a kernel write bf16 that writes its own type only");
+        // a pass or a kernel along an axis may write memory of a narrower type itself, rounding as it goes
+        const rounded_memory<T> rounded = stored_narrower(e.out) ? rounded_at(e.out, e.out.where.offset) : rounded_memory<T>{};
+        const strided<T> dst = rounded ? shape_only(e.out.where) : at(e.out);
+        if (rounded && e.kind != entry_kind::fused && e.kind != entry_kind::copy && e.kind != entry_kind::rowwise &&
+            e.kind != entry_kind::narrow) {
+            throw std::logic_error("dimsum: a plan has a kernel write another type than its own");
         }
         switch (e.kind) {
             case entry_kind::gemm: return multiply(e, dst);
             case entry_kind::attention: return attend(e, dst);
             case entry_kind::fused: case entry_kind::copy:
                 build_fused(e, dst);
-                return run_fused<T>(s_.fused, dst, true, nullptr, out_bf16);
-            case entry_kind::rowwise: return rowwise(e, dst, out_bf16);
+                return run_fused<T>(s_.fused, dst, true, nullptr, rounded);
+            case entry_kind::narrow:  // a loop: the value rounded into the type of its place
+                return with_storage<T>(e.out.type, [&]<class U>() {
+                    evaluation::convert_each(read(e.operands[0]), evaluation::strided_at(static_cast<U*>(memory_of(e.out)), e.out.where),
+                                             [](T value) { return stored_as<U>(value); });
+                });
+            case entry_kind::rowwise: return rowwise(e, dst, rounded);
             case entry_kind::indices: return indices(e.causal, dst);
             case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[e.operands[0].index], dst);
-            case entry_kind::narrow: return;  // above
             case entry_kind::gather:
                 return cpu::gather<T>(read(e.operands[0]), e.axis, evaluation::integers_of(s_.bindings[e.operands[1].index]), dst);
         }
     }
 
-    static bool is_bf16(const evaluation::place& p) { return p.type == evaluation::element_type::bf16; }
+    // Whether place p holds a type narrower than T, which kernels widen as they read and round into as they write.
+    static bool stored_narrower(const evaluation::place& p) { return p.type != evaluation::element_type_of<T>(); }
     // The memory of a place of T: the destination's or a temporary's (writable).
     strided<T> at(const evaluation::place& p) const {
         if (p.type == evaluation::element_type_of<T>()) {
@@ -114,16 +117,16 @@ private:
         return {m.data, m.rank, m.extents, m.strides};
     }
 
-    // dst = the kernel along an axis of entry e; its operand, or dst (out_bf16), may be of bf16.
-    void rowwise(const entry& e, const strided<T>& dst, bf16* out_bf16) const {
-        bf16_lines narrow{nullptr, out_bf16};
-        const strided<const T> x = input(e.operands[0], narrow.in);
+    // dst = the kernel along an axis of entry e; its operand may be stored narrower, and its
+    // result rounded (dst then gives only the layout).
+    void rowwise(const entry& e, const strided<T>& dst, const rounded_memory<T>& rounded) const {
+        const source_array<T> x = input(e.operands[0]);
         switch (e.line) {
-            case evaluation::line_op::softmax: return cpu::softmax<T>(x, dst, e.axis, narrow);
-            case evaluation::line_op::layer_norm: return cpu::layer_norm<T>(x, dst, e.axis, static_cast<T>(e.number), narrow);
-            case evaluation::line_op::sum: return cpu::reduce<fn::sum, T>(x, dst, e.axis, narrow);
-            case evaluation::line_op::max: return cpu::reduce<fn::max, T>(x, dst, e.axis, narrow);
-            case evaluation::line_op::mean: return cpu::reduce<fn::mean, T>(x, dst, e.axis, narrow);
+            case evaluation::line_op::softmax: return cpu::softmax<T>(x, dst, e.axis, rounded);
+            case evaluation::line_op::layer_norm: return cpu::layer_norm<T>(x, dst, e.axis, static_cast<T>(e.number), rounded);
+            case evaluation::line_op::sum: return cpu::reduce<fn::sum, T>(x, dst, e.axis, rounded);
+            case evaluation::line_op::max: return cpu::reduce<fn::max, T>(x, dst, e.axis, rounded);
+            case evaluation::line_op::mean: return cpu::reduce<fn::mean, T>(x, dst, e.axis, rounded);
         }
     }
 
@@ -166,14 +169,8 @@ private:
                 case evaluation::formula_node::kind::input: {
                     node.what = fused_node<T>::kind::input;
                     node.input = s_.fused.inputs.size();
-                    const bf16* narrow = nullptr;  // where it lies, if the pass reads it as bf16
-                    if (from.kernel_value) {
-                        s_.in_place_input = node.input;
-                        s_.fused.inputs.push_back({kernel_value.data, kernel_value.rank, kernel_value.extents, kernel_value.strides});
-                    } else {
-                        s_.fused.inputs.push_back(input(s_.plan.inputs[from.input], narrow));
-                    }
-                    s_.fused.bf16_inputs.push_back(narrow);
+                    if (from.kernel_value) s_.in_place_input = node.input;
+                    s_.fused.inputs.push_back(from.kernel_value ? source_array<T>(kernel_value) : input(s_.plan.inputs[from.input]));
                     break;
                 }
             }
@@ -181,12 +178,6 @@ private:
         }
     }
 
-    // A strided array's last two axes as a matrix (its first element's).
-    template <class X>
-    static matrix<X> last_two_axes(const strided<X>& s) {
-        const std::size_t r = s.rank;
-        return {s.data, s.extents[r - 2], s.extents[r - 1], s.strides[r - 2], s.strides[r - 1]};
-    }
 
     // The leading axes of `shape` (all but the last two) and each operand's strides along them;
     // every operand has shape's rank.
@@ -207,9 +198,9 @@ private:
         const evaluation::attention_match& match = e.attention;
         const std::size_t r = dst.rank;
         attention_problem<T> problem;
-        const strided<const T> q = input(e.operands[0], problem.q_bf16);   // (..., queries, d)
-        const strided<const T> kt = input(e.operands[1], problem.k_bf16);  // (..., d, keys)
-        const strided<const T> v = input(e.operands[2], problem.v_bf16);   // (..., keys, dv)
+        const source_array<T> q = input(e.operands[0]);   // (..., queries, d)
+        const source_array<T> kt = input(e.operands[1]);  // (..., d, keys)
+        const source_array<T> v = input(e.operands[2]);   // (..., keys, dv)
         problem.q = last_two_axes(q);
         problem.k = transposed(last_two_axes(kt));
         problem.v = last_two_axes(v);
@@ -218,7 +209,7 @@ private:
         problem.scale = evaluation::scale_of<T>(match);
         problem.causal = match.causal;
         if (e.rounded_into) {
-            problem.o_bf16 = rounded_into(e, dst);
+            problem.o_rounded = rounded_into(e, dst);
             problem.o_unread = e.out_unread;
         }
         // the tiles of scores: O's batch, (queries, keys)
@@ -242,53 +233,53 @@ private:
         return static_cast<const packed_operand<T>*>(b.packed);
     }
     // The extents and strides of a layout, its data left null: a product whose right operand is
-    // packed, or a kernel whose operand or result is bf16, reads only its shape there.
+    // packed, or a kernel whose result is rounded, reads only its shape there.
     static strided<T> shape_only(evaluation::layout where) {
         where.offset = 0;
         return evaluation::strided_at(static_cast<T*>(nullptr), where);
     }
-    static strided<const T> extents_only(const evaluation::layout& where) {
-        const strided<T> s = shape_only(where);
-        return {s.data, s.rank, s.extents, s.strides};
-    }
-    // The memory of a place of bf16, from its start (a binding's, a temporary's or the
-    // destination's).
-    bf16* bf16_memory(const evaluation::place& p) const {
-        if (!is_bf16(p)) throw std::logic_error("dimsum: a plan reads or writes as bf16 what is not");
+    // The memory of place p, from its start (a binding's, a temporary's or the destination's).
+    void* memory_of(const evaluation::place& p) const {
         switch (p.memory) {
-            case evaluation::memory_kind::binding: return static_cast<bf16*>(const_cast<void*>(s_.bindings[p.index].data));
-            case evaluation::memory_kind::temporary: return static_cast<bf16*>(s_.temporaries[p.index]);
+            case evaluation::memory_kind::binding: return const_cast<void*>(s_.bindings[p.index].data);
+            case evaluation::memory_kind::temporary: return s_.temporaries[p.index];
             case evaluation::memory_kind::destination: break;
         }
-        return static_cast<bf16*>(destination_);
+        return destination_;
     }
-    // What a kernel reads at place p: its values, if they are of T; if they are of bf16, its
-    // shape (data null), with `narrow` set to where they lie.
-    strided<const T> input(const evaluation::place& p, const bf16*& narrow) const {
-        narrow = nullptr;
-        if (!is_bf16(p)) return read(p);
-        narrow = bf16_memory(p) + p.where.offset;
-        return extents_only(p.where);
+    // Place p, of a narrower type, as memory a kernel rounds into, `offset` elements from its start.
+    rounded_memory<T> rounded_at(const evaluation::place& p, std::ptrdiff_t offset) const {
+        rounded_memory<T> m{{memory_of(p), p.type}};
+        m.advance(offset);
+        return m;
+    }
+    // What a kernel reads at place p, as stored: of T, or of a narrower type it widens.
+    source_array<T> input(const evaluation::place& p) const {
+        if (!stored_narrower(p)) return read(p);
+        source_array<T> s(shape_only(p.where));
+        s.data = rounded_at(p, p.where.offset).data;
+        s.type = p.type;
+        return s;
     }
 
     // Where entry e, writing dst (its out, a temporary, seen as the kernel sees it), also rounds
-    // its values (entry::rounded_into): bf16 memory of the same layout, so the same offsets.
-    bf16* rounded_into(const entry& e, const strided<T>& dst) const {
+    // its values (entry::rounded_into): memory of the same layout, so the same offsets.
+    rounded_memory<T> rounded_into(const entry& e, const strided<T>& dst) const {
         const evaluation::place& out = *e.rounded_into;
-        if (e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where)) {
+        if (e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where) || !stored_narrower(out)) {
             throw std::logic_error("dimsum: a kernel rounds into memory that is not laid out as what it writes");
         }
-        return bf16_memory(out) + (dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
+        return rounded_at(out, dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
     }
 
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
     void multiply(const entry& e, const strided<T>& destination) {
         const packed_operand<T>* packed_b = e.packed_right ? packed_right(e) : nullptr;
-        const bf16 *a_bf16 = nullptr, *b_bf16 = nullptr;
-        strided<const T> a = input(e.operands[0], a_bf16);
-        // packed: gemm reads its panels, and the operand itself where it is of bf16 (gemm.hpp:
-        // a few rows stream it instead), or only its shape
-        strided<const T> b = packed_b && !is_bf16(e.operands[1]) ? extents_only(e.operands[1].where) : input(e.operands[1], b_bf16);
+        source_array<T> a = input(e.operands[0]);
+        // packed: gemm reads its panels, and the operand itself where it is stored narrower
+        // (gemm.hpp: a few rows stream it instead), or only its shape
+        source_array<T> b = input(e.operands[1]);
+        if (packed_b && b.holds_own()) b.data = nullptr;
         strided<T> dst = destination;
         if (e.epilogue != no_step) {
             build_fused(e, dst);
@@ -301,8 +292,6 @@ private:
         problem.c = last_two_axes(dst);
         problem.batch = leading_axes(dst, a, b, dst);
         problem.packed_b = packed_b;
-        problem.a_bf16 = a_bf16;
-        problem.b_bf16 = b_bf16;
         if (!fused && !e.rounded_into) return gemm<T>(problem);
         region_program<T> program{fused ? &s_.fused : nullptr, fused ? s_.in_place_input : no_input, dst};
         if (e.rounded_into) program.rounded = rounded_into(e, dst);
@@ -320,17 +309,17 @@ private:
     // (entry::bias_node): the product rounded, or the product plus a bias rounded, the bias read
     // where it lies. Else none (rounded null): the kernels run the fused pass. Called once the
     // batch is folded, so that the bias's strides are the problem's.
-    gemm_rounding rounding_of(const entry& e, bf16* rounded, std::size_t product) const {
+    gemm_rounding rounding_of(const entry& e, const rounded_memory<T>& rounded, std::size_t product) const {
         gemm_rounding rounding;
-        if constexpr (std::is_same_v<T, float>) {  // (only float sums are rounded by the bf16 kernels)
+        if constexpr (std::is_same_v<T, float>) {  // (only float sums are rounded by the bf16 kernels, into bf16)
             if (e.node_count != 0 && e.bias_node == no_step) return rounding;
+            if (rounded.type != evaluation::element_type::bf16) return rounding;
             rounding.rounded = rounded;
             if (e.node_count == 0) return rounding;
             const std::size_t bias = s_.fused.nodes[e.bias_node].input;
             if (bias == product) throw std::logic_error("dimsum: a plan adds a product to itself as a bias");
-            const strided<const T>& in = s_.fused.inputs[bias];
-            rounding.bias_bf16 = s_.fused.bf16_inputs[bias];
-            if (!rounding.bias_bf16) rounding.bias = in.data;
+            const source_array<T>& in = s_.fused.inputs[bias];
+            rounding.bias = {in.data, in.type};
             rounding.bias_stride = in.strides[in.rank - 1];
         }
         return rounding;

@@ -3,9 +3,9 @@
 // evaluated in one sweep over the result. The result is cut into blocks of a few hundred
 // values along its innermost axis; each block of every intermediate value lives in L1, so
 // a chain of operations costs one pass over memory, not one per operation. Broadcast and
-// strided inputs are gathered into the block, contiguous ones are read in place. Inputs of
-// bf16 are widened into the block, and a result of bf16 is rounded from it: a pass over bf16
-// moves half float's bytes.
+// strided inputs are gathered into the block, contiguous ones are read in place. Inputs
+// stored narrower (bf16) are widened into the block, and a result stored narrower is rounded
+// from it: a pass over bf16 moves half float's bytes.
 
 #include <algorithm>
 #include <array>
@@ -40,7 +40,7 @@ struct merged_layout {
 };
 
 template <class T>
-void merge_axes(const strided<T>& result, const std::vector<strided<const T>>& inputs, const fused_region* region,
+void merge_axes(const strided<T>& result, const std::vector<source_array<T>>& inputs, const fused_region* region,
                 merged_layout& out) {
     out.arrays = inputs.size() + 1;
     out.strides.resize(out.arrays);
@@ -95,7 +95,7 @@ void prepare_fused(const fused_program<T>& program) {
 // (kernels.hpp)
 template <class T>
 void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel, const fused_region* region,
-               bf16* bf16_result) {
+               const rounded_memory<T>& rounded) {
     std::size_t size = 1;
     for (std::size_t i = 0; i < result.rank; ++i) size *= region ? region->extents[i] : result.extents[i];
     if (size == 0) return;
@@ -111,7 +111,7 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
     const auto& nodes_of = program.nodes;
     // A large contiguous result is written around the caches (simd.hpp); a GEMM epilogue
     // (a region) rewrites C while it is in cache, and keeps it there.
-    const std::size_t out_bytes = size * (bf16_result ? sizeof(bf16) : sizeof(T));
+    const std::size_t out_bytes = size * (rounded ? evaluation::size_of(rounded.type) : sizeof(T));
     const bool stream = !region && out_bytes >= streaming_bytes && layout.strides[0][inner_axis] == 1;
 
     auto sweep = [&](std::size_t first_item, std::size_t last_item) {
@@ -139,7 +139,7 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
         here.resize(layout.arrays);
         ahead.resize(layout.arrays);
         const std::ptrdiff_t out_stride = layout.strides[0][inner_axis];
-        const bool in_place_result = out_stride == 1 && !stream && !bf16_result;  // the last function writes out itself
+        const bool in_place_result = out_stride == 1 && !stream && !rounded;  // the last function writes out itself
         if (first_item < last_item) place(first_item, ahead.data());
         for (std::size_t item = first_item; item < last_item; ++item) {
             std::size_t offset = item % chunks * block, n = std::min(block, length - offset);
@@ -151,16 +151,14 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
                 std::size_t next_n = std::min(block, length - (item + 1) % chunks * block);
                 for (std::size_t k = 0; k < program.inputs.size(); ++k) {
                     if (layout.strides[k + 1][inner_axis] != 1) continue;
-                    if (const bf16* narrow = program.bf16_inputs[k]) {
-                        for (std::size_t i = 0; i < next_n; i += 64 / sizeof(bf16)) __builtin_prefetch(narrow + ahead[k + 1] + i);
-                        continue;
-                    }
-                    const T* next = program.inputs[k].data + ahead[k + 1];
-                    for (std::size_t i = 0; i < next_n; i += 64 / sizeof(T)) __builtin_prefetch(next + i);
+                    const source_array<T>& input = program.inputs[k];
+                    const std::size_t size_of = evaluation::size_of(input.type);
+                    const char* next = static_cast<const char*>(input.data) + ahead[k + 1] * static_cast<std::ptrdiff_t>(size_of);
+                    for (std::size_t i = 0; i < next_n * size_of; i += 64) __builtin_prefetch(next + i);
                 }
             }
 
-            T* out = bf16_result ? nullptr : result.data + at[0];
+            T* out = rounded ? nullptr : result.data + at[0];
             for (std::size_t k = 0; k < nodes; ++k) {
                 const fused_node<T>& node = nodes_of[k];
                 T* slot = slots + k * block;
@@ -168,12 +166,13 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
                     case fused_node<T>::kind::constant: value[k] = slot; break;
                     case fused_node<T>::kind::input: {
                         std::ptrdiff_t stride = layout.strides[node.input + 1][inner_axis];
-                        if (const bf16* narrow = program.bf16_inputs[node.input]) {
-                            widen_block(narrow + at[node.input + 1], stride, n, slot);
+                        const source_array<T>& input = program.inputs[node.input];
+                        if (!input.holds_own()) {
+                            input.visit([&](const auto& stored) { widen_block(stored.data + at[node.input + 1], stride, n, slot); });
                             value[k] = slot;
                             break;
                         }
-                        const T* from = program.inputs[node.input].data + at[node.input + 1];
+                        const T* from = static_cast<const T*>(input.data) + at[node.input + 1];
                         if (stride == 1) {
                             value[k] = from;
                         } else {
@@ -194,9 +193,8 @@ void run_fused(const fused_program<T>& program, const strided<T>& result, bool p
                 }
             }
             const T* last = value[nodes - 1];
-            if (bf16_result) {
-                if (stream) round_streaming(last, bf16_result + at[0], n);
-                else round_line(last, 1, bf16_result + at[0], out_stride, n);
+            if (rounded) {
+                round_values(last, rounded, at[0], out_stride, n, stream);
             } else if (last != out) {
                 if (stream) copy_streaming(last, out, n);
                 else for (std::size_t i = 0; i < n; ++i) out[static_cast<std::ptrdiff_t>(i) * out_stride] = last[i];
@@ -219,8 +217,8 @@ template <class T>
 struct region_program {
     const fused_program<T>* program = nullptr;  // null: none (a gemm that only rounds)
     std::size_t own = detail::no_input;
-    strided<T> result;        // the kernel's whole result: C (attention: the scores' extents, data null)
-    bf16* rounded = nullptr;  // gemm: each region also rounded into this bf16 memory, at C's offsets
+    strided<T> result;          // the kernel's whole result: C (attention: the scores' extents, data null)
+    rounded_memory<T> rounded{};  // gemm: each region also rounded into this memory, at C's offsets
 };
 
 namespace regions {
@@ -264,16 +262,10 @@ const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in
     fused_program<T>& local = moved_program<T>();
     local.nodes = program.nodes;
     local.inputs = program.inputs;
-    local.bf16_inputs = program.bf16_inputs;
     for (std::size_t i = 0; i < local.inputs.size(); ++i) {
-        strided<const T>& input = local.inputs[i];
-        if (i == in_block) {
-            input = block;
-            continue;
-        }
-        const std::ptrdiff_t offset = offset_of(place, input.strides, block.rank);
-        if (local.bf16_inputs[i]) local.bf16_inputs[i] += offset;  // (its data null)
-        else input.data += offset;
+        source_array<T>& input = local.inputs[i];
+        if (i == in_block) input = block;
+        else input.advance(offset_of(place, input.strides, block.rank));
     }
     return local;
 }
@@ -281,7 +273,6 @@ template <class T>
 void reserve_moved(const fused_program<T>& program) {
     moved_program<T>().nodes.reserve(program.nodes.size());
     moved_program<T>().inputs.reserve(program.inputs.size());
-    moved_program<T>().bf16_inputs.reserve(program.bf16_inputs.size());
     prepare_fused<T>(program);
 }
 
@@ -294,9 +285,9 @@ void apply_to_c(const void* context, std::size_t item, std::size_t row, std::siz
     if (!c.rounded) return;
     const std::size_t r = c.result.rank;
     const std::ptrdiff_t first = offset_of(region, c.result.strides, r);
-    for (std::size_t i = 0; i < rows; ++i) {  // into bf16 memory of C's layout: the same offsets
+    for (std::size_t i = 0; i < rows; ++i) {  // into memory of C's layout: the same offsets
         const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.result.strides[r - 2];
-        round_line(c.result.data + at, c.result.strides[r - 1], c.rounded + at, c.result.strides[r - 1], cols);
+        round_line(c.result.data + at, c.result.strides[r - 1], c.rounded, at, c.result.strides[r - 1], cols);
     }
 }
 // gemm_epilogue::apply_to_block, for a block whose sums the kernel holds in its own buffer, C
@@ -315,9 +306,11 @@ void apply_to_sums(const void* context, std::size_t item, std::size_t row, std::
         strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
         sums.strides[r - 2] = ld;
         sums.strides[r - 1] = 1;
-        const strided<T> out{c.result.data + first, r, region.extents, c.result.strides};  // its layout; only bf16 is written
+        const strided<T> out{c.result.data + first, r, region.extents, c.result.strides};  // its layout; only the rounded result is written
         if (!c.program) throw std::logic_error("dimsum: a product's sums handed to an epilogue that only rounds (gemm_rounding's)");
-        run_fused<T>(moved_to(*c.program, c.own, region, sums), out, false, nullptr, c.rounded + first);
+        rounded_memory<T> rounded = c.rounded;
+        rounded.advance(first);
+        run_fused<T>(moved_to(*c.program, c.own, region, sums), out, false, nullptr, rounded);
     }
 }
 template <class T>

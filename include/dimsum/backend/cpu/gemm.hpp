@@ -283,26 +283,6 @@ template <class T>
     }
 }
 
-// An operand as the kernels read it: a matrix of T, or of bf16 at the same extents and strides
-// (gemm_problem's a_bf16, b_bf16), m.data then null.
-template <class T>
-struct source {
-    matrix<const T> m;
-    const bf16* narrow = nullptr;
-
-    // read(the operand as a matrix of its own element type, T or bf16)
-    template <class F>
-    void visit(F&& read) const {
-        if (narrow) read(matrix<const bf16>{narrow, m.rows, m.cols, m.row_stride, m.col_stride});
-        else read(m);
-    }
-    // Moved to another item, `offset` elements on.
-    void advance(std::ptrdiff_t offset) {
-        if (narrow) narrow += offset;
-        else if (m.data) m.data += offset;  // (null when B is packed once: no offset then)
-    }
-};
-
 // A share of one product: rows [row_first, row_last), with the column panels
 // [col_panel_first, col_panel_last) of each B block, computed by one thread that packs the
 // panels of B it uses into `packed_b` (unless B was packed once). With `direct_b`
@@ -334,7 +314,7 @@ struct b_block {
 // Packs the panels [first_panel, last_panel) of B's block into `packed_b` (panel p at
 // p * nr * depth); with `direct_b`, only a last, partial panel.
 template <class T>
-void pack_b_panels(const source<T>& b, const b_block& block, std::size_t first_panel, std::size_t last_panel, bool direct_b,
+void pack_b_panels(const source_matrix<T>& b, const b_block& block, std::size_t first_panel, std::size_t last_panel, bool direct_b,
                    T* packed_b) {
     constexpr std::size_t nr = gemm_tiling<T>::nr;
     for (std::size_t panel = first_panel; panel < last_panel; ++panel) {
@@ -351,11 +331,11 @@ void pack_b_panels(const source<T>& b, const b_block& block, std::size_t first_p
 // block (packed in `packed_b`), into C; the epilogue follows the block's last depths. Uses the
 // calling thread's packed_a scratch, reserved before (gemm's prepare): nothing here allocates.
 template <class T>
-void multiply_block(const source<T>& a, const source<T>& b, const matrix<T>& c, const b_block& block, std::size_t item,
+void multiply_block(const source_matrix<T>& a, const source_matrix<T>& b, const matrix<T>& c, const b_block& block, std::size_t item,
                     std::size_t row_first, std::size_t row_last, std::size_t first, std::size_t last, const T* packed_b,
                     bool direct_a, bool direct_b, const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
-    const std::size_t k = a.m.cols, jc = block.jc, pc = block.pc, depth = block.depth;
+    const std::size_t k = a.cols, jc = block.jc, pc = block.pc, depth = block.depth;
     T* packed_a = scratch<T>(scratch_use::packed_a, tiling::mc * tiling::kc);
     for (std::size_t ic = row_first; ic < row_last; ic += tiling::mc) {
         std::size_t rows = std::min(tiling::mc, row_last - ic);
@@ -365,12 +345,12 @@ void multiply_block(const source<T>& a, const source<T>& b, const matrix<T>& c, 
                 pack_a<T>(sub(m, ic + packed_from, pc), rows - packed_from, depth, packed_a + packed_from * depth);
             });
         }
-        // (an operand of bf16 is never read in place: gemm sets neither then)
-        const T* a_in_place = direct_a ? sub(a.m, ic, pc).data : nullptr;
-        const T* b_in_place = direct_b ? sub(b.m, pc, jc + first).data : nullptr;
+        // (an operand stored narrower is never read in place: gemm sets neither then)
+        const T* a_in_place = direct_a ? sub(a.own(), ic, pc).data : nullptr;
+        const T* b_in_place = direct_b ? sub(b.own(), pc, jc + first).data : nullptr;
         const matrix<T> c_block = sub(c, ic, jc + first, rows, last - first);
-        macro_kernel<T>({.a = {.packed = packed_a, .direct = a_in_place, .ld = a.m.row_stride},
-                         .b = {.packed = packed_b + first * depth, .direct = b_in_place, .ld = b.m.row_stride},
+        macro_kernel<T>({.a = {.packed = packed_a, .direct = a_in_place, .ld = a.row_stride},
+                         .b = {.packed = packed_b + first * depth, .direct = b_in_place, .ld = b.row_stride},
                          .depth = depth,
                          .c = c_block,
                          .accumulate = pc != 0});
@@ -381,11 +361,11 @@ void multiply_block(const source<T>& a, const source<T>& b, const matrix<T>& c, 
 // Computes the share `part` of c = a b on the calling thread: for each block of B, pass 1
 // packs the panels it uses (unless B was packed once), pass 2 multiplies.
 template <class T>
-void product_share(const source<T>& a, const source<T>& b, const matrix<T>& c, const share<T>& part,
+void product_share(const source_matrix<T>& a, const source_matrix<T>& b, const matrix<T>& c, const share<T>& part,
                    const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
-    std::size_t n = c.cols, k = a.m.cols;
+    std::size_t n = c.cols, k = a.cols;
     for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
         std::size_t block_cols = std::min(tiling::nc, n - jc);
         std::size_t panels = (block_cols + nr - 1) / nr;
@@ -414,11 +394,11 @@ void product_share(const source<T>& a, const source<T>& b, const matrix<T>& c, c
 // each pass cut into chunks that the threads claim (threads.hpp), so that a thread taken off
 // its core holds the others up by one chunk at most. `prepare` reserves a thread's scratch.
 template <class T, class Prepare>
-void shared_product(const source<T>& a, const source<T>& b, const matrix<T>& c, std::size_t item, int threads, T* packed_b,
+void shared_product(const source_matrix<T>& a, const source_matrix<T>& b, const matrix<T>& c, std::size_t item, int threads, T* packed_b,
                     const T* packed_once, Prepare&& prepare, const gemm_epilogue& epilogue) {
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
-    const std::size_t m = c.rows, n = c.cols, k = a.m.cols;
+    const std::size_t m = c.rows, n = c.cols, k = a.cols;
     const std::size_t row_blocks = (m + tiling::mc - 1) / tiling::mc;
     for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
         const std::size_t block_cols = std::min(tiling::nc, n - jc), panels = (block_cols + nr - 1) / nr;
@@ -591,7 +571,7 @@ void few_rows_product(const matrix<const T>& a, const B& b, const matrix<T>& c, 
 
 template <class T>
 struct item_operands {
-    source<T> a, b;
+    source_matrix<T> a, b;
     matrix<T> c;
 };
 // B packed once must be of this product's extents, for this tiling, and the same for every
@@ -610,7 +590,7 @@ void check_packed(const packed_operand<T>& once, const gemm_problem<T>& problem)
 template <class T>
 item_operands<T> item_of(const gemm_problem<T>& p, std::size_t item) {
     const auto at = p.batch.offsets(item);  // a, b, c
-    item_operands<T> r{{p.a, p.a_bf16}, {p.b, p.b_bf16}, p.c};
+    item_operands<T> r{p.a, p.b, p.c};
     r.a.advance(at[0]);
     r.b.advance(at[1]);
     r.c.data += at[2];
@@ -678,11 +658,11 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     // elements serves only m rows, so packing it is a large share of the work (128 x 768 x 768:
     // 6% faster). With more rows, or with B shared by threads, packing measured faster.
     constexpr std::size_t direct_b_rows = tiling::mc;
-    const bool direct_b = !once && !problem.b_bf16 && problem.b.col_stride == 1 && m <= direct_b_rows;
+    const bool direct_b = !once && problem.b.holds_own() && problem.b.col_stride == 1 && m <= direct_b_rows;
     // Likewise a row-major A multiplying few columns (attention's products of 64 or 128):
     // each A panel serves only n / nr micro-kernels, too few to pay for its packing.
     constexpr std::size_t direct_a_columns = 8 * nr;
-    const bool direct_a = !problem.a_bf16 && problem.a.col_stride == 1 && n <= direct_a_columns;
+    const bool direct_a = problem.a.holds_own() && problem.a.col_stride == 1 && n <= direct_a_columns;
 
     // What a thread needs before it writes anything (threads.hpp): its packing buffers and the
     // epilogue's scratch. A failed allocation then leaves C untouched.
@@ -696,16 +676,20 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
     };
 
     // A few rows times a row-major B or B packed once (decoding): B streamed once, its columns
-    // shared by the threads when it is large enough to pay for a team. A row-major B of bf16
-    // is streamed as it is even when it was packed once (into float panels): half the bytes
-    // (1 x 2304 x 768, k = 768: 2.1 times faster than its panels).
-    const bool rows_of_b = problem.b.col_stride == 1 && problem.c.col_stride == 1 && (!once || problem.b_bf16);
+    // shared by the threads when it is large enough to pay for a team. A row-major B stored
+    // narrower is streamed as it is even when it was packed once (into panels of T): bf16,
+    // half the bytes (1 x 2304 x 768, k = 768: 2.1 times faster than its panels).
+    const bool rows_of_b =
+        problem.b.col_stride == 1 && problem.c.col_stride == 1 && (!once || (!problem.b.holds_own() && problem.b.data));
     const bool few_rows_of_b = m <= detail::few_rows && k > 0 && (once || rows_of_b);
     // Two bf16 operands on the bf16 dot-product instructions (bf16_gemm.hpp) where the path
     // in use has them (bf16_paths.hpp), unless the product is a few rows streaming B: bound by
     // memory, it would not be faster.
     if constexpr (std::is_same_v<T, float>) {
-        if (problem.a_bf16 && problem.b_bf16) {
+        if (problem.a.type == element_type::bf16 && problem.b.type == element_type::bf16 && problem.b.data) {
+            if (epilogue.rounding.rounded && epilogue.rounding.rounded.type != element_type::bf16) {
+                throw std::logic_error("dimsum: gemm: the bf16 kernels round into bf16 only");
+            }
             const bf16_path path = few_rows_of_b ? bf16_path::widen : current_bf16_path();
             detail::products_on(path).fetch_add(1, std::memory_order_relaxed);
             if (with_bf16_kernel(path, "gemm", [&]<class Kernel>() { bf16_gemm<Kernel>(problem, epilogue); })) return;
@@ -715,11 +699,11 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
         constexpr std::size_t shared_b_bytes = std::size_t(1) << 20;
         const std::size_t blocks = (n + 2 * nr - 1) / (2 * nr);  // of 2 nr columns: whole cache lines per thread
         const int team = k * n * sizeof(T) >= shared_b_bytes ? int(std::min<std::size_t>(std::size_t(threads), blocks)) : 1;
-        // A of bf16: its few rows widened once (the kernels read A value by value)
-        T* const widened_a = problem.a_bf16 ? scratch<T>(scratch_use::widened, m * k) : nullptr;
+        // A stored narrower: its few rows widened once (the kernels read A value by value)
+        T* const widened_a = problem.a.holds_own() ? nullptr : scratch<T>(scratch_use::widened, m * k);
         for (std::size_t item = 0; item < items; ++item) {
             const detail::item_operands<T> operands = detail::item_of(problem, item);
-            matrix<const T> a = operands.a.m;
+            matrix<const T> a = operands.a.own();
             if (widened_a) operands.a.visit([&](const auto& stored) { a = detail::copy_rows<T>(stored, widened_a); });
             split_range(team, blocks, [&] { epilogue.prepare(); }, [&](std::size_t first, std::size_t last) {
                 const std::size_t col_first = first * 2 * nr, col_last = std::min(n, last * 2 * nr);

@@ -8,6 +8,8 @@
 
 #include <array>
 #include <cstddef>
+#include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "dimsum/core/bf16.hpp"
@@ -55,6 +57,148 @@ matrix<T> sub(const matrix<T>& m, std::size_t row, std::size_t col, std::size_t 
     part.rows = rows;
     part.cols = cols;
     return part;
+}
+
+// ---- operands as they are stored
+
+using evaluation::element_type;
+
+// The element types a kernel computing in T reads and writes: T itself, and bf16, which it
+// widens to T as it reads (widened) and rounds into as it writes (stored_as). The one list
+// of them: fp16 storage would be one more case here, with its two conversions, and no field
+// of any kernel's interface. Calls f.template operator()<U>() for U the type `type` names.
+template <class T, class F>
+void with_storage(element_type type, F&& f) {
+    if (type == evaluation::element_type_of<T>()) return f.template operator()<T>();
+    if (type == element_type::bf16) return f.template operator()<bf16>();
+    throw std::logic_error("dimsum: a kernel reads or writes an element type it does not store");
+}
+// A stored value as T, and a value of T as stored.
+template <class T, class U>
+constexpr T widened(U x) {
+    if constexpr (std::is_same_v<U, T>) return x;
+    else return static_cast<T>(widen(x));
+}
+template <class U, class T>
+constexpr U stored_as(T x) {
+    if constexpr (std::is_same_v<U, T>) return x;
+    else return U(x);
+}
+
+// Memory holding elements of a type known at run time (with_storage's).
+template <class T, class Pointer = const void*>
+struct stored_memory {
+    Pointer data = nullptr;
+    element_type type = evaluation::element_type_of<T>();
+
+    bool holds_own() const { return type == evaluation::element_type_of<T>(); }
+    // The same memory `elements` elements on; null stays null (an operand given by its
+    // extents only, as B packed once is).
+    void advance(std::ptrdiff_t elements) {
+        using byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Pointer>>, const char, char>;
+        if (data) data = static_cast<byte*>(data) + elements * static_cast<std::ptrdiff_t>(evaluation::size_of(type));
+    }
+};
+
+// A matrix that a kernel computing in T reads, as it is stored: element (i, j) at
+// data[i * row_stride + j * col_stride], of `type`. A kernel widens a narrower type as it
+// packs or loads it, never into a copy of the whole operand, and computes the same sums in
+// the same order: its result is that of the widened values, bit for bit.
+template <class T>
+struct source_matrix : stored_memory<T> {
+    std::size_t rows = 0, cols = 0;
+    std::ptrdiff_t row_stride = 0, col_stride = 0;
+
+    source_matrix() = default;
+    template <class U>
+    source_matrix(const matrix<const U>& m)  // NOLINT: a matrix as stored is a source
+        : stored_memory<T>{m.data, evaluation::element_type_of<U>()}, rows(m.rows), cols(m.cols),
+          row_stride(m.row_stride), col_stride(m.col_stride) {}
+
+    // Its elements, where they are of T; else its extents and strides only (data null).
+    matrix<const T> own() const {
+        return {this->holds_own() ? static_cast<const T*>(this->data) : nullptr, rows, cols, row_stride, col_stride};
+    }
+    // read(the matrix as a matrix<const U> of the type U it is stored as)
+    template <class F>
+    void visit(F&& read) const {
+        with_storage<T>(this->type, [&]<class U>() { read(stored<U>()); });
+    }
+    // The matrix as stored, of U (a kernel for that type), `elements` elements on (another
+    // batch item); null data stays null.
+    template <class U>
+    matrix<const U> stored(std::ptrdiff_t elements = 0) const {
+        if (this->type != evaluation::element_type_of<U>()) throw std::logic_error("dimsum: a kernel reads an operand as another type");
+        const U* at = static_cast<const U*>(this->data);
+        return {at ? at + elements : nullptr, rows, cols, row_stride, col_stride};
+    }
+};
+
+// The same elements, rows and columns swapped.
+template <class T>
+source_matrix<T> transposed(source_matrix<T> m) {
+    std::swap(m.rows, m.cols);
+    std::swap(m.row_stride, m.col_stride);
+    return m;
+}
+
+// A strided array that a kernel computing in T reads, as it is stored (as source_matrix).
+template <class T>
+struct source_array : stored_memory<T> {
+    std::size_t rank = 0;
+    std::array<std::size_t, max_rank> extents{};
+    std::array<std::ptrdiff_t, max_rank> strides{};
+
+    source_array() = default;
+    template <class U>
+    source_array(const strided<U>& s)  // NOLINT: an array as stored is a source
+        : stored_memory<T>{s.data, evaluation::element_type_of<std::remove_const_t<U>>()}, rank(s.rank),
+          extents(s.extents), strides(s.strides) {}
+
+    // Its elements, where they are of T; else its extents and strides only (data null).
+    strided<const T> own() const {
+        return {this->holds_own() ? static_cast<const T*>(this->data) : nullptr, rank, extents, strides};
+    }
+    // read(the array as a strided<const U> of the type U it is stored as)
+    template <class F>
+    void visit(F&& read) const {
+        with_storage<T>(this->type, [&]<class U>() { read(strided<const U>{static_cast<const U*>(this->data), rank, extents, strides}); });
+    }
+};
+
+// An array's last two axes as a matrix (its first element's).
+template <class T>
+matrix<T> last_two_axes(const strided<T>& s) {
+    const std::size_t r = s.rank;
+    return {s.data, s.extents[r - 2], s.extents[r - 1], s.strides[r - 2], s.strides[r - 1]};
+}
+template <class T>
+source_matrix<T> last_two_axes(const source_array<T>& s) {
+    source_matrix<T> m;
+    const std::size_t r = s.rank;
+    m.data = s.data;
+    m.type = s.type;
+    m.rows = s.extents[r - 2];
+    m.cols = s.extents[r - 1];
+    m.row_stride = s.strides[r - 2];
+    m.col_stride = s.strides[r - 1];
+    return m;
+}
+
+// Memory that a kernel computing in T rounds its values into as it writes them, of a
+// narrower storage type, laid out as the result it belongs to (the same offsets from data).
+// Null: the kernel writes its result of T only.
+template <class T>
+struct rounded_memory : stored_memory<T, void*> {
+    explicit operator bool() const { return this->data != nullptr; }
+    template <class U>
+    U* as() const {
+        return static_cast<U*>(this->data);
+    }
+};
+template <class T, class U>
+rounded_memory<T> rounded_into(U* memory) {
+    return {{memory, evaluation::element_type_of<U>()}};
 }
 
 namespace detail {
@@ -122,20 +266,14 @@ std::size_t pack_pairs(const matrix<const bf16>& m, bf16* pairs, bf16_path path)
 // C = A B for each item of the batch; A, B and C hold item 0.
 template <class T>
 struct gemm_problem {
-    matrix<const T> a;  // (m, k)
-    matrix<const T> b;  // (k, n)
-    matrix<T> c;        // (m, n), not overlapping A or B
+    source_matrix<T> a;  // (m, k), as stored: of T, or of bf16 widened as it is read
+    source_matrix<T> b;  // (k, n), likewise
+    matrix<T> c;         // (m, n), not overlapping A or B
     batch_layout<3> batch;  // operands a, b, c
     // B packed once, the same for every item: read instead of b, which then gives only its
-    // extents (its data may be null)
+    // extents (data null), or, where B is stored narrower than T, the same values that the
+    // products streaming B read instead (half the bytes).
     const packed_operand<T>* packed_b = nullptr;
-    // A or B stored as bf16 (a bf16 tensor that the plan reads where it lies): its elements,
-    // at a's (b's) extents and strides, read instead of a.data (b.data, then null). The kernel
-    // widens them to T as it packs or loads them, never into a copy of the whole operand, and
-    // computes the same sums in the same order: C is that of the widened values, bit for bit.
-    // With packed_b, b_bf16 may hold the same values, for the products that stream them faster.
-    const bf16* a_bf16 = nullptr;
-    const bf16* b_bf16 = nullptr;
     // C's values read by no one but the epilogue, which writes what there is to write (a bf16
     // result): a kernel may then keep each block's sums in its own buffer and hand the epilogue
     // that (gemm_epilogue::apply_to_block), never writing C itself. The bf16 kernels do.
@@ -153,14 +291,14 @@ struct gemm_problem {
 // product's result is (C itself is never read again).
 //
 // Most bf16 products' epilogue is also given as data (`rounding`): C's values, plus a vector
-// along its columns where `bias` or `bias_bf16` is set (a layer's bias), rounded to bf16 into
-// `rounded` at C's offsets (item, row and column as C's). A kernel holding each micro-tile's
-// final sums in its own buffer (C unread) rounds them so while they are in L1. An epilogue for
-// C unread has apply_to_block (a program to run on each block), or this, or both: then this.
+// along its columns where `bias` is set (a layer's bias, as stored), rounded into `rounded`
+// (bf16 memory: the bf16 kernels round nothing else) at C's offsets (item, row and column as
+// C's). A kernel holding each micro-tile's final sums in its own buffer (C unread) rounds them
+// so while they are in L1. An epilogue for C unread has apply_to_block (a program to run on
+// each block), or this, or both: then this.
 struct gemm_rounding {
-    bf16* rounded = nullptr;  // null: the epilogue is not this
-    const float* bias = nullptr;
-    const bf16* bias_bf16 = nullptr;
+    rounded_memory<float> rounded;  // null: the epilogue is not this
+    stored_memory<float> bias;      // null: no bias
     std::ptrdiff_t bias_stride = 0;  // column j's at bias[j * bias_stride]
 };
 struct gemm_epilogue {
@@ -200,31 +338,37 @@ struct score_epilogue {
     }
 };
 
-// n values `from_stride` apart, rounded to the nearest bf16 into `to`, `to_stride` apart: a
+// n values `from_stride` apart, rounded to the nearest U into `to`, `to_stride` apart: a
 // finished line of a result that a bf16 kernel reads next (gemm's epilogue, attention's rows
 // of O, both at the same offsets), or a block or line of a pass or line kernel's buffer
-// (contiguous) that it writes as bf16.
-template <class T>
-void round_line(const T* from, std::ptrdiff_t from_stride, bf16* to, std::ptrdiff_t to_stride, std::size_t n) {
+// (contiguous) that it writes as U.
+template <class T, class U>
+void round_line(const T* from, std::ptrdiff_t from_stride, U* to, std::ptrdiff_t to_stride, std::size_t n) {
     if (from_stride == 1 && to_stride == 1) {
-        for (std::size_t i = 0; i < n; ++i) to[i] = bf16(from[i]);
+        for (std::size_t i = 0; i < n; ++i) to[i] = stored_as<U>(from[i]);
         return;
     }
     for (std::size_t i = 0; i < n; ++i) {
         const auto at = static_cast<std::ptrdiff_t>(i);
-        to[at * to_stride] = bf16(from[at * from_stride]);
+        to[at * to_stride] = stored_as<U>(from[at * from_stride]);
     }
 }
-
-// n values of bf16 `stride` apart, widened into `to` (contiguous): a block or line that a
-// kernel reads as bf16.
+// The same into rounded memory, `at` elements from its start.
 template <class T>
-void widen_block(const bf16* from, std::ptrdiff_t stride, std::size_t n, T* to) {
+void round_line(const T* from, std::ptrdiff_t from_stride, const rounded_memory<T>& to, std::ptrdiff_t at,
+                std::ptrdiff_t to_stride, std::size_t n) {
+    with_storage<T>(to.type, [&]<class U>() { round_line(from, from_stride, to.template as<U>() + at, to_stride, n); });
+}
+
+// n values of U `stride` apart, widened into `to` (contiguous): a block or line that a
+// kernel reads as stored.
+template <class T, class U>
+void widen_block(const U* from, std::ptrdiff_t stride, std::size_t n, T* to) {
     if (stride == 1) {
-        for (std::size_t i = 0; i < n; ++i) to[i] = static_cast<T>(widen(from[i]));
+        for (std::size_t i = 0; i < n; ++i) to[i] = widened<T>(from[i]);
         return;
     }
-    for (std::size_t i = 0; i < n; ++i) to[i] = static_cast<T>(widen(from[static_cast<std::ptrdiff_t>(i) * stride]));
+    for (std::size_t i = 0; i < n; ++i) to[i] = widened<T>(from[static_cast<std::ptrdiff_t>(i) * stride]);
 }
 
 // O = softmax(f(Q K^T)) V along the keys for every item of the batch, where f multiplies by
@@ -233,24 +377,19 @@ void widen_block(const bf16* from, std::ptrdiff_t stride, std::size_t n, T* to) 
 // Operands hold item 0.
 template <class T>
 struct attention_problem {
-    matrix<const T> q;  // (queries, d)
-    matrix<const T> k;  // (keys, d)
-    matrix<const T> v;  // (keys, dv)
-    matrix<T> o;        // (queries, dv), not overlapping the others
+    source_matrix<T> q;  // (queries, d), as stored (as gemm_problem's operands)
+    source_matrix<T> k;  // (keys, d)
+    source_matrix<T> v;  // (keys, dv)
+    matrix<T> o;         // (queries, dv), not overlapping the others
     batch_layout<4> batch;  // operands q, k, v, o (keys and values may be shared by the heads: stride 0)
     T scale = 1;
     bool causal = false;
     score_epilogue<T> scores;
-    // Q, K or V stored as bf16, read instead of its data (then null) as gemm_problem's a_bf16
-    // reads A: widened as packed or loaded, the same sums in the same order as the widened values'.
-    const bf16* q_bf16 = nullptr;
-    const bf16* k_bf16 = nullptr;
-    const bf16* v_bf16 = nullptr;
-    // If set, O is also rounded into this memory, of o's layout (the same offsets from it), as
-    // each row is written: the value a bf16 kernel reads next.
-    bf16* o_bf16 = nullptr;
-    // With o_bf16: o's float values are read by no one (a scratch), so only o_bf16 is written;
-    // o still gives the layout.
+    // If set, O is also rounded into this memory, of o's layout (the same offsets from o.data),
+    // as each row is written: the value a bf16 kernel reads next.
+    rounded_memory<T> o_rounded;
+    // With o_rounded: o's values of T are read by no one (a scratch), so only o_rounded is
+    // written; o still gives the layout.
     bool o_unread = false;
 };
 
@@ -289,18 +428,15 @@ struct fused_node {
 };
 
 // Nodes in evaluation order, each reading only earlier ones; the last is the result. Every
-// input has the result's rank (stride 0 where it broadcasts). An input of bf16 is read where
-// it lies, bf16_inputs[i], and widened block by block (inputs[i] then gives only its extents
-// and strides, its data null).
+// input has the result's rank (stride 0 where it broadcasts), and is read as stored: one
+// stored narrower is widened block by block.
 template <class T>
 struct fused_program {
     std::vector<fused_node<T>> nodes;
-    std::vector<strided<const T>> inputs;
-    std::vector<const bf16*> bf16_inputs;  // per input: its bf16 values, or null
+    std::vector<source_array<T>> inputs;
     void clear() {
         nodes.clear();
         inputs.clear();
-        bf16_inputs.clear();
     }
 };
 
@@ -311,11 +447,11 @@ struct fused_region {
 
 // Writes the program's result into `result`, or only into `region` of it (the inputs read
 // at the same positions). `parallel`: whether it may start threads. Every thread it runs on
-// takes its memory before any of them writes. With `bf16_result`, the result is rounded into
-// that memory, laid out as `result` (whose data is then null), block by block.
+// takes its memory before any of them writes. With `rounded`, the result is rounded into
+// that memory instead, laid out as `result` (whose data is then null), block by block.
 template <class T>
 void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel,
-               const fused_region* region = nullptr, bf16* bf16_result = nullptr);
+               const fused_region* region = nullptr, const rounded_memory<T>& rounded = {});
 
 // Takes, on the calling thread, the memory that run_fused of `program` needs there, so that a
 // run_fused inside another kernel's team (an epilogue) allocates nothing.
@@ -324,25 +460,23 @@ void prepare_fused(const fused_program<T>& program);
 
 // ---- kernels along one axis (rowwise.hpp)
 
-// Where a line kernel's operand or result lies when it is of bf16 (its strided<T> then gives
-// only the extents and strides, its data null): the kernel widens each line it reads and
-// rounds each line it writes in its own line buffer, so memory sees half float's bytes.
-struct bf16_lines {
-    const bf16* in = nullptr;
-    bf16* out = nullptr;
-};
+// x is read as stored, and with `rounded` the result is rounded into that memory instead of
+// written to out (which then gives only its extents and strides, its data null): the kernel
+// widens each line it reads and rounds each line it writes in its own line buffer, so memory
+// sees the stored type's bytes (half float's for bf16).
 
 // out = softmax of x along axis; out has x's extents.
 template <class T>
-void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow = {});
+void softmax(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded = {});
 
 // out = layer_norm of x along axis (no scale or shift); out has x's extents.
 template <class T>
-void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon, bf16_lines narrow = {});
+void layer_norm(const source_array<T>& x, const strided<T>& out, std::size_t axis, T epsilon,
+                const rounded_memory<T>& rounded = {});
 
 // out = the reduction (fn::sum, fn::max, fn::mean) of x along axis; out has x's axes without it.
 template <class Reduction, class T>
-void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow = {});
+void reduce(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded = {});
 
 // ---- indexing (gather.hpp)
 

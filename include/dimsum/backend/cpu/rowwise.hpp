@@ -149,12 +149,13 @@ T line_max(const In* x, std::size_t n) {
 // distance ahead when the lines follow each other in memory, else the next line; and
 // `stream` when the kernel writes a large result in place, which then goes around the
 // caches (simd.hpp; a kernel may ignore it). A line that is strided goes through a
-// contiguous line buffer of T. A line of bf16 (`narrow`) is handed to the kernel where it
-// lies if the kernel takes bf16 and the line is contiguous (softmax: it widens as it reads
-// and rounds as it writes); else it goes through the buffer too, widened into it or rounded
-// out of it.
+// contiguous line buffer of T. A line stored narrower (x's, or the rounded result's) is
+// handed to the kernel where it lies if the kernel takes bf16 and the line is contiguous
+// (softmax: it widens as it reads and rounds as it writes); else it goes through the buffer
+// too, widened into it or rounded out of it.
 template <class T, class Kernel>
-void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow, Kernel kernel) {
+void for_each_line(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded,
+                   Kernel kernel) {
     const std::size_t n = x.extents[axis];
     std::size_t lines = 1;
     for (std::size_t i = 0; i < x.rank; ++i) lines *= i == axis ? 1 : x.extents[i];
@@ -163,8 +164,9 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
     const bool out_is_one = out_step == 0;  // a reduction writes one value per line
     constexpr bool takes_bf16 =
         std::is_same_v<T, float> && std::is_invocable_v<Kernel, const bf16*, bf16*, std::size_t, T*, const bf16*, bool>;
-    const bool in_place_bf16 = takes_bf16 && narrow.in && x_step == 1;
-    const bool out_place_bf16 = takes_bf16 && narrow.out && out_step == 1;
+    const bool in_place_bf16 = takes_bf16 && x.type == element_type::bf16 && x_step == 1;
+    const bool out_place_bf16 = takes_bf16 && rounded && rounded.type == element_type::bf16 && out_step == 1;
+    const bool widens = !x.holds_own();
 
     auto start_of = [&](std::size_t line, std::ptrdiff_t& x_at, std::ptrdiff_t& out_at) {
         x_at = out_at = 0;
@@ -178,7 +180,8 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
     };
     // a large result in contiguous lines is written around the caches (simd.hpp): by the
     // kernel where it writes the lines in place, else by the rounding out of the buffer
-    const bool stream = !out_is_one && out_step == 1 && lines * n * (narrow.out ? sizeof(bf16) : sizeof(T)) >= streaming_bytes;
+    const std::size_t out_bytes = lines * n * (rounded ? evaluation::size_of(rounded.type) : sizeof(T));
+    const bool stream = !out_is_one && out_step == 1 && out_bytes >= streaming_bytes;
     const std::size_t buffer_size = 3 * std::max<std::size_t>(n, 1);
     auto prepare = [&] { scratch<T>(scratch_use::rows, buffer_size); };
     auto sweep = [&](std::size_t first, std::size_t last) {
@@ -198,12 +201,11 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
         // the kernel on this line, read from `in`, written where the line of out lies
         auto run = [&](const auto* in, decltype(in) ahead) {
             if constexpr (takes_bf16) {
-                if (out_place_bf16) return kernel(in, narrow.out + out_at, n, work, ahead, stream);
+                if (out_place_bf16) return kernel(in, rounded.template as<bf16>() + out_at, n, work, ahead, stream);
             }
-            if (narrow.out) {  // the line in the buffer, then rounded: one value for a reduction
+            if (rounded) {  // the line in the buffer, then rounded: one value for a reduction
                 kernel(in, buffer + n, n, work, ahead, false);
-                if (stream) round_streaming(buffer + n, narrow.out + out_at, n);
-                else round_line(buffer + n, 1, narrow.out + out_at, out_step, out_is_one ? 1 : n);
+                round_values(buffer + n, rounded, out_at, out_step, out_is_one ? 1 : n, stream);
                 return;
             }
             T* target = out.data + out_at;
@@ -220,18 +222,21 @@ void for_each_line(const strided<const T>& x, const strided<T>& out, std::size_t
             if (line + 1 < last) start_of(line + 1, next_x_at, next_out_at);
             if constexpr (takes_bf16) {
                 if (in_place_bf16) {
-                    run(narrow.in + x_at, ahead_of(narrow.in, line));
+                    const bf16* stored = static_cast<const bf16*>(x.data);
+                    run(stored + x_at, ahead_of(stored, line));
                     continue;
                 }
             }
-            if (narrow.in) {
-                widen_block(narrow.in + x_at, x_step, n, buffer);
+            if (widens) {
+                x.visit([&](const auto& stored) { widen_block(stored.data + x_at, x_step, n, buffer); });
                 run(static_cast<const T*>(buffer), nullptr);
             } else if (x_step != 1 && n > 1) {
-                for (std::size_t j = 0; j < n; ++j) buffer[j] = x.data[x_at + static_cast<std::ptrdiff_t>(j) * x_step];
+                const T* own = static_cast<const T*>(x.data);
+                for (std::size_t j = 0; j < n; ++j) buffer[j] = own[x_at + static_cast<std::ptrdiff_t>(j) * x_step];
                 run(static_cast<const T*>(buffer), nullptr);
             } else {
-                run(x.data + x_at, x_step == 1 ? ahead_of(x.data, line) : nullptr);
+                const T* own = static_cast<const T*>(x.data);
+                run(own + x_at, x_step == 1 ? ahead_of(own, line) : nullptr);
             }
         }
         streaming_fence();
@@ -352,8 +357,8 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
 
 // (kernels.hpp)
 template <class T>
-void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow) {
-    detail::for_each_line<T>(x, out, axis, narrow,
+void softmax(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded) {
+    detail::for_each_line<T>(x, out, axis, rounded,
                              [](const auto* in, auto* y, std::size_t n, T* work, decltype(in) ahead, bool stream) {
                                  detail::softmax_line(in, y, n, work, ahead, stream);
                              });
@@ -361,18 +366,18 @@ void softmax(const strided<const T>& x, const strided<T>& out, std::size_t axis,
 
 // (kernels.hpp)
 template <class T>
-void layer_norm(const strided<const T>& x, const strided<T>& out, std::size_t axis, T epsilon, bf16_lines narrow) {
-    detail::for_each_line<T>(x, out, axis, narrow, [epsilon](const T* in, T* y, std::size_t n, T*, const T*, bool) {
+void layer_norm(const source_array<T>& x, const strided<T>& out, std::size_t axis, T epsilon, const rounded_memory<T>& rounded) {
+    detail::for_each_line<T>(x, out, axis, rounded, [epsilon](const T* in, T* y, std::size_t n, T*, const T*, bool) {
         detail::layer_norm_line(in, y, n, epsilon);
     });
 }
 
 // (kernels.hpp)
 template <class Reduction, class T>
-void reduce(const strided<const T>& x, const strided<T>& out, std::size_t axis, bf16_lines narrow) {
+void reduce(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded) {
     strided<T> lines{out.data, x.rank, x.extents, {}};  // out seen at x's rank: stride 0 along axis
     for (std::size_t i = 0, k = 0; i < x.rank; ++i) lines.strides[i] = i == axis ? 0 : out.strides[k++];
-    detail::for_each_line<T>(x, lines, axis, narrow, [](const T* in, T* y, std::size_t n, T*, const T*, bool) {
+    detail::for_each_line<T>(x, lines, axis, rounded, [](const T* in, T* y, std::size_t n, T*, const T*, bool) {
         if constexpr (std::is_same_v<Reduction, fn::max>) *y = detail::line_max(in, n);
         else if constexpr (std::is_same_v<Reduction, fn::mean>) *y = detail::line_sum(in, n) / static_cast<T>(n);
         else *y = detail::line_sum(in, n);

@@ -201,6 +201,13 @@ template <class T>
 void round_streaming(const T* from, bf16* to, std::size_t n) {
     scale_rounded<T, false>(from, to, n, T(1), true);
 }
+// n contiguous values rounded into `to`, `at` elements from its start and `stride` apart;
+// with `stream` (and stride 1), around the caches where the stored type has a way to.
+template <class T>
+void round_values(const T* from, const rounded_memory<T>& to, std::ptrdiff_t at, std::ptrdiff_t stride, std::size_t n, bool stream) {
+    if (stream && stride == 1 && to.type == element_type::bf16) return round_streaming(from, to.template as<bf16>() + at, n);
+    round_line(from, 1, to, at, stride, n);
+}
 
 }  // namespace dimsum::backend::cpu
 
