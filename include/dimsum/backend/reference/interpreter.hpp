@@ -39,11 +39,8 @@ public:
 
 private:
     void run(const entry& e) {
-        if (e.kind == entry_kind::attention || e.epilogue != evaluation::no_step) {
-            throw std::logic_error("dimsum: the reference backend runs plans without fusion");
-        }
-        if (e.kind == entry_kind::narrow) {
-            throw std::logic_error("dimsum: the reference backend runs plans that read no operand as bf16");
+        if (e.kind == entry_kind::attention || e.kind == entry_kind::narrow || e.epilogue != evaluation::no_step) {
+            throw std::logic_error("dimsum: the reference backend runs plans without fusion, reading no operand as bf16");
         }
         const strided<T> dst = at(e.out);
         switch (e.kind) {
@@ -92,26 +89,17 @@ private:
     // computed here, every other step read from the value the plan placed.
     T read(std::size_t id, const std::size_t* index) const {
         const step& s = steps_[id];
-        switch (s.kind) {
-            case step_kind::number: return static_cast<T>(s.number);
-            case step_kind::elementwise: {
-                T arguments[max_operands];
-                for (std::size_t i = 0; i < s.operand_count; ++i) {
-                    arguments[i] = read(s.operands[i], broadcast_index(s, steps_[s.operands[i]], index).data());
-                }
-                if (s.op != op_code::map) return fn::apply(s.op, arguments);
-                const T* in[max_operands] = {&arguments[0], &arguments[1], &arguments[2]};
-                T out{};
-                program_.functions[s.index](1, in, &out);
-                return out;
-            }
-            case step_kind::tensor: case step_kind::causal_mask: case step_kind::arange: case step_kind::concat:
-            case step_kind::gather: case step_kind::permute: case step_kind::reshape:
-            case step_kind::select: case step_kind::slice: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
-            case step_kind::sum: case step_kind::max: case step_kind::mean:
-                return read(plan_.values[id]).at(index);
+        if (s.kind == step_kind::number) return static_cast<T>(s.number);
+        if (s.kind != step_kind::elementwise) return read(plan_.values[id]).at(index);
+        T arguments[max_operands];
+        for (std::size_t i = 0; i < s.operand_count; ++i) {
+            arguments[i] = read(s.operands[i], broadcast_index(s, steps_[s.operands[i]], index).data());
         }
-        __builtin_unreachable();  // every kind is handled above
+        if (s.op != op_code::map) return fn::apply(s.op, arguments);
+        const T* in[max_operands] = {&arguments[0], &arguments[1], &arguments[2]};
+        T out{};
+        program_.functions[s.index](1, in, &out);
+        return out;
     }
 
     // The index into an operand broadcast to step s: right-aligned, 0 along extents of 1.
