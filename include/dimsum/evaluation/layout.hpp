@@ -96,26 +96,26 @@ constexpr layout select(const layout& l, std::size_t axis, std::size_t index) {
 }
 
 // The same elements read as `rank` axes, right-aligned: missing leading axes and axes of
-// extent 1 get stride 0, so that any index along them reads the one element there.
-constexpr layout broadcast(const layout& l, std::size_t rank) {
-    layout b{rank, {}, {}, l.offset};
-    const std::size_t lead = rank - l.rank;
-    for (std::size_t i = 0; i < rank; ++i) {
-        b.extents[i] = i < lead ? 1 : l.extents[i - lead];
-        b.strides[i] = i < lead || b.extents[i] == 1 ? 0 : l.strides[i - lead];
-    }
-    return b;
-}
-
-// broadcast(l, rank), written over l (the planner builds many: a layout built apart and
-// copied costs a stalled wide load of what was just stored).
+// extent 1 get stride 0, so that any index along them reads the one element there; the
+// axes past `rank` are zero. Written over l (the planner builds many in place: a layout
+// built apart and copied costs a stalled wide load of what was just stored).
 constexpr void broadcast_in_place(layout& l, std::size_t rank) {
     const std::size_t lead = rank - l.rank;
     for (std::size_t i = rank; i-- > 0;) {  // from the last axis: axis i reads axis i - lead, not yet written
         l.extents[i] = i < lead ? 1 : l.extents[i - lead];
         l.strides[i] = i < lead || l.extents[i] == 1 ? 0 : l.strides[i - lead];
     }
+    for (std::size_t i = rank; i < max_rank; ++i) {
+        l.extents[i] = 0;
+        l.strides[i] = 0;
+    }
     l.rank = rank;
+}
+// The same, as a new layout.
+constexpr layout broadcast(const layout& l, std::size_t rank) {
+    layout b = l;
+    broadcast_in_place(b, rank);
+    return b;
 }
 
 // Whether l lays its elements out densely from offset 0: its strides are the row-major

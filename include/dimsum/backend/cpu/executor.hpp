@@ -256,9 +256,10 @@ private:
     // What a kernel reads at place p, as stored: of T, or of a narrower type it widens.
     source_array<T> input(const evaluation::place& p) const {
         if (!stored_narrower(p)) return read(p);
-        source_array<T> s(shape_only(p.where));
-        s.data = rounded_at(p, p.where.offset).data;
+        source_array<T> s(shape_only(p.where));  // its extents and strides; its memory, typed:
+        s.data = memory_of(p);
         s.type = p.type;
+        s.advance(p.where.offset);
         return s;
     }
 

@@ -134,8 +134,9 @@ struct source_matrix : stored_memory<T> {
     template <class U>
     matrix<const U> stored(std::ptrdiff_t elements = 0) const {
         if (this->type != evaluation::element_type_of<U>()) throw std::logic_error("dimsum: a kernel reads an operand as another type");
-        const U* at = static_cast<const U*>(this->data);
-        return {at ? at + elements : nullptr, rows, cols, row_stride, col_stride};
+        stored_memory<T> at = *this;
+        at.advance(elements);
+        return {static_cast<const U*>(at.data), rows, cols, row_stride, col_stride};
     }
 };
 
