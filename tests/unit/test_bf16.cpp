@@ -202,14 +202,16 @@ void poison_row(ds::tensor<bf16, Rows_, Cols_>& t, std::size_t row, std::size_t 
 // read their bf16 operands where they lie and widen them as they pack or load them, computing
 // the same sums in the same order as on the widened copy (gemm.hpp). The extents reach every
 // path of gemm: a few rows (1 to 4, B streamed), A or B read in place for float but packed for
-// bf16, depths past one block (kc = 256), whole products per thread and products shared by
+// bf16, depths past one block (kc = 256), B shared by two threads and cut along its depth
+// (gemm.hpp), whole products per thread and products shared by
 // two threads by rows and by columns.
 TEST_CASE("a product reads its bf16 operands where they lie: the product of the widened values, bit for bit") {
     struct extents {
         std::size_t m, k, n;
     };
     const extents cases[] = {{1, 19, 45},  {2, 300, 33}, {3, 7, 130}, {4, 300, 1},   {5, 1, 7},
-                             {13, 67, 35}, {37, 300, 45}, {300, 300, 130}, {100, 300, 400}};
+                             {13, 67, 35}, {37, 300, 45}, {300, 300, 130}, {100, 300, 400},
+                             {1, 1031, 263}, {4, 129, 2049}};  // B shared by two threads, cut along its depth
     for (const int threads : {1, 2}) {
         ds::set_num_threads(threads);
         for (const auto [m, k, n] : cases) {

@@ -82,3 +82,41 @@ TEST_CASE("matmul inside a formula: scale, bias, activation, residual") {
     xt::xarray<double> want = xt::maximum(xt_matmul(xx, test::to_xt(w)) * 0.5 + test::to_xt(bias), 0.0) + xx;
     test::require_close(ds::eval(ds::max(ds::matmul(x, w) * 0.5f + bias, 0.0f) + x), want, 1e-5, 1e-5);
 }
+
+// A few rows times a row-major B large enough to share (decoding: gemm.hpp cuts B along its
+// depth, in groups of rows fixed by k, and adds the groups' sums in order): the same bits on
+// one thread and on two, and xtensor's values, NaN and infinity included. B's rows are strided
+// (a slice of a wider matrix), k and n fit neither the groups of 128 rows nor the SIMD width,
+// and the specials sit in the first lanes, the middle and the tail of B's rows.
+TEMPLATE_TEST_CASE("a few rows times a large B: the same bits on 1 and 2 threads, NaN and infinity kept", "", float, double) {
+    using Wide = ds::axis<"wide">;
+    struct extents {
+        std::size_t k, n;
+    };
+    const TestType nan = std::numeric_limits<TestType>::quiet_NaN(), inf = std::numeric_limits<TestType>::infinity();
+    for (const auto [k, n] : {extents{1031, 263}, extents{129, 2049}}) {
+        ds::tensor<TestType, K, Wide> wide(K{k}, Wide{n + 3});
+        ds::fill_uniform(wide, k + n);
+        const std::size_t specials[][2] = {{0, 0}, {k / 2, 5}, {k - 1, n / 2}, {128, n - 2}, {k - 2, n - 1}};
+        for (const auto [row, col] : specials) wide(row, col) = (col % 2 == 0) ? nan : inf;
+        wide(k / 3, n - 2) = -inf;  // meets +inf in column n - 2: NaN
+        const auto b = ds::rename<Wide, N>(ds::slice<Wide>(wide, 0, n));
+        ds::tensor<TestType, N> bias(N{n});
+        ds::fill_uniform(bias, 7);
+        for (std::size_t m = 1; m <= 4; ++m) {
+            INFO(m << " x " << k << " x " << n);
+            ds::tensor<TestType, M, K> a(M{m}, K{k});
+            ds::fill_uniform(a, m);
+            ds::set_num_threads(1);
+            const ds::tensor<TestType, M, N> one = ds::matmul(a, b) + bias;
+            const auto loops_before = ds::runtime::thread_team::instance().loops_run();
+            ds::set_num_threads(2);
+            const ds::tensor<TestType, M, N> two = ds::matmul(a, b) + bias;
+            ds::set_num_threads(0);
+            REQUIRE(ds::runtime::thread_team::instance().loops_run() > loops_before);  // shared, not run alone
+            test::require_same_bits(two, one);
+            const double tol = std::is_same_v<TestType, float> ? 1e-4 : 1e-10;
+            test::require_close(one, xt_matmul(test::to_xt(a), test::to_xt(ds::slice<Wide>(wide, 0, n))) + test::to_xt(bias), tol, tol);
+        }
+    }
+}

@@ -62,6 +62,7 @@ enum class scratch_use : std::size_t {
     attention,
     attention_keys,
     attention_partials,
+    depth_sums,  // a few rows' products over groups of the depth, summed in order (gemm.hpp)
     product_block,  // a block of a product's sums that only its epilogue reads (bf16_gemm.hpp)
     count
 };
