@@ -19,4 +19,7 @@ int main() {
 
     // The reference backend's plan of the same formula: every step its own entry.
     std::cout << '\n' << ds::explain(ds::matmul(merge_heads(attention(q, k, v)), w_o), ds::backend::reference::evaluator{});
+
+    // The program as lowered and after each program pass (one line a step), then the plan.
+    std::cout << '\n' << ds::explain(attention(q, k, v), ds::explain_detail::passes);
 }

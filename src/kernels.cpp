@@ -43,8 +43,8 @@ DIMSUM_KERNELS_FOR(double)
 
 // The reference backend's planning and loops (it shares no kernel with the CPU backend).
 namespace dimsum::backend::reference {
-template void plan_and_interpret<float>(const evaluation::program&, const std::vector<evaluation::binding>&,
+template void plan_and_interpret<float>(evaluation::program&, const std::vector<evaluation::binding>&,
                                         const strided<float>&, const evaluation::planner_options&);
-template void plan_and_interpret<double>(const evaluation::program&, const std::vector<evaluation::binding>&,
+template void plan_and_interpret<double>(evaluation::program&, const std::vector<evaluation::binding>&,
                                          const strided<double>&, const evaluation::planner_options&);
 }  // namespace dimsum::backend::reference

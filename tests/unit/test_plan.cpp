@@ -1,6 +1,7 @@
-// The planner (evaluation/plan.hpp) and the attention matcher (evaluation/attention_pattern.hpp)
-// on small formulas: which entries a formula becomes, what the matcher takes out of the score
-// function, and what it must refuse. And explain()'s text for the README's attention.
+// The planner (evaluation/plan.hpp), the attention matcher (evaluation/attention_pattern.hpp)
+// and the program pass that uses it (evaluation/passes.hpp) on small formulas: which entries a
+// formula becomes, what the matcher takes out of the score function and what it must refuse,
+// what the pass makes of a program alone. And explain()'s text for the README's attention.
 #include "support.hpp"
 
 #include <fstream>
@@ -50,11 +51,20 @@ planned plan_of(const E& e, ev::planner_options options = {}, std::optional<ev::
     return p;
 }
 
-// What the matcher finds at the formula's root.
+// A formula lowered, no pass run.
+template <class E>
+ev::program lowered(const E& e) {
+    ev::program p;
+    std::vector<ev::binding> bindings;
+    ev::lower<float>(e, p, bindings);
+    return p;
+}
+
+// What the matcher finds at the formula's root, in the program as lowered.
 template <class E>
 std::optional<ev::attention_match> match_of(const E& e) {
-    planned p = plan_of(e);
-    return ev::match_attention(p.program.steps, p.program.root);
+    const ev::program p = lowered(e);
+    return ev::match_attention(p.steps, p.root);
 }
 
 struct qkv {
@@ -144,6 +154,79 @@ TEST_CASE("formulas that are not attention do not match") {
     CHECK(!match_of(ds::matmul(ds::softmax(t.scores() + bias), t.v)));
     // a plain product
     CHECK(!match_of(ds::matmul(t.q, ds::transpose(t.k))));
+}
+
+TEST_CASE("recognise_attention, alone: one attention step in place of the outer product, nothing else changed") {
+    qkv t;
+    ds::tensor<float, Batch, Query, Head> y(Batch{2}, Query{5});
+    auto f = ds::matmul(ds::softmax(ds::masked_fill(t.scores() * 0.5f + t.mask, t.causal(), -infinity)), t.v) + y;
+    const ev::program before = lowered(f);
+    ev::program after = before;
+    ev::recognise_attention(after);
+
+    // the root (an add) is as it was; its first operand, the outer product, is now attention
+    REQUIRE(after.steps.size() == before.steps.size());
+    const std::size_t outer = before.steps[before.root].operands[0];
+    const std::optional<ev::attention_match> match = ev::match_attention(before.steps, outer);
+    REQUIRE(match);
+    for (std::size_t id = 0; id < before.steps.size(); ++id) {
+        if (id != outer) CHECK(after.steps[id] == before.steps[id]);
+    }
+    const ev::step& attention = after.steps[outer];
+    CHECK(attention.kind == ev::step_kind::attention);
+    CHECK(ev::group_of(attention.kind) == ev::step_group::product);
+    REQUIRE(attention.operand_count == 3);
+    const ev::step& scores = before.steps[match->scores];
+    CHECK(attention.operands[0] == scores.operands[0]);  // Q
+    CHECK(attention.operands[1] == scores.operands[1]);  // K^T
+    CHECK(attention.operands[2] == match->values);       // V
+    CHECK(attention.extents == before.steps[outer].extents);
+    REQUIRE(after.attentions.size() == 1);
+    CHECK(attention.index == 0);
+    CHECK(after.attentions[0] == *match);
+    CHECK(after.attentions[0].causal);
+    CHECK(after.attentions[0].score_function != after.attentions[0].scores);  // the additive mask stays
+
+    // printed: the attention step with its scores, the softmax it replaced dead, the scores not
+    const std::string text = ev::to_text(after);
+    INFO(text);
+    auto s = [](std::size_t id) { return "s" + std::to_string(id); };
+    const std::string line = s(outer) + " = attention(" + s(scores.operands[0]) + ", " + s(scores.operands[1]) + ", " +
+                             s(match->values) + ") [scores " + s(match->scores) + ", score_function " +
+                             s(match->score_function) + ", causal] (batch=2, query=5, head=4) float";
+    CHECK(text.find(line) != std::string::npos);
+    const std::size_t softmax = before.steps[outer].operands[0];
+    CHECK(text.find(s(softmax) + " = softmax(" + s(before.steps[softmax].operands[0]) + ") [axis 2]") != std::string::npos);
+    auto line_of = [&](std::size_t id) {
+        const std::size_t at = text.find("  s" + std::to_string(id) + " = ");
+        return text.substr(at, text.find('\n', at) - at);
+    };
+    CHECK(line_of(softmax).find("(dead)") != std::string::npos);
+    CHECK(line_of(match->scores).find("(dead)") == std::string::npos);
+    CHECK(line_of(after.root).find("<- root") != std::string::npos);
+    CHECK(ev::to_text(before).find("(dead)") == std::string::npos);
+
+    // two attentions in one formula: two steps, two entries of the table
+    ev::program two = lowered(ds::matmul(ds::softmax(t.scores()), t.v) * ds::matmul(ds::softmax(t.scores() / 8.0f), t.v));
+    ev::recognise_attention(two);
+    REQUIRE(two.attentions.size() == 2);
+    CHECK(two.attentions[0].scale == 1.0);
+    CHECK(two.attentions[1].divides);
+    // a formula with no attention is left as it was
+    const ev::program plain = lowered(ds::softmax(t.scores()) * 2.0f);
+    ev::program untouched = plain;
+    ev::recognise_attention(untouched);
+    CHECK(untouched.steps == plain.steps);
+    CHECK(untouched.attentions.empty());
+
+    // ds::explain shows the program before and after each pass, then the plan
+    const std::string passes = ds::explain(f, ds::explain_detail::passes);
+    INFO(passes);
+    CHECK(passes.find("program as lowered:\n" + ev::to_text(before)) == 0);
+    CHECK(passes.find("after recognise_attention:\n" + ev::to_text(after) + "cpu plan") != std::string::npos);
+    CHECK(passes.substr(passes.find("cpu plan")) == ds::explain(f));
+    const std::string reference = ds::explain(f, ds::explain_detail::passes, ds::backend::reference::evaluator{});
+    CHECK(reference.find("after recognise_attention: not run on this backend\nreference plan") != std::string::npos);
 }
 
 TEST_CASE("the planner fuses what it can and says where each value lives") {

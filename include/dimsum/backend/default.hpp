@@ -47,6 +47,16 @@ std::string explain(const E& e, const Backend& backend) {
     else return backend.explain(e);
 }
 
+// `ds::explain(formula, ds::explain_detail::passes)`: before the plan, the program as lowered
+// and after each program pass, one line a step (evaluation/passes.hpp); on the default backend,
+// or on one of the caller's choice given third.
+using evaluation::explain_detail;
+template <operand E, class Backend = default_backend>
+std::string explain(const E& e, explain_detail detail, const Backend& backend = {}) {
+    if constexpr (is_invalid<E>) return std::string{};
+    else return backend.explain(e, detail);
+}
+
 // `dst = formula` and ds::assign (tensor/tensor_view.hpp) evaluate on the default backend.
 template <>
 struct default_assignment<void> {

@@ -2,9 +2,10 @@
 // Finds attention in a lowered program (program.hpp): the steps of
 //     matmul(softmax(f(matmul(Q, K^T))), V)        softmax along the keys,
 // where f, the score function, is any elementwise formula of the scores of the same shape.
-// The planner (plan.hpp) then makes it one `attention` entry, which a backend runs as a fused
-// kernel that never holds the queries x keys matrix. Two parts of f are taken out for the kernel to do itself, however
-// the user spells them:
+// The program pass recognise_attention (passes.hpp) makes it one attention step, and the
+// planner (plan.hpp) one `attention` entry, which a backend runs as a fused kernel that never
+// holds the queries x keys matrix. Two parts of f are taken out for the kernel to do itself,
+// however the user spells them:
 //   - a causal mask applied last, masked_fill(s, causal_mask(...), -infinity), so that the
 //     kernel can skip the tiles above the diagonal;
 //   - then, if what is left is the scores times or divided by a number, that number (the
@@ -21,15 +22,6 @@
 #include "dimsum/evaluation/program.hpp"
 
 namespace dimsum::evaluation {
-
-struct attention_match {
-    std::size_t scores = 0;          // the matmul(Q, K^T) step: operands Q and K^T
-    std::size_t values = 0;          // V
-    std::size_t score_function = 0;  // what is left of f, as a formula of `scores`; == scores if nothing
-    double scale = 1;                // the number the scores are multiplied by ...
-    bool divides = false;            // ... or divided by: computed as 1 / scale in the element type
-    bool causal = false;
-};
 
 // Whether step s applies the elementwise function `op`.
 inline bool applies(const step& s, op_code op) {

@@ -83,15 +83,7 @@ private:
         return s.str();
     }
 
-    void shape(const step& s) {
-        out_ << '(';
-        for (std::size_t i = 0; i < s.rank; ++i) {
-            out_ << (i ? ", " : "");
-            if (s.axes && !s.axes[i].name.empty()) out_ << s.axes[i].name << '=';
-            out_ << s.extents[i];
-        }
-        out_ << ')';
-    }
+    void shape(const step& s) { printing::shape(out_, s); }
 
     void memory(const place& p) {
         switch (p.memory) {
@@ -123,10 +115,10 @@ private:
     // Step id's own node, its operands as operand() prints them.
     void formula(std::size_t id, std::size_t product = no_step, std::string_view inner = {}) {
         const step& s = steps_[id];
-        switch (s.kind) {
-            case step_kind::tensor: out_ << "in" << s.binding; return;
-            case step_kind::number: out_ << s.number; return;
-            case step_kind::elementwise:
+        switch (group_of(s.kind)) {
+            case step_group::memory: out_ << "in" << s.binding; return;
+            case step_group::number: out_ << s.number; return;
+            case step_group::elementwise:
                 out_ << name_of(s.op) << '(';
                 for (std::size_t o = 0; o < s.operand_count; ++o) {
                     out_ << (o ? ", " : "");
@@ -134,7 +126,7 @@ private:
                 }
                 out_ << ')';
                 return;
-            case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: {
+            case step_group::view: {
                 const std::size_t from = s.operands[0];
                 const bool copied = !as_stored_ && plan_.placed[id] && plan_.values[id].memory == memory_kind::temporary &&
                                     (!plan_.placed[from] || plan_.values[from].memory != memory_kind::temporary ||
@@ -150,9 +142,7 @@ private:
                 out_ << ')';
                 return;
             }
-            case step_kind::causal_mask: case step_kind::arange: case step_kind::concat: case step_kind::gather:
-            case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm:
-            case step_kind::sum: case step_kind::max: case step_kind::mean:
+            case step_group::indices: case step_group::join: case step_group::product: case step_group::line:
                 out_ << name_of(s.kind);  // computed by an entry of its own
                 return;
         }
@@ -307,9 +297,14 @@ inline std::string explain(const program& p, const plan& pl, std::string_view ba
     return explaining::printer(p, pl, computes_in).text(backend, stored.value_or(computes_in));
 }
 
+// How much ds::explain says: the plan, or before it the program as lowered and after each
+// program pass (passes.hpp: one line a step).
+enum class explain_detail { plan, passes };
+
 // The plan of formula e for a new tensor of its shape, made with `options`, computing in T.
 template <class T, class E>
-std::string explain_formula(const E& e, planner_options options, std::string_view backend) {
+std::string explain_formula(const E& e, planner_options options, std::string_view backend,
+                            explain_detail detail = explain_detail::plan) {
     program p;
     std::vector<binding> bindings;
     lower<T>(e, p, bindings);
@@ -317,8 +312,10 @@ std::string explain_formula(const E& e, planner_options options, std::string_vie
     plan pl;
     const element_type stored = element_type_of<value_type_of<E>>();
     const element_type rounded_by_kernels = options.read_bf16 && stored == element_type::bf16 ? stored : element_type_of<T>();
-    make_plan(p, bindings, row_major(root.rank, root.extents), rounded_by_kernels, options, pl);
-    return explain(p, pl, backend, stored);
+    std::string passes;
+    make_plan(p, bindings, row_major(root.rank, root.extents), rounded_by_kernels, options, pl,
+              detail == explain_detail::passes ? &passes : nullptr);
+    return passes + explain(p, pl, backend, stored);
 }
 
 }  // namespace dimsum::evaluation

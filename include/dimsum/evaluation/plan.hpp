@@ -2,7 +2,8 @@
 // The planner: a lowered program (program.hpp) becomes a plan, the list of kernel calls a
 // backend makes, in order, and the temporaries they need. Every decision about how a formula
 // runs is made here, once, for every backend:
-//   matmul(softmax(f(matmul(Q, K^T))), V)  -> one `attention` entry (attention_pattern.hpp);
+//   matmul(softmax(f(matmul(Q, K^T))), V)  -> one `attention` entry, from the attention step
+//                                             that a program pass made of it (passes.hpp);
 //   a matmul inside an elementwise formula of its own shape
 //                                          -> one `gemm` entry whose epilogue is that formula,
 //                                             applied to each block of the product in cache;
@@ -51,8 +52,10 @@
 #include <stdexcept>
 #include <vector>
 
-#include "dimsum/evaluation/attention_pattern.hpp"
+#include <string>
+
 #include "dimsum/evaluation/layout.hpp"
+#include "dimsum/evaluation/passes.hpp"
 #include "dimsum/evaluation/program.hpp"
 
 namespace dimsum::evaluation {
@@ -178,28 +181,14 @@ struct plan {
     }
 };
 
-struct planner_options {
-    bool fuse_attention = true;  // attention as one entry (else matmul, softmax, matmul)
-    bool fuse_epilogues = true;  // elementwise formulas of a product into its gemm
-    bool read_packed = false;    // a product's right operand packed once is read from its packing
-    bool read_bf16 = false;      // an operand of bf16 of a product or of attention (a tensor, cast<bf16>
-                                 // of a formula, or a view of either) is read as bf16, with no convert
-};
-
 // The layout of view step s (permute, select, slice, reshape) of a value laid out as `from`, if the
 // layout can express it (a reshape may need a row-major copy first).
 inline std::optional<layout> view_layout(const step& s, const layout& from) {
-    switch (s.kind) {
-        case step_kind::permute: return permute(from, s.order);
-        case step_kind::select: return select(from, s.axis, s.index);
-        case step_kind::slice: return slice(from, s.axis, s.index, s.extents[s.axis], s.spacing);
-        case step_kind::reshape: return reshape(from, s.rank, s.extents);
-        case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
-        case step_kind::elementwise: case step_kind::concat: case step_kind::gather: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum:
-        case step_kind::max: case step_kind::mean:
-            break;  // not views
-    }
-    return std::nullopt;
+    if (group_of(s.kind) != step_group::view) return std::nullopt;
+    if (s.kind == step_kind::permute) return permute(from, s.order);
+    if (s.kind == step_kind::select) return select(from, s.axis, s.index);
+    if (s.kind == step_kind::slice) return slice(from, s.axis, s.index, s.extents[s.axis], s.spacing);
+    return reshape(from, s.rank, s.extents);
 }
 
 class planner {
@@ -210,7 +199,7 @@ public:
     // backend's kernels write bf16). No memory is read.
     planner(const program& p, const std::vector<binding>& bindings, const layout& destination, element_type destination_type,
             planner_options options, plan& out)
-        : steps_(p.steps), bindings_(bindings), options_(options), plan_(out),
+        : steps_(p.steps), attentions_(p.attentions), bindings_(bindings), options_(options), plan_(out),
           computes_in_(p.steps.empty() ? destination_type : p.steps[p.root].computes_in) {
         plan_.clear(steps_.size());
         plan_.destination_type = destination_type;
@@ -248,14 +237,14 @@ private:
 
     place compute(std::size_t id) {
         const step& s = steps_[id];
-        switch (s.kind) {
-            case step_kind::tensor: {
+        switch (group_of(s.kind)) {
+            case step_group::memory: {
                 if (s.type == s.computes_in) return binding_place(s.binding);
                 place converted = temporary(s.rank, s.extents);  // bf16 or integers, read as the formula's type
                 set_operands(add(entry_kind::convert, id, converted), binding_place(s.binding));
                 return converted;
             }
-            case step_kind::permute: case step_kind::select: case step_kind::slice: case step_kind::reshape: {
+            case step_group::view: {
                 if (s.kind == step_kind::reshape && copy_is_certain(s)) {  // computed into the copy at once
                     const step& operand = steps_[s.operands[0]];
                     place copy = temporary(operand.rank, operand.extents);
@@ -269,9 +258,8 @@ private:
                 write(s.operands[0], copy);
                 return seen_as(copy, *view_layout(s, copy.where));
             }
-            case step_kind::number: case step_kind::causal_mask: case step_kind::arange: case step_kind::elementwise:
-            case step_kind::concat: case step_kind::gather: case step_kind::matmul: case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
-            case step_kind::mean: {  // an array that entries compute
+            case step_group::number: case step_group::indices: case step_group::elementwise: case step_group::join:
+            case step_group::product: case step_group::line: {  // an array that entries compute
                 place array = temporary(s.rank, s.extents);
                 write(id, array);
                 return array;
@@ -402,10 +390,11 @@ private:
         const step& computed = steps_[id];
         const bool unplanned = !plan_.placed[id] && !is_view(computed.kind);
         const bool dead_once_rounded = unplanned && plan_.readers[id] == readers;
-        if (dead_once_rounded && (computed.kind == step_kind::elementwise || is_rowwise(computed.kind))) return write(id, bf16);
+        const step_group group = group_of(computed.kind);
+        if (dead_once_rounded && (group == step_group::elementwise || group == step_group::line)) return write(id, bf16);
         bool by_kernel = false, in_scratch = false;
         if (unplanned) {
-            in_scratch = dead_once_rounded && computed.kind == step_kind::matmul && options_.fuse_epilogues &&
+            in_scratch = dead_once_rounded && group == step_group::product && options_.fuse_epilogues &&
                                     wide == bf16.where;
             const place value = in_scratch ? rounding_scratch(wide) : temporary(wide);
             write(id, value);
@@ -433,10 +422,6 @@ private:
             set_operands(add(entry_kind::narrow, id, bf16), plan_.values[id]);
         }
     }
-    static bool is_rowwise(step_kind kind) {
-        return kind == step_kind::softmax || kind == step_kind::layer_norm || kind == step_kind::sum || kind == step_kind::max ||
-               kind == step_kind::mean;
-    }
     // A leaf of an elementwise formula (a pass, a gemm's epilogue, attention's score function):
     // read by the pass as bf16 where it lies, if it can be (stored_value: a tensor of bf16, or a
     // view of one or of a rounded cast), else planned as a value. The rule holds for every
@@ -459,13 +444,12 @@ private:
     // Plans the entries that write the value of step `id` into `dst` (of that step's extents).
     void write(std::size_t id, const place& dst) {
         const step& s = steps_[id];
-        switch (s.kind) {
-            case step_kind::matmul:
-                if (auto match = attention_at(id)) return attend(id, *match, dst);
+        switch (group_of(s.kind)) {
+            case step_group::product:
+                if (s.kind == step_kind::attention) return attend(id, attentions_[s.index], dst);
                 add_product(id, dst, no_step, place_operands_of_product(id));
                 return;
-            case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max:
-            case step_kind::mean: {
+            case step_group::line: {
                 const place lines = read_operand(s.operands[0]);  // widened as read, where they are of bf16
                 entry& e = add(entry_kind::rowwise, id, dst);
                 e.line = s.kind == step_kind::softmax      ? line_op::softmax
@@ -477,51 +461,51 @@ private:
                 e.number = s.number;
                 return set_operands(e, lines);
             }
-            case step_kind::causal_mask: case step_kind::arange:
+            case step_group::indices:
                 add(entry_kind::indices, id, dst).causal = s.kind == step_kind::causal_mask;
                 return;
-            case step_kind::gather: {  // the table; the ids where they are, as integers
-                const place table = value(s.operands[0]);
-                entry& e = add(entry_kind::gather, id, dst);
-                e.axis = s.axis;
-                return set_operands(e, table, binding_place(steps_[s.operands[1]].binding));
-            }
-            case step_kind::concat: {
-                // each operand into its slice of dst, where a later reader finds it; one already
-                // computed is copied there
-                const std::size_t split = steps_[s.operands[0]].extents[s.axis];
-                for (std::size_t o = 0; o < 2; ++o) {
-                    const std::size_t operand = s.operands[o];
-                    const place into = seen_as(dst, slice(dst.where, s.axis, o == 0 ? 0 : split, steps_[operand].extents[s.axis], 1));
-                    if (plan_.placed[operand]) {
-                        write_fused(operand, into);
-                    } else {
-                        write(operand, into);
-                        if (!is_view(steps_[operand].kind)) {
-                            plan_.values[operand] = into;
-                            plan_.placed[operand] = 1;
-                        }
-                    }
-                }
-                return;
-            }
-            case step_kind::permute:
+            case step_group::join:
+                if (s.kind == step_kind::gather) return gather(id, dst);
+                return concatenate(id, dst);
+            case step_group::view:
                 // A permutation of a value still to be computed (attention's heads, merged back
                 // into rows): computed straight into dst seen through the inverse permutation,
                 // rather than into a temporary that is then copied.
-                if (!is_view(steps_[s.operands[0]].kind)) {
+                if (s.kind == step_kind::permute && !is_view(steps_[s.operands[0]].kind)) {
                     return write(s.operands[0], seen_as(dst, unpermute(dst.where, s.order)));
                 }
-                return write_fused(id, dst);
-            case step_kind::tensor: case step_kind::number: case step_kind::elementwise: case step_kind::reshape:
-            case step_kind::select: case step_kind::slice:
-                return write_fused(id, dst);  // a fused pass, or a copy of a view
+                return write_fused(id, dst);  // a copy of the view
+            case step_group::memory: case step_group::number: case step_group::elementwise:
+                return write_fused(id, dst);  // a fused pass, or a copy
         }
     }
 
-    std::optional<attention_match> attention_at(std::size_t id) const {
-        if (!options_.fuse_attention) return std::nullopt;
-        return match_attention(steps_, id);
+    void gather(std::size_t id, const place& dst) {  // the table; the ids where they are, as integers
+        const step& s = steps_[id];
+        const place table = value(s.operands[0]);
+        entry& e = add(entry_kind::gather, id, dst);
+        e.axis = s.axis;
+        set_operands(e, table, binding_place(steps_[s.operands[1]].binding));
+    }
+
+    // Each operand into its slice of dst, where a later reader finds it; one already computed
+    // is copied there.
+    void concatenate(std::size_t id, const place& dst) {
+        const step& s = steps_[id];
+        const std::size_t split = steps_[s.operands[0]].extents[s.axis];
+        for (std::size_t o = 0; o < 2; ++o) {
+            const std::size_t operand = s.operands[o];
+            const place into = seen_as(dst, slice(dst.where, s.axis, o == 0 ? 0 : split, steps_[operand].extents[s.axis], 1));
+            if (plan_.placed[operand]) {
+                write_fused(operand, into);
+            } else {
+                write(operand, into);
+                if (!is_view(steps_[operand].kind)) {
+                    plan_.values[operand] = into;
+                    plan_.placed[operand] = 1;
+                }
+            }
+        }
     }
 
     // The steps an elementwise formula rooted at `id` reads as inputs, in evaluation order,
@@ -549,7 +533,7 @@ private:
             const std::size_t leaf = plan_.leaves[i];
             const step& s = steps_[leaf];
             if (options_.fuse_epilogues && product == no_step && s.kind == step_kind::matmul && s.rank >= 2 &&
-                s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id && !attention_at(leaf) &&
+                s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id &&
                 !plan_.placed[leaf] && reads_within(id, leaf) == plan_.readers[leaf] && (!bf16_dst || is_dense(dst.where))) {
                 product = leaf;
                 how = place_operands_of_product(leaf);
@@ -686,6 +670,7 @@ private:
     }
 
     const std::vector<step>& steps_;
+    const std::vector<attention_match>& attentions_;
     const std::vector<binding>& bindings_;
     planner_options options_;
     plan& plan_;
@@ -694,9 +679,12 @@ private:
 };
 
 // The plan of program p over memory of these layouts, into `out` (cleared first), writing its
-// value into memory of `destination_type`.
-inline void make_plan(const program& p, const std::vector<binding>& bindings, const layout& destination,
-                      element_type destination_type, planner_options options, plan& out) {
+// value into memory of `destination_type`: the program passes the options ask for rewrite p
+// (passes.hpp), then the planner places its values. With `passes_text`: p as lowered and after
+// each pass is appended there (explain).
+inline void make_plan(program& p, const std::vector<binding>& bindings, const layout& destination,
+                      element_type destination_type, planner_options options, plan& out, std::string* passes_text = nullptr) {
+    run_program_passes(p, options, passes_text);
     planner(p, bindings, destination, destination_type, options, out);
 }
 

@@ -21,7 +21,33 @@
 namespace dimsum::evaluation {
 
 enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute, reshape, select, slice, concat, gather,
-                       matmul, softmax, layer_norm, sum, max, mean };
+                       matmul, attention, softmax, layer_norm, sum, max, mean };
+
+// The kinds in groups that are planned alike, so that a switch over every kind lists groups:
+//   memory       a tensor: a binding's memory, as it lies;
+//   number       a constant;
+//   indices      causal_mask, arange: values computed from their indices alone;
+//   elementwise  a function of its operands' elements, broadcast;
+//   view         permute, reshape, select, slice: the operand's value seen through a new layout;
+//   join         concat, gather: elements of the operands moved, none computed;
+//   product      matmul, and attention (a program pass finds it: passes.hpp);
+//   line         softmax, layer_norm, sum, max, mean: a kernel along one axis.
+enum class step_group { memory, number, indices, elementwise, view, join, product, line };
+
+constexpr step_group group_of(step_kind kind) {
+    switch (kind) {
+        case step_kind::tensor: return step_group::memory;
+        case step_kind::number: return step_group::number;
+        case step_kind::causal_mask: case step_kind::arange: return step_group::indices;
+        case step_kind::elementwise: return step_group::elementwise;
+        case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: return step_group::view;
+        case step_kind::concat: case step_kind::gather: return step_group::join;
+        case step_kind::matmul: case step_kind::attention: return step_group::product;
+        case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max: case step_kind::mean:
+            return step_group::line;
+    }
+    return step_group::memory;  // not reached: every kind is listed
+}
 
 template <class T>
 constexpr element_type element_type_of() {
@@ -38,8 +64,7 @@ inline constexpr std::size_t max_operands = 3;  // where(condition, a, b)
 // Whether a step's value is memory that exists already, seen through a layout (a tensor, or a
 // view of another step's value), rather than an array that an executor computes.
 constexpr bool is_view(step_kind kind) {
-    return kind == step_kind::tensor || kind == step_kind::permute || kind == step_kind::reshape ||
-           kind == step_kind::select || kind == step_kind::slice;
+    return group_of(kind) == step_group::memory || group_of(kind) == step_group::view;
 }
 
 struct step {
@@ -57,7 +82,8 @@ struct step {
     op_code op{};              // elementwise: which function of the operands
     order_t order{};           // permute: result axis i is operand axis order[i]
     std::size_t axis = 0;      // select, slice, concat, gather, softmax, layer_norm, reductions
-    std::size_t index = 0;     // select; slice: the first position kept; map: which of the program's functions
+    std::size_t index = 0;     // select; slice: the first position kept; map: which of the program's functions;
+                               // attention: which of the program's attentions
     std::size_t spacing = 1;   // slice: the distance between the positions kept
 
     // The same computation (operands compared by index): what lowering merges.
@@ -80,17 +106,34 @@ struct host_function {
     }
 };
 
+// What an attention step computes, softmax(f(Q K^T)) V with softmax along the keys, beyond
+// its operands Q, K^T and V: the steps that stay in the program from the formula it replaced
+// (the product Q K^T and the score function f, a formula of it) and the parts of f taken out
+// for the kernel to do itself (attention_pattern.hpp).
+struct attention_match {
+    std::size_t scores = 0;          // the matmul(Q, K^T) step: operands Q and K^T
+    std::size_t values = 0;          // V
+    std::size_t score_function = 0;  // what is left of f, as a formula of `scores`; == scores if nothing
+    double scale = 1;                // the number the scores are multiplied by ...
+    bool divides = false;            // ... or divided by: computed as 1 / scale in the element type
+    bool causal = false;
+
+    bool operator==(const attention_match&) const = default;
+};
+
 struct program {
     std::vector<step> steps;
     std::size_t root = 0;           // the step whose value the program computes
     std::size_t binding_count = 0;
     std::vector<host_function> functions;  // of its map steps
+    std::vector<attention_match> attentions;  // of its attention steps
 
     void clear() {
         steps.clear();
         root = 0;
         binding_count = 0;
         functions.clear();
+        attentions.clear();
     }
 };
 
@@ -123,6 +166,7 @@ constexpr std::string_view name_of(step_kind kind) {
         case step_kind::concat: return "concat";
         case step_kind::gather: return "gather";
         case step_kind::matmul: return "matmul";
+        case step_kind::attention: return "attention";
         case step_kind::softmax: return "softmax";
         case step_kind::layer_norm: return "layer_norm";
         case step_kind::sum: return "sum";

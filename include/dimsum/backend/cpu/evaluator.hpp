@@ -79,8 +79,8 @@ public:
 
     // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).
     template <class E>
-    std::string explain(const E& e) const {
-        return evaluation::explain_formula<compute_type_t<value_type_of<E>>>(e, planning(), "cpu");
+    std::string explain(const E& e, evaluation::explain_detail detail = evaluation::explain_detail::plan) const {
+        return evaluation::explain_formula<compute_type_t<value_type_of<E>>>(e, planning(), "cpu", detail);
     }
 
 private:

@@ -503,8 +503,8 @@ public:
 
     // The plan run(e, ...) follows, as text (evaluation/explain.hpp).
     template <class E>
-    std::string explain(const E& e) const {
-        return evaluation::explain_formula<compute_type_t<value_type_of<E>>>(e, planning(), "cuda");
+    std::string explain(const E& e, evaluation::explain_detail detail = evaluation::explain_detail::plan) const {
+        return evaluation::explain_formula<compute_type_t<value_type_of<E>>>(e, planning(), "cuda", detail);
     }
 
 private:

@@ -22,7 +22,7 @@ namespace dimsum::backend::reference {
 
 // Plans the program without fusion and runs the plan into `destination` (interpreter.hpp).
 template <class T>
-void plan_and_interpret(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
+void plan_and_interpret(evaluation::program& p, const std::vector<evaluation::binding>& bindings,
                         const evaluation::strided<T>& destination, const evaluation::planner_options& options);
 
 }  // namespace dimsum::backend::reference
@@ -58,8 +58,8 @@ public:
 
     // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).
     template <class E>
-    std::string explain(const E& e) const {
-        return evaluation::explain_formula<computes_in<value_type_of<E>>>(e, planning, "reference");
+    std::string explain(const E& e, evaluation::explain_detail detail = evaluation::explain_detail::plan) const {
+        return evaluation::explain_formula<computes_in<value_type_of<E>>>(e, planning, "reference", detail);
     }
 
 private:

@@ -135,7 +135,7 @@ private:
 };
 
 template <class T>
-void plan_and_interpret(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
+void plan_and_interpret(evaluation::program& p, const std::vector<evaluation::binding>& bindings,
                         const strided<T>& destination, const evaluation::planner_options& options) {
     evaluation::plan plan;
     evaluation::make_plan(p, bindings, evaluation::layout_of(destination), evaluation::element_type_of<T>(), options, plan);

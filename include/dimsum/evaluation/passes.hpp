@@ -1,0 +1,165 @@
+#pragma once
+// The program passes: each rewrites a lowered program (program.hpp) into one that computes the
+// same value with more of the plan's decisions said as steps, before the planner (plan.hpp)
+// places the values in memory. A pass is a function of the program alone: it reads no memory
+// and no layout, so that it can be printed (to_text) and tested by itself
+// (tests/unit/test_plan.cpp). They run in the order of `program_passes`:
+//   recognise_attention   matmul(softmax(f(matmul(Q, K^T))), V), softmax along the keys
+//                         -> one attention step (attention_pattern.hpp says what it matches).
+// A pass leaves the steps it replaced where they are, so that every step keeps its index;
+// those no other step reads any more are dead, and to_text marks them so.
+
+#include <cstddef>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dimsum/evaluation/attention_pattern.hpp"
+#include "dimsum/evaluation/program.hpp"
+
+namespace dimsum::evaluation {
+
+struct planner_options {
+    bool fuse_attention = true;  // attention as one step (recognise_attention), else matmul, softmax, matmul
+    bool fuse_epilogues = true;  // elementwise formulas of a product into its gemm
+    bool read_packed = false;    // a product's right operand packed once is read from its packing
+    bool read_bf16 = false;      // an operand of bf16 of a product or of attention (a tensor, cast<bf16>
+                                 // of a formula, or a view of either) is read as bf16, with no convert
+};
+
+// Each matmul that is the outer product of attention becomes an attention step, in place:
+// operands Q, K^T and V, and its entry in program::attentions. The scores Q K^T and the score
+// function stay as steps, which the attention step reads through that entry; the softmax and
+// the old operands are dead unless something else reads them. Steps are visited in order, so
+// an attention step is never the scores of another.
+inline void recognise_attention(program& p) {
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+        const std::optional<attention_match> match = match_attention(p.steps, id);
+        if (!match) continue;
+        step& s = p.steps[id];
+        const step& scores = p.steps[match->scores];
+        s.kind = step_kind::attention;
+        s.operands = {scores.operands[0], scores.operands[1], match->values};
+        s.operand_count = 3;
+        s.index = p.attentions.size();
+        p.attentions.push_back(*match);
+    }
+}
+
+struct program_pass {
+    std::string_view name;
+    bool (*runs)(const planner_options&);  // whether the backend asks for it
+    void (*rewrite)(program&);
+};
+
+inline constexpr program_pass program_passes[] = {
+    {"recognise_attention", [](const planner_options& o) { return o.fuse_attention; }, recognise_attention},
+};
+
+namespace printing {
+
+inline void shape(std::ostream& out, const step& s) {
+    out << '(';
+    for (std::size_t i = 0; i < s.rank; ++i) {
+        out << (i ? ", " : "");
+        if (s.axes && !s.axes[i].name.empty()) out << s.axes[i].name << '=';
+        out << s.extents[i];
+    }
+    out << ')';
+}
+
+// Whether each step is read by the root, directly or through others (attention's scores and
+// score function through program::attentions).
+inline std::vector<char> live_steps(const program& p) {
+    std::vector<char> live(p.steps.size(), 0);
+    if (p.steps.empty()) return live;
+    live[p.root] = 1;
+    for (std::size_t id = p.steps.size(); id-- > 0;) {  // operands come before their readers
+        if (!live[id]) continue;
+        const step& s = p.steps[id];
+        for (std::size_t o = 0; o < s.operand_count; ++o) live[s.operands[o]] = 1;
+        if (s.kind == step_kind::attention) {
+            live[p.attentions[s.index].scores] = 1;
+            live[p.attentions[s.index].score_function] = 1;
+        }
+    }
+    return live;
+}
+
+// What step s computes from its operands, beyond its name: its axis, order, epsilon, ...
+inline void parameters(std::ostream& out, const program& p, const step& s) {
+    switch (group_of(s.kind)) {
+        case step_group::memory: case step_group::number: case step_group::elementwise: case step_group::indices: return;
+        case step_group::view:
+            if (s.kind == step_kind::permute) {
+                out << " [order";
+                for (std::size_t i = 0; i < s.rank; ++i) out << ' ' << s.order[i];
+                out << ']';
+            }
+            if (s.kind == step_kind::select) out << " [axis " << s.axis << ", index " << s.index << ']';
+            if (s.kind == step_kind::slice) out << " [axis " << s.axis << ", from " << s.index << ", every " << s.spacing << ']';
+            return;
+        case step_group::join: case step_group::line:
+            out << " [axis " << s.axis;
+            if (s.kind == step_kind::layer_norm) out << ", epsilon " << s.number;
+            out << ']';
+            return;
+        case step_group::product:
+            if (s.kind == step_kind::attention) {
+                const attention_match& m = p.attentions[s.index];
+                out << " [scores s" << m.scores << ", score_function s" << m.score_function;
+                if (m.scale != 1 || m.divides) out << (m.divides ? ", divided by " : ", times ") << m.scale;
+                if (m.causal) out << ", causal";
+                out << ']';
+            }
+            return;
+    }
+}
+
+}  // namespace printing
+
+// The program as text, one step a line: `s4 = matmul(s1, s3) (b=2, q=5, k=5) float`: its
+// kind (a function's name, a tensor's binding, a number's value), its operands, its
+// parameters in brackets, its extents, its element type (and what it computes in where that
+// differs); `(dead)` where the root does not read it, `<- root` at the root.
+inline std::string to_text(const program& p) {
+    std::ostringstream out;
+    const std::vector<char> live = printing::live_steps(p);
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+        const step& s = p.steps[id];
+        out << "  s" << id << " = ";
+        if (s.kind == step_kind::tensor) out << "in" << s.binding;
+        else if (s.kind == step_kind::number) out << s.number;
+        else if (s.kind == step_kind::elementwise) out << name_of(s.op);
+        else out << name_of(s.kind);
+        if (s.operand_count != 0) {
+            out << '(';
+            for (std::size_t o = 0; o < s.operand_count; ++o) out << (o ? ", s" : "s") << s.operands[o];
+            out << ')';
+        }
+        printing::parameters(out, p, s);
+        out << ' ';
+        printing::shape(out, s);
+        out << ' ' << name_of(s.type);
+        if (s.computes_in != s.type) out << " computes in " << name_of(s.computes_in);
+        if (!live[id]) out << "  (dead)";
+        if (id == p.root) out << "  <- root";
+        out << '\n';
+    }
+    return out.str();
+}
+
+// Runs the passes the options ask for, in order, on p. With `text`: appends p as lowered and
+// after each pass (or that the pass did not run), for explain.
+inline void run_program_passes(program& p, const planner_options& options, std::string* text = nullptr) {
+    if (text) *text += "program as lowered:\n" + to_text(p);
+    for (const program_pass& pass : program_passes) {
+        const bool runs = pass.runs(options);
+        if (runs) pass.rewrite(p);
+        if (text) *text += std::string("after ") + std::string(pass.name) + (runs ? ":\n" + to_text(p) : ": not run on this backend\n");
+    }
+}
+
+}  // namespace dimsum::evaluation
