@@ -5,11 +5,8 @@
 // tests in place of dimsum::cuda, it checks everything of the CUDA backend but the kernels'
 // launches, CUDA's own calls and cuBLAS itself: those only a GPU checks (the same tests
 // linked with dimsum::cuda, run by scripts/gpu_check.sh). The tiled attention runs as its
-// kernel does, a block's threads as threads meeting at barriers (below).
+// kernel does, a block's threads as fibers meeting at barriers (below).
 
-#include <atomic>
-#include <barrier>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,13 +14,72 @@
 #include <memory>
 #include <new>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "dimsum/backend/cuda/arena.hpp"
 #include "dimsum/backend/cuda/attention_tiles.hpp"
 #include "dimsum/backend/cuda/device_functions.hpp"
 #include "dimsum/backend/cuda/kernels.hpp"
+
+// (the fibers of the tiled attention, below)
+#if defined(__SANITIZE_ADDRESS__)
+#define DIMSUM_FIBERS_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DIMSUM_FIBERS_UNDER_ASAN 1
+#endif
+#endif
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#if !defined(__x86_64__)
+#error "tests/cuda/host_device.cpp switches fibers on x86-64 only (the machines dimsum is built for)"
+#endif
+
+// stack_switch(&save, to): pushes the callee-saved registers and MXCSR and the x87 control
+// word, stores the stack pointer in save, takes `to` as the stack pointer, pops the same and
+// returns on that stack. fiber_entry is where a new fiber's first switch returns to: it calls
+// r13(r12) and never comes back.
+extern "C" void dimsum_stack_switch(void** save, void* to);
+extern "C" void dimsum_fiber_entry();
+asm(R"(
+    .text
+    .globl dimsum_stack_switch
+    .type dimsum_stack_switch, @function
+dimsum_stack_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size dimsum_stack_switch, .-dimsum_stack_switch
+
+    .globl dimsum_fiber_entry
+    .type dimsum_fiber_entry, @function
+dimsum_fiber_entry:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .size dimsum_fiber_entry, .-dimsum_fiber_entry
+)");
 
 namespace dimsum::backend::cuda {
 
@@ -86,55 +142,155 @@ void run_rowwise(context&, const rowwise_pass& p) { each_item(p, device::rowwise
 void run_indices(context&, const indices_pass& p) { each_item(p, device::indices_element<float>, device::indices_element<double>); }
 void run_gather(context&, const gather_pass& p) { each_item(p, device::gather_element<float>, device::gather_element<double>); }
 // The tiled attention's body (attention_tiles.hpp) run as its kernel runs it: a block's 256
-// threads as threads of their own, meeting at a barrier for each sync() of the block and twice
-// for each group reduction (write, meet, read, meet), so that a barrier or a reduction that
-// some threads of the block never reach hangs here as it hangs on the GPU. Blocks run one after
-// the other; the shared memory starts as NaN in every block, as memory no one wrote.
+// threads as fibers of the calling thread, each run until it meets the block's barrier, at
+// every sync() of the block and twice for each group reduction (write, meet, read, meet).
+// One round runs every thread from one barrier to the next; the order of the threads
+// alternates from round to round (forward, backward), so that a thread that reads what
+// another writes between the same two barriers (a race on the GPU) does not always run after
+// the writer. A barrier or a reduction that some threads of the block never reach is reported
+// and aborts, where the GPU hangs. Blocks run one after the other; the shared memory starts as
+// NaN in every block, as memory no one wrote.
+//
+// Why fibers, switched by hand: OS threads meeting at a std::barrier spent nearly all their
+// time in the kernel's futex calls, and ucontext's swapcontext in the sigprocmask call it
+// makes at every switch (each over 80% of test_cuda_host's attention cases, which took
+// minutes under the sanitizers). A switch here saves the callee-saved registers and the
+// floating-point control words on the running stack and loads another stack: no system call.
 namespace {
-// A barrier of a block's threads that, unlike the GPU's, says so when some thread never comes:
-// a watchdog aborts with a message if no barrier phase completes for 20 seconds.
-class block_barrier {
-public:
-    explicit block_barrier(int threads) : meet_(threads, completion{&phases_}), watchdog_([this] { watch(); }) {}
-    ~block_barrier() {
-        done_ = true;
-        watchdog_.join();
-    }
-    void arrive_and_wait() { meet_.arrive_and_wait(); }
 
-private:
-    struct completion {
-        std::atomic<unsigned long long>* phases;
-        void operator()() noexcept { phases->fetch_add(1, std::memory_order_relaxed); }
-    };
-    void watch() {
-        unsigned long long seen = phases_.load();
-        auto since = std::chrono::steady_clock::now();
-        while (!done_) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            const unsigned long long now = phases_.load();
-            if (now != seen) {
-                seen = now;
-                since = std::chrono::steady_clock::now();
-            } else if (std::chrono::steady_clock::now() - since > std::chrono::seconds(20)) {
-                std::fputs("host stand-in: some threads of a block reached a barrier or group reduction of attention_tile and the "
-                           "others never did (on a GPU: a hang)\n", stderr);
+class block_fibers {
+public:
+    static constexpr std::size_t stack_bytes = 128 * 1024;
+
+    block_fibers() = default;
+    block_fibers(const block_fibers&) = delete;
+    block_fibers& operator=(const block_fibers&) = delete;
+    ~block_fibers() {
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+        ASAN_UNPOISON_MEMORY_REGION(stacks_.get(), tiles::block_threads * stack_bytes);  // the fibers' frames
+#endif
+    }
+
+    // Runs body(t) for every thread t of the block, to the end.
+    template <class Body>
+    void run(Body& body) {
+        body_ = &body;
+        call_ = [](void* b, int t) { (*static_cast<Body*>(b))(t); };
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+        ASAN_UNPOISON_MEMORY_REGION(stacks_.get(), tiles::block_threads * stack_bytes);
+#endif
+        for (int t = 0; t < tiles::block_threads; ++t) {
+            fiber& f = fibers_[t];
+            f.at = phase::running;
+            f.self = this;
+            f.thread = t;
+            // the registers a first switch pops (MXCSR and the control word as now, r15 ...
+            // rbp), then where it returns: fiber_entry, which calls r13(r12) on a stack
+            // aligned as a call wants it
+            char* top = stack_of(t) + stack_bytes;
+            auto* words = reinterpret_cast<std::uint64_t*>(top) - 10;
+            std::uint32_t mxcsr = 0;
+            std::uint16_t control = 0;
+            asm volatile("stmxcsr %0" : "=m"(mxcsr));
+            asm volatile("fnstcw %0" : "=m"(control));
+            words[0] = mxcsr | std::uint64_t(control) << 32;
+            words[1] = 0;                                          // r15
+            words[2] = 0;                                          // r14
+            words[3] = reinterpret_cast<std::uint64_t>(&start);   // r13
+            words[4] = reinterpret_cast<std::uint64_t>(&f);       // r12
+            words[5] = 0;                                          // rbx
+            words[6] = 0;                                          // rbp
+            words[7] = reinterpret_cast<std::uint64_t>(&dimsum_fiber_entry);
+            f.stack = words;  // after the return, the stack pointer is top - 16: 16-byte aligned
+        }
+        for (bool backwards = false;; backwards = !backwards) {
+            int finished = 0, waiting = 0;
+            for (int i = 0; i < tiles::block_threads; ++i) {
+                running_ = backwards ? tiles::block_threads - 1 - i : i;
+                fiber& f = fibers_[running_];
+                enter(f);
+                if (f.at == phase::finished) ++finished;
+                else ++waiting;
+            }
+            if (finished == tiles::block_threads) return;
+            if (waiting != tiles::block_threads) {
+                std::fprintf(stderr, "host stand-in: %d threads of a block reached a barrier or group reduction of attention_tile "
+                             "and %d never did (on a GPU: a hang)\n", waiting, finished);
                 std::abort();
             }
         }
     }
-    std::atomic<unsigned long long> phases_{0};
-    std::atomic<bool> done_{false};
-    std::barrier<completion> meet_;
-    std::thread watchdog_;
+
+    // Called by the running thread: waits at the block's barrier while the others run.
+    void sync() {
+        fiber& f = fibers_[running_];
+        f.at = phase::waiting;
+        leave(f, false);
+    }
+
+private:
+    enum class phase { running, waiting, finished };
+    struct fiber {
+        void* stack = nullptr;  // its stack pointer while it waits
+        phase at = phase::running;
+        block_fibers* self = nullptr;
+        int thread = 0;
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+        void* fake_stack = nullptr;
+#endif
+    };
+
+    char* stack_of(int t) const { return stacks_.get() + std::size_t(t) * stack_bytes; }
+
+    // From the calling thread's stack into fiber f, until it waits or finishes.
+    void enter(fiber& f) {
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+        void* fake_stack = nullptr;
+        __sanitizer_start_switch_fiber(&fake_stack, stack_of(f.thread), stack_bytes);
+#endif
+        f.at = phase::running;
+        dimsum_stack_switch(&thread_stack_, f.stack);
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+        __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+    }
+    // From fiber f back to the calling thread's stack; `last`: f has finished and is not entered again.
+    void leave(fiber& f, [[maybe_unused]] bool last) {
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+        __sanitizer_start_switch_fiber(last ? nullptr : &f.fake_stack, thread_bottom_, thread_size_);
+#endif
+        dimsum_stack_switch(&f.stack, thread_stack_);
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+        __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+#endif
+    }
+    static void start(fiber* f) {
+        block_fibers& self = *f->self;
+#ifdef DIMSUM_FIBERS_UNDER_ASAN
+        __sanitizer_finish_switch_fiber(nullptr, &self.thread_bottom_, &self.thread_size_);  // the stack it came from
+#endif
+        self.call_(self.body_, f->thread);
+        f->at = phase::finished;
+        self.leave(*f, true);
+        std::abort();  // not reached: a finished fiber is not entered again
+    }
+
+    std::unique_ptr<char[]> stacks_{new char[tiles::block_threads * stack_bytes]};
+    fiber fibers_[tiles::block_threads];
+    void* thread_stack_ = nullptr;  // the calling thread's stack pointer while a fiber runs
+    [[maybe_unused]] const void* thread_bottom_ = nullptr;  // its stack, for AddressSanitizer
+    [[maybe_unused]] std::size_t thread_size_ = 0;
+    void* body_ = nullptr;
+    void (*call_)(void*, int) = nullptr;
+    int running_ = 0;
 };
 
 struct host_block {
     int thread;
     unsigned char* shared;
-    block_barrier* meet;
+    block_fibers* fibers;
     float* slots;  // one per thread: the values a group reduction exchanges
-    void sync() { meet->arrive_and_wait(); }
+    void sync() { fibers->sync(); }
     // The device's shuffle butterfly, step for step, from the 16 values of the group: each
     // thread writes its value, all meet, each computes the butterfly for its own place.
     template <class Op>
@@ -160,10 +316,11 @@ void attention_in_tiles(const attention_pass& p) {
     const std::size_t blocks = tiles::blocks(p), bytes = shape.bytes();
     std::unique_ptr<unsigned char[]> shared(new unsigned char[bytes + 16]);
     unsigned char* aligned = shared.get() + (16 - reinterpret_cast<std::uintptr_t>(shared.get()) % 16) % 16;
-    block_barrier meet(tiles::block_threads);
+    thread_local std::unique_ptr<block_fibers> fibers;  // 32 MiB of stacks, kept for the next call
+    if (!fibers) fibers = std::make_unique<block_fibers>();
     std::vector<float> slots(tiles::block_threads);
-    const auto thread = [&](int t) {
-        host_block block{t, aligned, &meet, slots.data()};
+    auto thread = [&](int t) {
+        host_block block{t, aligned, fibers.get(), slots.data()};
         for (std::size_t b = 0; b < blocks; ++b) {
             if (t == 0) std::memset(aligned, 0xff, bytes);  // NaN
             block.sync();
@@ -171,10 +328,7 @@ void attention_in_tiles(const attention_pass& p) {
             block.sync();
         }
     };
-    std::vector<std::thread> threads;
-    for (int t = 1; t < tiles::block_threads; ++t) threads.emplace_back(thread, t);
-    thread(0);
-    for (std::thread& t : threads) t.join();
+    fibers->run(thread);
 }
 }  // namespace
 

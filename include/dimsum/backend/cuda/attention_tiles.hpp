@@ -2,7 +2,7 @@
 // The tiled fused attention (FlashAttention-2's structure, in plain float arithmetic), as the
 // body of one thread of a block: compiled by nvcc into src/cuda/attention.cu's kernel, and by
 // g++ into the host stand-in (tests/cuda/host_device.cpp), which runs a block's 256 threads
-// as threads of its own, so that the tile logic (masks, edges, the online softmax, the
+// as fibers that meet at every barrier, so that the tile logic (masks, edges, the online softmax, the
 // barriers and every shuffle being reached by all threads) is tested where no GPU is.
 //
 // One block per (batch item, 64 queries). The block keeps its queries in shared memory and
