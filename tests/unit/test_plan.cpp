@@ -359,6 +359,50 @@ TEST_CASE("rowwise, gather and indices entries say what they compute, with no st
     CHECK(masked.plan.entries[0].causal);
 }
 
+TEST_CASE("a product's batch is folded into its rows in the plan, with everything laid out alongside its result") {
+    using Outer = ds::axis<"outer">;
+    qkv t;
+    ds::tensor<float, Head, Model> w;
+    ds::tensor<float, Model> bias;
+    ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
+    ds::tensor<float, Query, Batch, Model> y_across(Query{5}, Batch{2});
+    ds::tensor<float, Outer, Batch, Query, Head> x4(Outer{3}, Batch{2}, Query{5});
+    auto text_of = [](const planned& p) { return ev::explain(p.program, p.plan, "cpu"); };
+
+    // x W + bias + y: A, C, the bias and y have rows that follow one another, W is one matrix
+    // for every item: one product of 10 rows, its epilogue's inputs folded alike
+    auto epilogue = plan_of(ds::matmul(t.q, w) + bias + y);
+    REQUIRE(epilogue.kinds() == kinds{ev::entry_kind::gemm});
+    const ev::entry& gemm = epilogue.plan.entries[0];
+    CHECK(gemm.operands[0].where == ev::row_major(2, {10, 4}));
+    CHECK(gemm.operands[1].where == ev::row_major(2, {4, 6}));
+    CHECK(gemm.out.where == ev::row_major(2, {10, 6}));
+    std::vector<ev::layout> inputs;
+    for (std::size_t n = gemm.first_node; n < gemm.first_node + gemm.node_count; ++n) {
+        const ev::formula_node& node = epilogue.plan.nodes[n];
+        if (node.what == ev::formula_node::kind::input && !node.kernel_value) inputs.push_back(epilogue.plan.inputs[node.input].where);
+    }
+    REQUIRE(inputs.size() == 2);
+    CHECK(inputs[0] == ev::layout{2, {10, 6}, {0, 1}, 0});  // the bias: one row for every row
+    CHECK(inputs[1] == ev::row_major(2, {10, 6}));
+    CHECK(text_of(epilogue).find("[1 batch axis folded into 10 rows]") != std::string::npos);
+
+    // two batch axes at once
+    auto deep = plan_of(ds::matmul(x4, w));
+    CHECK(deep.plan.entries[0].out.where == ev::row_major(2, {30, 6}));
+    CHECK(text_of(deep).find("[2 batch axes folded into 30 rows]") != std::string::npos);
+
+    // not folded: a right operand of its own per item, or an epilogue input whose rows do not
+    // follow one another
+    auto batched = plan_of(ds::matmul(t.q, ds::transpose(t.k)));
+    CHECK(batched.plan.entries[0].out.where == ev::row_major(3, {2, 5, 7}));
+    CHECK(text_of(batched).find("folded") == std::string::npos);
+    auto across = plan_of(ds::matmul(t.q, w) + ds::transpose<Query, Batch>(y_across));
+    REQUIRE(across.kinds() == kinds{ev::entry_kind::gemm});
+    CHECK(across.plan.entries[0].out.where == ev::row_major(3, {2, 5, 6}));
+    CHECK(across.plan.entries[0].operands[1].where == ev::broadcast(ev::row_major(2, {4, 6}), 3));
+}
+
 TEST_CASE("a reshape the layout cannot express is planned as one copy") {
     using Flat = ds::axis<"flat">;
     ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
@@ -406,7 +450,10 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     CHECK((first.operands[0].memory == ev::memory_kind::binding && first.operands[0].index == 0));
     CHECK((first.operands[1].memory == ev::memory_kind::binding && first.operands[1].index == 1));
     CHECK(first.operands[0].type == ev::element_type::bf16);
-    CHECK(first.operands[1].where == ev::broadcast(ev::row_major(2, {4, 6}), 3));  // broadcast to the batch
+    // w the same for both batch items, whose rows follow one another: one product of 14 rows
+    CHECK(first.operands[1].where == ev::row_major(2, {4, 6}));
+    CHECK(first.operands[0].where == ev::row_major(2, {14, 4}));
+    CHECK(first.out.where == ev::row_major(2, {14, 6}));
     REQUIRE(second.operand_count == 2);
     CHECK(second.operands[0].memory == ev::memory_kind::temporary);
     CHECK(second.operands[0].index == first.rounded_into->index);
@@ -462,8 +509,11 @@ TEST_CASE("a destination of bf16 is rounded into by the kernel that computes the
     ds::tensor<ds::bf16, Head, Model> w;
     const ev::planner_options reads_bf16{.read_bf16 = true};
     const ev::place out{ev::memory_kind::destination, 0, ev::row_major(3, {2, 7, 6}), ev::element_type::bf16};
+    const ev::layout rows_of_out = ev::row_major(2, {14, 6});  // a product's batch folded into its rows
     const ev::element_type bf16 = ev::element_type::bf16;
-    auto is_out = [&](const ev::place& p) { return p.memory == out.memory && p.where == out.where; };
+    auto is_out = [&](const ev::place& p) {
+        return p.memory == out.memory && (p.where == out.where || p.where == rows_of_out);
+    };
 
     // a product: rounded into the destination block by block, its float value in a temporary
     // of the destination's layout; no narrow entry
@@ -472,7 +522,7 @@ TEST_CASE("a destination of bf16 is rounded into by the kernel that computes the
     REQUIRE(product.kinds() == kinds{ev::entry_kind::gemm});
     const ev::entry& gemm = product.plan.entries[0];
     CHECK(gemm.out.memory == ev::memory_kind::temporary);
-    CHECK(gemm.out.where == out.where);
+    CHECK(gemm.out.where == rows_of_out);
     REQUIRE(gemm.rounded_into);
     CHECK(is_out(*gemm.rounded_into));
     CHECK(gemm.rounded_into->type == bf16);
@@ -523,7 +573,7 @@ TEST_CASE("a destination of bf16 is rounded into by the kernel that computes the
     auto strided = plan_of(ds::matmul(a, w), reads_bf16, gapped, bf16);
     REQUIRE(strided.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::narrow});
     CHECK(!strided.plan.entries[0].rounded_into);
-    CHECK(strided.plan.entries[0].out.where == out.where);
+    CHECK(strided.plan.entries[0].out.where == rows_of_out);
     CHECK(strided.plan.entries[1].out.where == gapped);
 
     // only where the backend's kernels write bf16

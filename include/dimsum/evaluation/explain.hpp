@@ -186,6 +186,7 @@ private:
                     out_ << "  [epilogue fused]";
                 }
                 if (e.packed_right) out_ << "  [right operand packed once]";
+                folded_mark(e, own);
                 stored_mark(e);
                 rounded_mark(e);
                 break;
@@ -239,6 +240,13 @@ private:
         as_stored_ = reads_stored(e, slot);
         operand(id);
         as_stored_ = false;
+    }
+    // A product whose batch axes the plan folded into its rows (fold_product_batches).
+    void folded_mark(const entry& e, const step& product) {
+        const layout& c = e.out.where;
+        if (c.rank == product.rank) return;
+        out_ << "  [" << product.rank - c.rank << (product.rank - c.rank == 1 ? " batch axis" : " batch axes")
+             << " folded into " << c.extents[c.rank - 2] << " rows]";
     }
     void rounded_mark(const entry& e) {
         if (!e.rounded_into) return;

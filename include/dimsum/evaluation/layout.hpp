@@ -38,7 +38,14 @@ struct layout {
         for (std::size_t i = 0; i < rank; ++i) o += static_cast<std::ptrdiff_t>(index[i]) * strides[i];
         return o;
     }
-    friend constexpr bool operator==(const layout&, const layout&) = default;
+    // The same elements at the same offsets: the axes past rank are not compared.
+    friend constexpr bool operator==(const layout& a, const layout& b) {
+        if (a.rank != b.rank || a.offset != b.offset) return false;
+        for (std::size_t i = 0; i < a.rank; ++i) {
+            if (a.extents[i] != b.extents[i] || a.strides[i] != b.strides[i]) return false;
+        }
+        return true;
+    }
 };
 
 // The last axis varies fastest, with stride 1.

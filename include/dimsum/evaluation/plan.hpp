@@ -54,6 +54,7 @@
 
 #include <string>
 
+#include "dimsum/evaluation/fold_batch.hpp"
 #include "dimsum/evaluation/layout.hpp"
 #include "dimsum/evaluation/passes.hpp"
 #include "dimsum/evaluation/program.hpp"
@@ -163,6 +164,7 @@ struct plan {
     std::vector<std::size_t> formula_steps;  // the step of each node of the formula being built
     std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
     std::vector<char> seen;
+    std::vector<layout*> alongside_c;  // fold_product_batches: the layouts that fold with a product's C
 
     // Empty, for a program of `steps` steps. values keeps its elements: placed says which
     // are set, and a plan made in a loop then writes no more memory than it uses.
@@ -678,14 +680,33 @@ private:
     std::size_t rounding_scratch_ = no_step;  // its index in plan_.temporaries, once there is one
 };
 
+// Each gemm entry's batch axes folded into its rows where the batch is one taller product
+// (fold_batch.hpp): its operands, what it writes, the memory it rounds into and its
+// epilogue's inputs alike, so that an executor runs the product the entry states. A step of
+// placement: the places are final, and entries read one another's values through their own
+// copies of them, which folding leaves as they are.
+inline void fold_product_batches(plan& pl) {
+    for (entry& e : pl.entries) {
+        if (e.kind != entry_kind::gemm || e.out.where.rank <= 2) continue;
+        pl.alongside_c.clear();
+        for (std::size_t n = e.first_node; n < e.first_node + e.node_count; ++n) {
+            const formula_node& node = pl.nodes[n];
+            if (node.what == formula_node::kind::input && !node.kernel_value) pl.alongside_c.push_back(&pl.inputs[node.input].where);
+        }
+        if (e.rounded_into) pl.alongside_c.push_back(&e.rounded_into->where);
+        fold_batch_into_rows(e.operands[0].where, e.operands[1].where, e.out.where, pl.alongside_c);
+    }
+}
+
 // The plan of program p over memory of these layouts, into `out` (cleared first), writing its
 // value into memory of `destination_type`: the program passes the options ask for rewrite p
-// (passes.hpp), then the planner places its values. With `passes_text`: p as lowered and after
-// each pass is appended there (explain).
+// (passes.hpp), the planner places its values, and each product's batch is folded where it
+// can be. With `passes_text`: p as lowered and after each pass is appended there (explain).
 inline void make_plan(program& p, const std::vector<binding>& bindings, const layout& destination,
                       element_type destination_type, planner_options options, plan& out, std::string* passes_text = nullptr) {
     run_program_passes(p, options, passes_text);
     planner(p, bindings, destination, destination_type, options, out);
+    fold_product_batches(out);
 }
 
 }  // namespace dimsum::evaluation

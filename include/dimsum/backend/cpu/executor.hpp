@@ -25,6 +25,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <vector>
 
@@ -37,7 +38,6 @@
 #include "dimsum/backend/cpu/rowwise.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
 #include "dimsum/evaluation/convert.hpp"
-#include "dimsum/evaluation/fold_batch.hpp"
 #include "dimsum/evaluation/integers.hpp"
 #include "dimsum/evaluation/plan.hpp"
 
@@ -53,14 +53,19 @@ class executor {
 public:
     // `destination`: where the plan's destination layout starts, of T, or of bf16 where the
     // plan rounds into it (plan::destination_type).
-    executor(state<T>& s, void* destination) : s_(s), destination_(destination) {}
+    executor(state<T>& s, void* destination) : s_(s), memory_(s.memory) {
+        memory_.destination = reinterpret_cast<std::uintptr_t>(destination);
+    }
 
     void run() {
         evaluation::check_before_running<T>(s_.program, s_.bindings, s_.plan);
-        s_.temporaries.clear();
+        memory_.bind(s_.bindings);
+        memory_.temporaries.clear();
         temporaries& memory = thread_temporaries();
         for (const evaluation::temporary& t : s_.plan.temporaries) {
-            with_storage<T>(t.type, [&]<class U>() { s_.temporaries.push_back(memory.allocate<U>(t.size)); });
+            with_storage<T>(t.type, [&]<class U>() {
+                memory_.temporaries.push_back(reinterpret_cast<std::uintptr_t>(memory.allocate<U>(t.size)));
+            });
         }
         for (const entry& e : s_.plan.entries) run(e);
     }
@@ -82,7 +87,7 @@ private:
                 return run_fused<T>(s_.fused, dst, true, nullptr, rounded);
             case entry_kind::narrow:  // a loop: the value rounded into the type of its place
                 return with_storage<T>(e.out.type, [&]<class U>() {
-                    evaluation::convert_each(read(e.operands[0]), evaluation::strided_at(static_cast<U*>(memory_of(e.out)), e.out.where),
+                    evaluation::convert_each(read(e.operands[0]), evaluation::strided_at(reinterpret_cast<U*>(memory_.writable_start_of(e.out)), e.out.where),
                                              [](T value) { return stored_as<U>(value); });
                 });
             case entry_kind::rowwise: return rowwise(e, dst, rounded);
@@ -95,27 +100,10 @@ private:
 
     // Whether place p holds a type narrower than T, which kernels widen as they read and round into as they write.
     static bool stored_narrower(const evaluation::place& p) { return p.type != evaluation::element_type_of<T>(); }
-    // The memory of a place of T: the destination's or a temporary's (writable).
-    strided<T> at(const evaluation::place& p) const {
-        if (p.type == evaluation::element_type_of<T>()) {
-            switch (p.memory) {
-                case evaluation::memory_kind::destination:
-                    return evaluation::strided_at(static_cast<T*>(destination_), p.where);
-                case evaluation::memory_kind::temporary:
-                    return evaluation::strided_at(static_cast<T*>(s_.temporaries[p.index]), p.where);
-                case evaluation::memory_kind::binding: break;  // read only: read() reads it
-            }
-        }
-        throw std::logic_error("dimsum: a plan writes to a tensor it reads, or reads another type as its own");
-    }
+    // The memory of a place of T that an entry writes: the destination's or a temporary's.
+    strided<T> at(const evaluation::place& p) const { return evaluation::written_at<T>(memory_, p); }
     // The values at place p, of T.
-    strided<const T> read(const evaluation::place& p) const {
-        if (p.memory == evaluation::memory_kind::binding && p.type == evaluation::element_type_of<T>()) {
-            return evaluation::strided_at(static_cast<const T*>(s_.bindings[p.index].data), p.where);
-        }
-        const strided<T> m = at(p);
-        return {m.data, m.rank, m.extents, m.strides};
-    }
+    strided<const T> read(const evaluation::place& p) const { return evaluation::read_at<T>(memory_, p); }
 
     // dst = the kernel along an axis of entry e; its operand may be stored narrower, and its
     // result rounded (dst then gives only the layout).
@@ -239,14 +227,7 @@ private:
         return evaluation::strided_at(static_cast<T*>(nullptr), where);
     }
     // The memory of place p, from its start (a binding's, a temporary's or the destination's).
-    void* memory_of(const evaluation::place& p) const {
-        switch (p.memory) {
-            case evaluation::memory_kind::binding: return const_cast<void*>(s_.bindings[p.index].data);
-            case evaluation::memory_kind::temporary: return s_.temporaries[p.index];
-            case evaluation::memory_kind::destination: break;
-        }
-        return destination_;
-    }
+    void* memory_of(const evaluation::place& p) const { return reinterpret_cast<void*>(memory_.start_of(p)); }
     // Place p, of a narrower type, as memory a kernel rounds into, `offset` elements from its start.
     rounded_memory<T> rounded_at(const evaluation::place& p, std::ptrdiff_t offset) const {
         rounded_memory<T> m{{memory_of(p), p.type}};
@@ -270,23 +251,19 @@ private:
         if (e.out.memory != evaluation::memory_kind::temporary || !(out.where == e.out.where) || !stored_narrower(out)) {
             throw std::logic_error("dimsum: a kernel rounds into memory that is not laid out as what it writes");
         }
-        return rounded_at(out, dst.data - static_cast<T*>(s_.temporaries[e.out.index]));
+        return rounded_at(out, dst.data - reinterpret_cast<T*>(memory_.temporaries[e.out.index]));
     }
 
     // dst = the product, then the entry's epilogue (a fused pass reading dst) over each block.
-    void multiply(const entry& e, const strided<T>& destination) {
+    void multiply(const entry& e, const strided<T>& dst) {
         const packed_operand<T>* packed_b = e.packed_right ? packed_right(e) : nullptr;
-        source_array<T> a = input(e.operands[0]);
+        const source_array<T> a = input(e.operands[0]);
         // packed: gemm reads its panels, and the operand itself where it is stored narrower
         // (gemm.hpp: a few rows stream it instead), or only its shape
         source_array<T> b = input(e.operands[1]);
         if (packed_b && b.holds_own()) b.data = nullptr;
-        strided<T> dst = destination;
-        if (e.epilogue != no_step) {
-            build_fused(e, dst);
-        }
         const bool fused = e.epilogue != no_step;
-        evaluation::fold_batch_into_rows(a, b, dst, fused ? s_.fused.inputs.data() : nullptr, fused ? s_.fused.inputs.size() : 0);
+        if (fused) build_fused(e, dst);
         gemm_problem<T> problem;
         problem.a = last_two_axes(a);
         problem.b = last_two_axes(b);
@@ -308,8 +285,7 @@ private:
 
     // Entry e's epilogue as the kernels' data (gemm_rounding), where the plan found it one
     // (entry::bias_node): the product rounded, or the product plus a bias rounded, the bias read
-    // where it lies. Else none (rounded null): the kernels run the fused pass. Called once the
-    // batch is folded, so that the bias's strides are the problem's.
+    // where it lies. Else none (rounded null): the kernels run the fused pass.
     gemm_rounding rounding_of(const entry& e, const rounded_memory<T>& rounded, std::size_t product) const {
         gemm_rounding rounding;
         if constexpr (std::is_same_v<T, float>) {  // (only float sums are rounded by the bf16 kernels, into bf16)
@@ -327,7 +303,7 @@ private:
     }
 
     state<T>& s_;
-    void* destination_;
+    evaluation::bound_memory& memory_;  // s_.memory
 };
 
 template <class T>

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dimsum/core/bf16.hpp"
+#include "dimsum/evaluation/memory.hpp"
 #include "dimsum/evaluation/plan.hpp"
 #include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
@@ -506,7 +507,7 @@ struct state {
     std::vector<evaluation::binding> bindings;
     evaluation::plan plan;
     block_table<T> blocks{};
-    std::vector<void*> temporaries;  // the plan's, in this evaluation's memory: T, or bf16
+    evaluation::bound_memory memory;  // the plan's places bound to this evaluation's memory (temporaries: T, or bf16)
     fused_program<T> fused;
     std::size_t in_place_input = no_input;  // which of fused.inputs reads the destination (or the scores tile), if one does
 

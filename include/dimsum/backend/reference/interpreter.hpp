@@ -4,6 +4,7 @@
 // element by element, reading the formula's steps; convert and gather element by element,
 // once every gather id has been checked.
 
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "dimsum/backend/reference/kernels.hpp"
 #include "dimsum/evaluation/convert.hpp"
 #include "dimsum/evaluation/integers.hpp"
+#include "dimsum/evaluation/memory.hpp"
 #include "dimsum/evaluation/plan.hpp"
 #include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
@@ -29,11 +31,17 @@ class interpreter {
 public:
     interpreter(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
                 const evaluation::plan& pl, const strided<T>& destination)
-        : program_(p), steps_(p.steps), bindings_(bindings), plan_(pl), destination_(destination) {}
+        : program_(p), steps_(p.steps), bindings_(bindings), plan_(pl) {
+        memory_.destination = reinterpret_cast<std::uintptr_t>(destination.data);
+    }
 
     void run() {
         evaluation::check_before_running<T>(program_, bindings_, plan_);
-        for (const evaluation::temporary& t : plan_.temporaries) temporaries_.emplace_back(new T[t.size]());
+        memory_.bind(bindings_);
+        for (const evaluation::temporary& t : plan_.temporaries) {
+            temporaries_.emplace_back(new T[t.size]());
+            memory_.temporaries.push_back(reinterpret_cast<std::uintptr_t>(temporaries_.back().get()));
+        }
         for (const entry& e : plan_.entries) run(e);
     }
 
@@ -110,28 +118,15 @@ private:
         return at;
     }
 
-    strided<T> at(const evaluation::place& p) const {
-        switch (p.memory) {
-            case evaluation::memory_kind::destination: return evaluation::strided_at(destination_.data, p.where);
-            case evaluation::memory_kind::temporary: return evaluation::strided_at(temporaries_[p.index].get(), p.where);
-            case evaluation::memory_kind::binding: break;
-        }
-        throw std::logic_error("dimsum: a plan writes to a tensor it reads");
-    }
-    strided<const T> read(const evaluation::place& p) const {
-        if (p.memory == evaluation::memory_kind::binding) {
-            return evaluation::strided_at(static_cast<const T*>(bindings_[p.index].data), p.where);
-        }
-        const strided<T> m = at(p);
-        return {m.data, m.rank, m.extents, m.strides};
-    }
+    strided<T> at(const evaluation::place& p) const { return evaluation::written_at<T>(memory_, p); }
+    strided<const T> read(const evaluation::place& p) const { return evaluation::read_at<T>(memory_, p); }
 
     const evaluation::program& program_;
     const std::vector<step>& steps_;
     const std::vector<evaluation::binding>& bindings_;
     const evaluation::plan& plan_;
-    strided<T> destination_;
     std::vector<std::unique_ptr<T[]>> temporaries_;
+    evaluation::bound_memory memory_;
 };
 
 template <class T>
