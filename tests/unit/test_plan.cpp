@@ -223,10 +223,70 @@ TEST_CASE("recognise_attention, alone: one attention step in place of the outer 
     const std::string passes = ds::explain(f, ds::explain_detail::passes);
     INFO(passes);
     CHECK(passes.find("program as lowered:\n" + ev::to_text(before)) == 0);
-    CHECK(passes.find("after recognise_attention:\n" + ev::to_text(after) + "cpu plan") != std::string::npos);
+    CHECK(passes.find("after recognise_attention:\n" + ev::to_text(after) + "after group_epilogues:\n") != std::string::npos);
+    ev::program grouped = after;
+    ev::group_epilogues(grouped);
+    CHECK(passes.find("after group_epilogues:\n" + ev::to_text(grouped) + "cpu plan") != std::string::npos);
     CHECK(passes.substr(passes.find("cpu plan")) == ds::explain(f));
     const std::string reference = ds::explain(f, ds::explain_detail::passes, ds::backend::reference::evaluator{});
-    CHECK(reference.find("after recognise_attention: not run on this backend\nreference plan") != std::string::npos);
+    CHECK(reference.find("after recognise_attention: not run on this backend\nafter group_epilogues: not run on this backend\n"
+                         "reference plan") != std::string::npos);
+}
+
+TEST_CASE("group_epilogues, alone: an elementwise formula takes the product nothing else reads as its epilogue") {
+    qkv t;
+    ds::tensor<float, Head, Model> w;
+    ds::tensor<float, Model> bias;
+    ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
+    // the step of each kind in a grouped program (the last, if several)
+    auto last_of = [](const ev::program& p, ev::step_kind kind) {
+        std::size_t found = ev::no_step;
+        for (std::size_t id = 0; id < p.steps.size(); ++id) {
+            if (p.steps[id].kind == kind) found = id;
+        }
+        REQUIRE(found != ev::no_step);
+        return found;
+    };
+    auto grouped = [](ev::program p) {
+        ev::group_epilogues(p);
+        return p;
+    };
+
+    // gelu(x W + bias): both elementwise steps take the product; nothing else changed
+    const ev::program before = lowered(ds::gelu(ds::matmul(t.q, w) + bias));
+    const ev::program after = grouped(before);
+    const std::size_t product = last_of(after, ev::step_kind::matmul);
+    REQUIRE(after.steps.size() == before.steps.size());
+    for (std::size_t id = 0; id < after.steps.size(); ++id) {
+        ev::step expected = before.steps[id];
+        if (expected.kind == ev::step_kind::elementwise) expected.epilogue = product;
+        CHECK(after.steps[id] == expected);
+    }
+    const std::string text = ev::to_text(after);
+    INFO(text);
+    CHECK(text.find("gelu(s") != std::string::npos);
+    CHECK(text.find("[epilogue of s" + std::to_string(product) + "] (batch=2, query=5, model=6) float  <- root") != std::string::npos);
+
+    // the product read twice by the formula is still its own
+    const ev::program twice = grouped(lowered(ds::matmul(t.q, w) * ds::matmul(t.q, w) + y));
+    CHECK(twice.steps[twice.root].epilogue == last_of(twice, ev::step_kind::matmul));
+
+    // not grouped: a product something outside the formula reads too; one of other extents
+    // (broadcast into the formula); attention's scores, which the attention kernel computes
+    const ev::program shared = grouped(lowered((ds::matmul(t.q, w) + bias) * ds::softmax(ds::matmul(t.q, w))));
+    for (const ev::step& s : shared.steps) CHECK(s.epilogue == ev::no_step);
+    ds::tensor<float, Query, Head> q2(Query{5});
+    const ev::program broadcast = grouped(lowered(ds::matmul(q2, w) + y));
+    CHECK(broadcast.steps[broadcast.root].epilogue == ev::no_step);
+    ev::program attention = lowered(ds::matmul(ds::softmax(t.scores() * 0.5f + t.mask), t.v));
+    ev::recognise_attention(attention);
+    ev::group_epilogues(attention);
+    for (const ev::step& s : attention.steps) CHECK(s.epilogue == ev::no_step);
+
+    // the planner follows the pass: one gemm with its epilogue; without the pass, none
+    CHECK(plan_of(ds::gelu(ds::matmul(t.q, w) + bias)).kinds() == kinds{ev::entry_kind::gemm});
+    CHECK(plan_of(ds::gelu(ds::matmul(t.q, w) + bias), {.fuse_epilogues = false}).kinds() ==
+          kinds{ev::entry_kind::gemm, ev::entry_kind::fused});
 }
 
 TEST_CASE("the planner fuses what it can and says where each value lives") {

@@ -5,7 +5,9 @@
 // and no layout, so that it can be printed (to_text) and tested by itself
 // (tests/unit/test_plan.cpp). They run in the order of `program_passes`:
 //   recognise_attention   matmul(softmax(f(matmul(Q, K^T))), V), softmax along the keys
-//                         -> one attention step (attention_pattern.hpp says what it matches).
+//                         -> one attention step (attention_pattern.hpp says what it matches);
+//   group_epilogues       an elementwise formula of a product of its own extents, which
+//                         nothing else reads -> the product's epilogue (step::epilogue).
 // A pass leaves the steps it replaced where they are, so that every step keeps its index;
 // those no other step reads any more are dead, and to_text marks them so.
 
@@ -48,6 +50,73 @@ inline void recognise_attention(program& p) {
     }
 }
 
+// The steps an elementwise formula rooted at `id` reads as inputs: every step below it that
+// is neither elementwise nor a number, in evaluation order (a step read twice appears twice),
+// appended to `leaves`. The planner writes a formula's leaves in this order.
+inline void find_leaves(const std::vector<step>& steps, std::size_t id, std::vector<std::size_t>& leaves) {
+    const step& s = steps[id];
+    if (s.kind == step_kind::elementwise) {
+        for (std::size_t o = 0; o < s.operand_count; ++o) find_leaves(steps, s.operands[o], leaves);
+    } else if (s.kind != step_kind::number) {
+        leaves.push_back(id);
+    }
+}
+
+// How many operand slots of the elementwise formula rooted at `id` read step `leaf`, each of
+// its steps counted once. `seen`: one mark per step, all clear, and clear again on return.
+inline std::size_t reads_within(const std::vector<step>& steps, std::size_t id, std::size_t leaf, std::vector<char>& seen) {
+    std::size_t count = 0;
+    auto walk = [&](auto& self, std::size_t at) -> void {
+        if (seen[at]) return;
+        seen[at] = 1;
+        const step& s = steps[at];
+        for (std::size_t o = 0; o < s.operand_count; ++o) {
+            if (s.operands[o] == leaf) ++count;
+            else if (steps[s.operands[o]].kind == step_kind::elementwise) self(self, s.operands[o]);
+        }
+    };
+    walk(walk, id);
+    auto unmark = [&](auto& self, std::size_t at) -> void {
+        if (!seen[at]) return;
+        seen[at] = 0;
+        for (std::size_t o = 0; o < steps[at].operand_count; ++o) self(self, steps[at].operands[o]);
+    };
+    unmark(unmark, id);
+    return count;
+}
+
+// Each elementwise step gets, as step::epilogue, the product that computes its formula as
+// its epilogue: the first leaf of the formula (find_leaves' order) that is a matmul of the
+// step's extents, of rank 2 or more, which no step outside the formula reads (so that its
+// value is needed nowhere else, and a gemm can hand each finished block to the formula). The
+// planner fuses it wherever it writes the step's formula, unless memory rules that out there
+// (the product computed already, or a bf16 destination with gaps). The scores of an attention
+// step are no gemm's: the attention kernel computes its score function. The steps keep their
+// kinds and operands: the formula still says what its epilogue computes.
+inline void group_epilogues(program& p) {
+    std::vector<std::size_t>& readers = p.scratch.readers;
+    readers.assign(p.steps.size(), 0);
+    for (const step& s : p.steps) {
+        for (std::size_t o = 0; o < s.operand_count; ++o) ++readers[s.operands[o]];
+    }
+    for (const attention_match& a : p.attentions) readers[a.scores] = no_step;  // never an epilogue's product
+    p.scratch.seen.assign(p.steps.size(), 0);
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+        step& s = p.steps[id];
+        if (s.kind != step_kind::elementwise) continue;
+        p.scratch.leaves.clear();
+        find_leaves(p.steps, id, p.scratch.leaves);
+        for (const std::size_t leaf : p.scratch.leaves) {
+            const step& l = p.steps[leaf];
+            if (l.kind == step_kind::matmul && l.rank >= 2 && l.rank == s.rank && l.extents == s.extents &&
+                reads_within(p.steps, id, leaf, p.scratch.seen) == readers[leaf]) {
+                s.epilogue = leaf;
+                break;
+            }
+        }
+    }
+}
+
 struct program_pass {
     std::string_view name;
     bool (*runs)(const planner_options&);  // whether the backend asks for it
@@ -56,6 +125,7 @@ struct program_pass {
 
 inline constexpr program_pass program_passes[] = {
     {"recognise_attention", [](const planner_options& o) { return o.fuse_attention; }, recognise_attention},
+    {"group_epilogues", [](const planner_options& o) { return o.fuse_epilogues; }, group_epilogues},
 };
 
 namespace printing {
@@ -91,7 +161,10 @@ inline std::vector<char> live_steps(const program& p) {
 // What step s computes from its operands, beyond its name: its axis, order, epsilon, ...
 inline void parameters(std::ostream& out, const program& p, const step& s) {
     switch (group_of(s.kind)) {
-        case step_group::memory: case step_group::number: case step_group::elementwise: case step_group::indices: return;
+        case step_group::elementwise:
+            if (s.epilogue != no_step) out << " [epilogue of s" << s.epilogue << ']';
+            return;
+        case step_group::memory: case step_group::number: case step_group::indices: return;
         case step_group::view:
             if (s.kind == step_kind::permute) {
                 out << " [order";

@@ -4,8 +4,8 @@
 // runs is made here, once, for every backend:
 //   matmul(softmax(f(matmul(Q, K^T))), V)  -> one `attention` entry, from the attention step
 //                                             that a program pass made of it (passes.hpp);
-//   a matmul inside an elementwise formula of its own shape
-//                                          -> one `gemm` entry whose epilogue is that formula,
+//   an elementwise formula that a program pass made the epilogue of a product (passes.hpp:
+//   group_epilogues)                       -> one `gemm` entry whose epilogue is that formula,
 //                                             applied to each block of the product in cache;
 //   any other matmul                       -> a `gemm` entry;
 //   softmax, layer_norm, sum, max, mean    -> a `rowwise` entry;
@@ -47,7 +47,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -60,8 +59,6 @@
 #include "dimsum/evaluation/program.hpp"
 
 namespace dimsum::evaluation {
-
-inline constexpr std::size_t no_step = std::numeric_limits<std::size_t>::max();
 
 // Where a value lives: memory, the value's layout in it, and the type of its elements: the
 // type the program computes in, or a narrower one it is stored in (bf16), which only the
@@ -163,7 +160,6 @@ struct plan {
     std::vector<std::size_t> leaves;
     std::vector<std::size_t> formula_steps;  // the step of each node of the formula being built
     std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
-    std::vector<char> seen;
     std::vector<layout*> alongside_c;  // fold_product_batches: the layouts that fold with a product's C
 
     // Empty, for a program of `steps` steps. values keeps its elements: placed says which
@@ -179,7 +175,6 @@ struct plan {
         stored_placed.assign(steps, 0);
         leaves.clear();
         readers.assign(steps, 0);
-        seen.assign(steps, 0);
     }
 };
 
@@ -510,37 +505,27 @@ private:
         }
     }
 
-    // The steps an elementwise formula rooted at `id` reads as inputs, in evaluation order,
-    // appended to plan_.leaves.
-    void find_leaves(std::size_t id) {
-        const step& s = steps_[id];
-        if (s.kind == step_kind::elementwise) {
-            for (std::size_t o = 0; o < s.operand_count; ++o) find_leaves(s.operands[o]);
-        } else if (s.kind != step_kind::number) {
-            plan_.leaves.push_back(id);
-        }
-    }
-
-    // An elementwise formula (or a view, copied): one fused pass, or the epilogue of a matmul
-    // that is computed straight into dst. Into bf16 memory, the pass writes bf16 itself; the
+    // An elementwise formula (or a view, copied): one fused pass, or the epilogue of the
+    // product group_epilogues gave it, computed straight into dst. Into bf16 memory, the pass writes bf16 itself; the
     // product, whose sums need float, goes to the rounding scratch laid out as dst (which must
     // then be dense) and rounds each block into dst.
     void write_fused(std::size_t id, const place& dst) {
         const bool bf16_dst = dst.type == element_type::bf16;
+        // the product group_epilogues gave the formula, unless it is computed already or dst
+        // is bf16 with gaps
+        std::size_t product = steps_[id].epilogue;
+        if (product != no_step && (plan_.placed[product] || (bf16_dst && !is_dense(dst.where)))) product = no_step;
         const std::size_t first_leaf = plan_.leaves.size();
-        find_leaves(id);
-        std::size_t product = no_step;
+        find_leaves(steps_, id, plan_.leaves);
         product_operands how;
-        for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
+        bool operands_placed = false;
+        for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {  // in the formula's order
             const std::size_t leaf = plan_.leaves[i];
-            const step& s = steps_[leaf];
-            if (options_.fuse_epilogues && product == no_step && s.kind == step_kind::matmul && s.rank >= 2 &&
-                s.rank == dst.where.rank && s.extents == dst.where.extents && leaf != id &&
-                !plan_.placed[leaf] && reads_within(id, leaf) == plan_.readers[leaf] && (!bf16_dst || is_dense(dst.where))) {
-                product = leaf;
-                how = place_operands_of_product(leaf);
-            } else if (leaf != product) {  // the product read again is the same accumulator
+            if (leaf != product) {
                 read_leaf(leaf);
+            } else if (!operands_placed) {  // the product read again is the same accumulator
+                how = place_operands_of_product(leaf);
+                operands_placed = true;
             }
         }
         plan_.leaves.resize(first_leaf);
@@ -614,29 +599,6 @@ private:
         return plan_.nodes.size() - 1 - first;
     }
 
-    // How many operand slots of the elementwise formula rooted at `id` read step `leaf`, each
-    // of its steps counted once: all of leaf's readers when no other formula needs its value.
-    std::size_t reads_within(std::size_t id, std::size_t leaf) {
-        std::size_t count = 0;
-        auto walk = [&](auto& self, std::size_t at) -> void {
-            if (plan_.seen[at]) return;
-            plan_.seen[at] = 1;
-            const step& s = steps_[at];
-            for (std::size_t o = 0; o < s.operand_count; ++o) {
-                if (s.operands[o] == leaf) ++count;
-                else if (steps_[s.operands[o]].kind == step_kind::elementwise) self(self, s.operands[o]);
-            }
-        };
-        walk(walk, id);
-        auto unmark = [&](auto& self, std::size_t at) -> void {
-            if (!plan_.seen[at]) return;
-            plan_.seen[at] = 0;
-            for (std::size_t o = 0; o < steps_[at].operand_count; ++o) self(self, steps_[at].operands[o]);
-        };
-        unmark(unmark, id);
-        return count;
-    }
-
     // The fused attention: Q, K^T, V and the inputs of the rest of the score function first.
     void attend(std::size_t id, const attention_match& match, const place& dst) {
         const step& scores = steps_[match.scores];
@@ -645,7 +607,7 @@ private:
         for (std::size_t o = 0; o < 3; ++o) operands[o] = read_operand(inputs[o]);
         if (match.score_function != match.scores) {
             const std::size_t first_leaf = plan_.leaves.size();
-            find_leaves(match.score_function);
+            find_leaves(steps_, match.score_function, plan_.leaves);
             for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
                 if (plan_.leaves[i] != match.scores) read_leaf(plan_.leaves[i]);
             }

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -67,6 +68,9 @@ constexpr bool is_view(step_kind kind) {
     return group_of(kind) == step_group::memory || group_of(kind) == step_group::view;
 }
 
+// No step: a step field that names none.
+inline constexpr std::size_t no_step = std::numeric_limits<std::size_t>::max();
+
 struct step {
     step_kind kind;
     element_type type = element_type::float32;     // what the value holds
@@ -85,6 +89,9 @@ struct step {
     std::size_t index = 0;     // select; slice: the first position kept; map: which of the program's functions;
                                // attention: which of the program's attentions
     std::size_t spacing = 1;   // slice: the distance between the positions kept
+    // elementwise, once group_epilogues (passes.hpp) ran: the product whose gemm computes
+    // this step's formula as its epilogue, wherever the planner writes the formula; else no_step
+    std::size_t epilogue = no_step;
 
     // The same computation (operands compared by index): what lowering merges.
     bool operator==(const step&) const = default;
@@ -127,6 +134,12 @@ struct program {
     std::size_t binding_count = 0;
     std::vector<host_function> functions;  // of its map steps
     std::vector<attention_match> attentions;  // of its attention steps
+    // the passes' scratch, kept for its capacity: a program lowered and planned in a loop
+    // allocates nothing after the first time
+    struct {
+        std::vector<std::size_t> leaves, readers;
+        std::vector<char> seen;
+    } scratch;
 
     void clear() {
         steps.clear();
