@@ -103,7 +103,7 @@ private:
             return;
         }
         if (plan_.stored_placed[id]) {
-            const bool cast = s.kind == step_kind::elementwise && s.op == op_code::round_bf16;
+            const bool cast = rounds_to_bf16(s);
             if (cast && as_stored_) return memory(plan_.stored_values[id]);  // rounded into a bf16 temporary
             if (!cast) return formula(id, product, inner);  // a leaf a pass reads as bf16 where it lies
         }

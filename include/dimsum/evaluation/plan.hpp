@@ -357,9 +357,6 @@ private:
         size = std::max(size, where.size());
         return {memory_kind::temporary, rounding_scratch_, where, computes_in_};
     }
-    static bool rounds_to_bf16(const step& s) {
-        return s.kind == step_kind::elementwise && s.op == op_code::round_bf16;
-    }
     // The bf16 temporary that cast<bf16> step `id` is rounded into, laid out as `where`, planned
     // the first time.
     place narrowed(std::size_t id, const layout& where) {

@@ -97,6 +97,9 @@ struct step {
     bool operator==(const step&) const = default;
 };
 
+// Whether step s is cast<bf16>: its value rounded to bf16 (computed in the program's type).
+constexpr bool rounds_to_bf16(const step& s) { return s.kind == step_kind::elementwise && s.op == op_code::round_bf16; }
+
 // A user's elementwise function (ds::map): the one part of a program that is code, not data.
 // It runs on the host only, and only while the formula that holds the callable lives (one
 // evaluation). Called on a block of n values of the program's type: out[i] = f(in[0][i], ...)

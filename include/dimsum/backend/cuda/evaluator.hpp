@@ -34,6 +34,29 @@
 
 namespace dimsum::backend::cuda {
 
+namespace detail {
+
+// Everything one evaluation needs, kept per thread and type so that it is allocated once.
+template <class T>
+struct state {
+    evaluation::program program;
+    std::vector<evaluation::binding> bindings;
+    evaluation::plan plan;
+    // the plan's places bound to device memory: each binding's device copy (or its own memory,
+    // on the device), the temporaries in the arena, the destination
+    evaluation::bound_memory memory;
+    std::vector<std::byte> result;  // the destination's value, downloaded row-major
+    std::vector<evaluation::binding> checked;  // the bindings as the host checks them (device ids copied back)
+    std::vector<std::vector<std::byte>> host_ids;
+
+    static state& of_this_thread() {
+        thread_local state s;
+        return s;
+    }
+};
+
+}  // namespace detail
+
 class evaluator {
 public:
     // How products of float compute: exactly in float (the default), or on TF32 tensor cores.
@@ -74,31 +97,6 @@ public:
     }
 
 private:
-    // The bindings as the host can check them: gather ids on the device copied to the host.
-    template <class T>
-    static const std::vector<evaluation::binding>& checkable(detail::state<T>& s, context& c) {
-        bool any = false;
-        for (const evaluation::binding& b : s.bindings) any = any || b.on_device;
-        if (!any) return s.bindings;
-        s.checked = s.bindings;
-        s.host_ids.resize(s.bindings.size());
-        for (const evaluation::entry& e : s.plan.entries) {
-            if (e.kind != evaluation::entry_kind::gather) continue;
-            const std::size_t id = e.operands[1].index;  // the ids' binding
-            evaluation::binding& b = s.checked[id];
-            if (!b.on_device || b.where.size() == 0) continue;
-            const detail::byte_span span = detail::span_of(b);
-            std::vector<std::byte>& copy = s.host_ids[id];
-            copy.resize(span.bytes);
-            const auto first = reinterpret_cast<std::uintptr_t>(b.data) + static_cast<std::uintptr_t>(span.first);
-            download(c, copy.data(), reinterpret_cast<const void*>(first), copy.size());
-            // the same layout over the copy: the element at the lowest offset is the copy's first
-            b.data = reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(copy.data()) - static_cast<std::uintptr_t>(span.first));
-            b.on_device = false;
-        }
-        return s.checked;
-    }
-
     template <class E, class D>
     void run_into(const E& e, const evaluation::strided<D>& destination, bool on_device) {
         using T = compute_type_t<std::remove_const_t<D>>;
@@ -115,9 +113,9 @@ private:
         evaluation::make_plan(s.program, s.bindings, stored == evaluation::element_type_of<T>() ? where : row_major,
                               evaluation::element_type_of<T>(), planning(), s.plan);
         context& c = this_thread_context();
-        evaluation::check_before_running<T>(s.program, checkable(s, c), s.plan);
+        evaluation::check_before_running<T>(s.program, detail::host_checkable(c, s.bindings, s.plan, s.checked, s.host_ids), s.plan);
         const auto address = on_device ? reinterpret_cast<std::uintptr_t>(destination.data) : 0;
-        const detail::device_array value = detail::executor<T>(s, c, precision, key_splits).run(where, address, stored);
+        const detail::device_array value = detail::executor<T>(s.plan, s.bindings, s.memory, c, precision, key_splits).run(where, address, stored);
         if (on_device) return finish(c);
         const std::size_t bytes = where.size() * sizeof(D);
         if (evaluation::is_row_major(destination)) return download(c, destination.data, value.first(), bytes);

@@ -11,8 +11,8 @@
 //                 function applied to each score;
 //   rowwise    -> one thread per line;
 //   indices, gather -> a pass each.
-// Host bindings are copied to device memory first ("staging"); a binding on the device is read
-// where it is. Temporaries and staged copies come from the calling thread's arena.
+// Host bindings are copied to device memory first (staging.hpp); a binding on the device is
+// read where it is. Temporaries and staged copies come from the calling thread's arena.
 
 #include <algorithm>
 #include <cstddef>
@@ -23,9 +23,9 @@
 
 #include "dimsum/backend/cuda/gemm_layout.hpp"
 #include "dimsum/backend/cuda/kernels.hpp"
+#include "dimsum/backend/cuda/staging.hpp"
 #include "dimsum/evaluation/memory.hpp"
 #include "dimsum/evaluation/plan.hpp"
-#include "dimsum/tensor/tensor_view.hpp"  // detail::reach
 
 namespace dimsum::backend::cuda {
 
@@ -49,89 +49,37 @@ struct device_array {
     void* first_writable() const { return const_cast<void*>(first()); }
 };
 
-// The bytes a binding's layout reaches, from its lowest offset (`first`, in bytes from data)
-// to its highest: what is copied between host and device. tensor_view's reach, overflow-checked.
-struct byte_span {
-    std::ptrdiff_t first = 0;
-    std::size_t bytes = 0;
-};
-inline byte_span span_of(const evaluation::binding& b) {
-    const auto range = dimsum::detail::reach(b.where.extents.data(), b.where.strides.data(), b.where.rank);
-    if (!range) throw std::length_error("dimsum: cuda: a tensor whose strides reach past what an offset can hold");
-    const auto element = static_cast<std::ptrdiff_t>(size_of(b.type));
-    return {(b.where.offset + range->first) * element, static_cast<std::size_t>((range->second - range->first) * element)};
-}
-
-// Everything one evaluation needs, kept per thread and type so that it is allocated once.
-template <class T>
-struct state {
-    evaluation::program program;
-    std::vector<evaluation::binding> bindings;
-    evaluation::plan plan;
-    // the plan's places bound to device memory: each binding's device copy (or its own memory,
-    // on the device), the temporaries in the arena, the destination
-    evaluation::bound_memory memory;
-    std::vector<std::byte> result;  // the destination's value, downloaded row-major
-    std::vector<evaluation::binding> checked;  // the bindings as the host checks them (device ids copied back)
-    std::vector<std::vector<std::byte>> host_ids;
-
-    static state& of_this_thread() {
-        thread_local state s;
-        return s;
-    }
-};
-
 template <class T>
 class executor {
 public:
-    executor(state<T>& s, context& c, gemm_precision precision, std::size_t key_splits)
-        : s_(s), c_(c), precision_(precision), key_splits_(key_splits) {}
+    // `memory`: its bindings and temporaries are bound here; kept by the caller for its capacity.
+    executor(const evaluation::plan& plan, const std::vector<evaluation::binding>& bindings, evaluation::bound_memory& memory,
+             context& c, gemm_precision precision, std::size_t key_splits)
+        : plan_(plan), bindings_(bindings), memory_(memory), c_(c), precision_(precision), key_splits_(key_splits) {}
 
     // Computes the plan and stores its value, as `type` (T, or bf16: rounded), into device
     // memory of layout `where` at `address` (0: a new array of the arena); returns that memory.
     // The plan's destination is `where` itself, or, when rounding, a row-major array of T.
     device_array run(const layout& where, std::uintptr_t address, element_type type) {
         begin(c_);
-        upload_bindings();
-        evaluation::bound_memory& memory = s_.memory;
-        memory.temporaries.clear();
-        for (const evaluation::temporary& t : s_.plan.temporaries) memory.temporaries.push_back(address_of(allocate(c_, t.size * sizeof(T))));
+        upload_bindings(c_, bindings_, memory_.bindings);
+        memory_.temporaries.clear();
+        for (const evaluation::temporary& t : plan_.temporaries) memory_.temporaries.push_back(address_of(allocate(c_, t.size * sizeof(T))));
         const std::size_t n = where.size();
         if (!address) address = address_of(allocate(c_, n * size_of(type)));
         const device_array value{address, type, where};
         const bool rounds = type != type_;
         const device_array computed = rounds ? device_array{address_of(allocate(c_, n * sizeof(T))), type_, evaluation::row_major(where.rank, where.extents)}
                                              : value;
-        memory.destination = computed.address;
-        for (const entry& e : s_.plan.entries) run(e);
-        if (rounds && n != 0) {
-            copy(computed, value);  // stores bf16
-        }
+        memory_.destination = computed.address;
+        for (const entry& e : plan_.entries) run(e);
+        if (rounds && n != 0) copy(computed, value);  // stores bf16
         return value;
     }
 
 private:
     static constexpr element_type type_ = evaluation::element_type_of<T>();
     static std::uintptr_t address_of(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
-
-    // Each host binding's elements, from the lowest offset its layout reaches to the highest,
-    // copied to device memory of the same layout; a device binding is read where it is.
-    void upload_bindings() {
-        std::vector<std::uintptr_t>& device_bindings = s_.memory.bindings;
-        device_bindings.assign(s_.bindings.size(), 0);
-        for (std::size_t i = 0; i < s_.bindings.size(); ++i) {
-            const evaluation::binding& b = s_.bindings[i];
-            if (b.on_device) {
-                device_bindings[i] = address_of(b.data);
-                continue;
-            }
-            if (b.where.size() == 0 || !b.data) continue;
-            const byte_span span = span_of(b);
-            void* copy = allocate(c_, span.bytes);
-            upload(c_, copy, static_cast<const char*>(b.data) + span.first, span.bytes);  // host memory: in bounds
-            device_bindings[i] = address_of(copy) - static_cast<std::uintptr_t>(span.first);
-        }
-    }
 
     void run(const entry& e) {
         const device_array dst = at(e.out);
@@ -152,9 +100,7 @@ private:
                 return run_indices(c_, pass);
             }
             case entry_kind::gather: {
-                const device_array table = read(e.operands[0]);
-                const std::size_t ids_binding = e.operands[1].index;
-                const evaluation::binding& ids = s_.bindings[ids_binding];
+                const device_array table = read(e.operands[0]), ids = read(e.operands[1]);
                 gather_pass pass;
                 pass.type = type_;
                 pass.table = table.first();
@@ -162,7 +108,7 @@ private:
                 pass.axis = e.axis;
                 pass.table_extents = table.where.extents;
                 pass.table_strides = table.where.strides;
-                pass.ids = device_array{s_.memory.bindings[ids_binding], ids.type, ids.where}.first();
+                pass.ids = ids.first();
                 pass.id_type = ids.type;
                 pass.id_rank = ids.where.rank;
                 pass.id_strides = ids.where.strides;
@@ -179,9 +125,9 @@ private:
     }
 
     // The memory an entry writes at place p (the destination's or a temporary's, of T).
-    device_array at(const evaluation::place& p) const { return {s_.memory.writable_start_of(p), p.type, p.where}; }
+    device_array at(const evaluation::place& p) const { return {memory_.writable_start_of(p), p.type, p.where}; }
     // The values at place p: a binding's (of its own type), or memory the plan writes.
-    device_array read(const evaluation::place& p) const { return {s_.memory.start_of(p), p.type, p.where}; }
+    device_array read(const evaluation::place& p) const { return {memory_.start_of(p), p.type, p.where}; }
 
     // A new fused pass writing dst, with no node yet.
     fused_pass& pass_for(const device_array& dst) {
@@ -221,9 +167,9 @@ private:
     std::size_t add_formula(const entry& e, const device_array& kernel_value, fused_pass& pass) {
         std::size_t kernel_input = max_fused_inputs;
         for (std::size_t n = e.first_node; n < e.first_node + e.node_count; ++n) {
-            const evaluation::formula_node& from = s_.plan.nodes[n];
+            const evaluation::formula_node& from = plan_.nodes[n];
             if (from.what == evaluation::formula_node::kind::input) {
-                const std::size_t node = add_input(from.kernel_value ? kernel_value : read(s_.plan.inputs[from.input]), pass);
+                const std::size_t node = add_input(from.kernel_value ? kernel_value : read(plan_.inputs[from.input]), pass);
                 if (from.kernel_value) kernel_input = pass.nodes[node].input;
                 continue;
             }
@@ -434,7 +380,9 @@ private:
         return static_cast<const char*>(v.first()) + elements * static_cast<std::ptrdiff_t>(sizeof(T));
     }
 
-    state<T>& s_;
+    const evaluation::plan& plan_;
+    const std::vector<evaluation::binding>& bindings_;
+    evaluation::bound_memory& memory_;
     context& c_;
     gemm_precision precision_;
     std::size_t key_splits_;  // 0: attention_key_splits chooses
