@@ -1,5 +1,5 @@
 // Multi-head self-attention for BERT-base sizes, written as formulas. Shared by
-// multi_head.cpp (which prints) and tests/unit/test_multi_head.cpp (which checks the results
+// multi_head.cpp (which prints) and tests/nn/test_multi_head.cpp (which checks the results
 // against PyTorch).
 #pragma once
 

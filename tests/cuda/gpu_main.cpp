@@ -2,7 +2,7 @@
 // and exits with 77, which ctest reports as "Skipped", never "Passed". DIMSUM_REQUIRE_GPU=1
 // (set by scripts/gpu_check.sh on the GPU machine) turns that into a failure, so that a broken
 // setup there cannot pass as skipped. Listing the tests needs no device.
-#include "../unit/catch_session.hpp"
+#include "../support/catch_session.hpp"
 
 #include <dimsum/backend/cuda/kernels.hpp>
 

@@ -5,7 +5,7 @@
 // checkpoint. Every rank runs every test case; a failure on any rank fails mpirun.
 #include <catch2/catch.hpp>
 
-#include "../unit/catch_session.hpp"
+#include "../support/catch_session.hpp"
 
 #include <dimsum/dimsum.hpp>
 #include <dimsum/dist/group.hpp>

@@ -1,7 +1,7 @@
 // Parity tests: the CPU backend against the reference backend.
 #pragma once
 
-#include "../unit/support.hpp"
+#include "../support/support.hpp"
 
 #include <limits>
 

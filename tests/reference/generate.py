@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Makes the reference data of tests/unit/test_multi_head.cpp with PyTorch.
+"""Makes the reference data of tests/nn/test_multi_head.cpp with PyTorch.
 
 The inputs are dimsum's seeded ones (ds::fill_uniform: SplitMix64 of the seed and the
 element's row-major index), reproduced here bit for bit; the outputs are computed in float64

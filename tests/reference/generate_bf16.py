@@ -1,4 +1,4 @@
-"""Reference conversions to bfloat16 for tests/unit/test_bf16.cpp.
+"""Reference conversions to bfloat16 for tests/core/test_bf16.cpp.
 
 float32 -> bf16 comes from PyTorch (torch.Tensor.to(torch.bfloat16), round to nearest even);
 double -> bf16 from exact rational arithmetic (PyTorch rounds a double to float first, which

@@ -1,4 +1,4 @@
-"""Reference data for nn::decoder_layer (tests/unit/test_decoder_layer.cpp): one pre-norm
+"""Reference data for nn::decoder_layer (tests/nn/test_attention_layer.cpp): one pre-norm
 Llama layer (RMSNorm, grouped-query attention with rotary embeddings, SwiGLU) over a batch of
 three sequences of different lengths, fed step by step as a padded batch, left- and
 right-padded, and as an unpadded batch. PyTorch computes each sequence alone, all its tokens

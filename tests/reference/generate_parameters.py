@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes the parameter files that tests/unit/test_parameters.cpp loads, into
+"""Writes the parameter files that tests/interop/test_parameters.cpp loads, into
 tests/reference/parameters/: one small layer's weights in each format ds::load reads.
 
     /usr/bin/python3 tests/reference/generate_parameters.py

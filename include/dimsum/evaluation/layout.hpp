@@ -6,7 +6,7 @@
 // its own base pointer (host or device) when it runs. Everything is constexpr over plain
 // arrays, so that device code can call it (nvcc's --expt-relaxed-constexpr).
 //
-// The laws these functions keep are tested in tests/unit/test_layout.cpp: a permutation then
+// The laws these functions keep are tested in tests/evaluation/test_layout.cpp: a permutation then
 // its inverse is the identity; coalesce keeps the offset of every index; a reshape of a
 // row-major layout is the row-major layout of the new extents.
 

@@ -3,7 +3,7 @@
 // same value with more of the plan's decisions said as steps, before the planner (plan.hpp)
 // places the values in memory. A pass is a function of the program alone: it reads no memory
 // and no layout, so that it can be printed (to_text) and tested by itself
-// (tests/unit/test_plan.cpp). They run in the order of `program_passes`:
+// (tests/evaluation/test_plan.cpp). They run in the order of `program_passes`:
 //   recognise_attention   matmul(softmax(f(matmul(Q, K^T))), V), softmax along the keys
 //                         -> one attention step (attention_pattern.hpp says what it matches);
 //   group_epilogues       an elementwise formula of a product of its own extents, which

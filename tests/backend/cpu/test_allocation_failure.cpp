@@ -5,7 +5,7 @@
 // failure must reach the caller as std::bad_alloc, with no thread left waiting (ctest's
 // timeout catches a hang), the destination untouched, and the next evaluation as good as if
 // nothing had happened.
-#include "../parity/parity.hpp"  // its axes, and with_one_and_two_threads
+#include "../../parity/parity.hpp"  // its axes, and with_one_and_two_threads
 #include "counting_new.hpp"
 
 namespace {

@@ -719,7 +719,7 @@ TEST_CASE("explain prints the README's attention plan") {
     REQUIRE(readme);
     std::stringstream contents;
     contents << readme.rdbuf();
-    const std::string marker = "<!-- explain: tests/unit/test_plan.cpp -->\n```text\n";
+    const std::string marker = "<!-- explain: tests/evaluation/test_plan.cpp -->\n```text\n";
     const std::string all = contents.str();
     const auto begin = all.find(marker);
     REQUIRE(begin != std::string::npos);
