@@ -41,11 +41,6 @@ struct bound_memory {
         if (p.memory == memory_kind::binding) throw std::logic_error("dimsum: a plan writes to a tensor it reads");
         return start_of(p);
     }
-    // The address of place p's first element (the one at its layout's offset).
-    std::uintptr_t first_of(const place& p) const {
-        const auto bytes = p.where.offset * static_cast<std::ptrdiff_t>(size_of(p.type));
-        return start_of(p) + static_cast<std::uintptr_t>(bytes);  // modulo 2^N: a negative offset moves back
-    }
 };
 
 // Host memory at place p, of T (the place's type must be T's): what a kernel writes, or reads.

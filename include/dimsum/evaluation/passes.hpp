@@ -95,10 +95,7 @@ inline std::size_t reads_within(const std::vector<step>& steps, std::size_t id, 
 // kinds and operands: the formula still says what its epilogue computes.
 inline void group_epilogues(program& p) {
     std::vector<std::size_t>& readers = p.scratch.readers;
-    readers.assign(p.steps.size(), 0);
-    for (const step& s : p.steps) {
-        for (std::size_t o = 0; o < s.operand_count; ++o) ++readers[s.operands[o]];
-    }
+    count_readers(p.steps, readers);
     for (const attention_match& a : p.attentions) readers[a.scores] = no_step;  // never an epilogue's product
     p.scratch.seen.assign(p.steps.size(), 0);
     for (std::size_t id = 0; id < p.steps.size(); ++id) {

@@ -174,7 +174,6 @@ struct plan {
         if (stored_values.size() < steps) stored_values.resize(steps);
         stored_placed.assign(steps, 0);
         leaves.clear();
-        readers.assign(steps, 0);
     }
 };
 
@@ -200,9 +199,7 @@ public:
           computes_in_(p.steps.empty() ? destination_type : p.steps[p.root].computes_in) {
         plan_.clear(steps_.size());
         plan_.destination_type = destination_type;
-        for (const step& s : steps_) {
-            for (std::size_t o = 0; o < s.operand_count; ++o) ++plan_.readers[s.operands[o]];
-        }
+        count_readers(steps_, plan_.readers);
         const place out_to{memory_kind::destination, 0, destination, destination_type};
         if (destination_type == computes_in_) {
             write(p.root, out_to);
@@ -503,9 +500,9 @@ private:
     }
 
     // An elementwise formula (or a view, copied): one fused pass, or the epilogue of the
-    // product group_epilogues gave it, computed straight into dst. Into bf16 memory, the pass writes bf16 itself; the
-    // product, whose sums need float, goes to the rounding scratch laid out as dst (which must
-    // then be dense) and rounds each block into dst.
+    // product group_epilogues gave it, computed straight into dst. Into bf16 memory, the pass
+    // writes bf16 itself; the product, whose sums need float, goes to the rounding scratch laid
+    // out as dst (which must then be dense) and rounds each block into dst.
     void write_fused(std::size_t id, const place& dst) {
         const bool bf16_dst = dst.type == element_type::bf16;
         // the product group_epilogues gave the formula, unless it is computed already or dst

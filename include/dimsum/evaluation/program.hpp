@@ -100,6 +100,14 @@ struct step {
 // Whether step s is cast<bf16>: its value rounded to bf16 (computed in the program's type).
 constexpr bool rounds_to_bf16(const step& s) { return s.kind == step_kind::elementwise && s.op == op_code::round_bf16; }
 
+// readers[id] := how many operand slots of the steps read step id (one per step).
+inline void count_readers(const std::vector<step>& steps, std::vector<std::size_t>& readers) {
+    readers.assign(steps.size(), 0);
+    for (const step& s : steps) {
+        for (std::size_t o = 0; o < s.operand_count; ++o) ++readers[s.operands[o]];
+    }
+}
+
 // A user's elementwise function (ds::map): the one part of a program that is code, not data.
 // It runs on the host only, and only while the formula that holds the callable lives (one
 // evaluation). Called on a block of n values of the program's type: out[i] = f(in[0][i], ...)
