@@ -281,11 +281,6 @@ private:
         run_attention(c_, pass);
     }
 
-    static matrix_layout last_two_axes(const layout& l) {
-        const std::size_t r = l.rank;
-        return {static_cast<long long>(l.extents[r - 2]), static_cast<long long>(l.extents[r - 1]), l.strides[r - 2], l.strides[r - 1]};
-    }
-
     // A row-major copy of v in the arena; an axis of extent 1 keeps stride 0, so that an
     // operand broadcast along a batch axis stays broadcast (one item, read by every item of C).
     device_array packed(const device_array& v) {
@@ -305,10 +300,10 @@ private:
         device_array a = read(e.operands[0]), b = read(e.operands[1]);
         const device_array& c = destination;
         device_array target = c;
-        blas_product form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(target.where));
+        blas_product form = plan_product(a.where, b.where, target.where);
         if (!form.c_fits) {
             target = {address_of(allocate(c_, c.where.size() * sizeof(T))), type_, evaluation::row_major(c.where.rank, c.where.extents)};
-            form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(target.where));
+            form = plan_product(a.where, b.where, target.where);
         }
         if (form.pack_a) a = packed(a);
         if (form.pack_b) b = packed(b);
@@ -319,65 +314,21 @@ private:
         if (e.epilogue != no_step) fuse(e, destination);
     }
 
-    // c = a b over every batch item: cuBLAS's batch along the innermost batch axis, a loop over
-    // the others.
+    // c = a b over every batch item (gemm_layout.hpp: cuBLAS's strided batch and a call per outer item).
     void gemm_into(const device_array& a, const device_array& b, const device_array& c) {
-        const std::size_t r = c.where.rank;
-        const std::size_t depth = a.where.extents[r - 1];
-        if (depth == 0) {  // an empty sum: zeros
+        if (a.where.extents[a.where.rank - 1] == 0) {  // an empty sum: zeros
             fused_pass& pass = pass_for(c);
             pass.nodes[0] = {};
             pass.node_count = 1;
             return launch(pass);
         }
-        const blas_product form = plan_product(last_two_axes(a.where), last_two_axes(b.where), last_two_axes(c.where));
+        const blas_product form = plan_product(a.where, b.where, c.where);
         if (!form.c_fits || form.pack_a || form.pack_b) throw std::logic_error("dimsum: cuda: a product cuBLAS cannot read");
         gemm_call call;
         call.type = type_;
         call.precision = precision_;
-        call.m = form.m;
-        call.n = form.n;
-        call.k = form.k;
-        call.transpose_a = form.a.transposed;
-        call.transpose_b = form.b.transposed;
-        call.lda = form.a.ld;
-        call.ldb = form.b.ld;
-        call.ldc = form.ldc;
-        const std::size_t batch_axes = r - 2;
-        std::size_t outer = 1;
-        for (std::size_t i = 0; i + 1 < batch_axes; ++i) outer *= c.where.extents[i];
-        const device_array& first = form.swapped ? b : a;
-        const device_array& second = form.swapped ? a : b;
-        // an operand's stride along a batch axis, 0 where it has one item for all of C's
-        const auto along = [](const device_array& x, std::size_t axis) -> std::ptrdiff_t {
-            return x.where.extents[axis] == 1 ? 0 : x.where.strides[axis];
-        };
-        if (batch_axes > 0) {
-            const std::size_t inner = batch_axes - 1;
-            call.batch = static_cast<long long>(c.where.extents[inner]);
-            call.stride_a = along(first, inner);
-            call.stride_b = along(second, inner);
-            call.stride_c = c.where.strides[inner];
-        }
-        for (std::size_t item = 0; item < outer; ++item) {
-            // the item's offsets along the outer batch axes
-            std::ptrdiff_t at_first = 0, at_second = 0, at_c = 0;
-            std::size_t rest = item;
-            for (std::size_t i = batch_axes > 0 ? batch_axes - 1 : 0; i-- > 0;) {  // the outer batch axes
-                const auto index = static_cast<std::ptrdiff_t>(rest % c.where.extents[i]);
-                rest /= c.where.extents[i];
-                at_first += index * along(first, i);
-                at_second += index * along(second, i);
-                at_c += index * c.where.strides[i];
-            }
-            call.a = shifted(first, at_first);
-            call.b = shifted(second, at_second);
-            call.c = const_cast<void*>(shifted(c, at_c));
-            run_gemm(c_, call);
-        }
-    }
-    static const void* shifted(const device_array& v, std::ptrdiff_t elements) {
-        return static_cast<const char*>(v.first()) + elements * static_cast<std::ptrdiff_t>(sizeof(T));
+        gemm_calls(call, form, {a.first(), a.where}, {b.first(), b.where}, {c.first(), c.where},
+                   [this](const gemm_call& one) { run_gemm(c_, one); });
     }
 
     const evaluation::plan& plan_;

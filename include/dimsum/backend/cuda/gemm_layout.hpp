@@ -7,10 +7,16 @@
 //   C with unit row stride (a transposed destination) is column-major as it is: C = A B.
 // An operand that neither form reads (no unit stride, a zero or negative stride, a leading
 // dimension too small) must first be copied row-major; a C that neither form writes, computed
-// into a row-major temporary. Plain host code, tested in tests/cuda/test_gemm_layout.cpp.
+// into a row-major temporary. Batch axes become cuBLAS's strided batch (the innermost) and a
+// call per item of the others (gemm_calls). Plain host code, run by the CUDA backend's tests
+// on the host stand-in (tests/cuda/).
 
 #include <algorithm>
+#include <cstddef>
 #include <optional>
+
+#include "dimsum/backend/cuda/kernels.hpp"
+#include "dimsum/evaluation/layout.hpp"
 
 namespace dimsum::backend::cuda {
 
@@ -53,6 +59,12 @@ struct blas_product {
 
 constexpr matrix_layout transposed(const matrix_layout& x) { return {x.cols, x.rows, x.col_stride, x.row_stride}; }
 
+// The matrix of a layout's last two axes.
+inline matrix_layout last_two_axes(const evaluation::layout& l) {
+    const std::size_t r = l.rank;
+    return {static_cast<long long>(l.extents[r - 2]), static_cast<long long>(l.extents[r - 1]), l.strides[r - 2], l.strides[r - 1]};
+}
+
 constexpr blas_product plan_product(const matrix_layout& a, const matrix_layout& b, const matrix_layout& c) {
     blas_product p;
     auto fill = [&p](const matrix_layout& call_a, const matrix_layout& call_b, const blas_operand& out) {
@@ -74,6 +86,64 @@ constexpr blas_product plan_product(const matrix_layout& a, const matrix_layout&
         fill(a, b, *direct);
     }
     return p;
+}
+inline blas_product plan_product(const evaluation::layout& a, const evaluation::layout& b, const evaluation::layout& c) {
+    return plan_product(last_two_axes(a), last_two_axes(b), last_two_axes(c));
+}
+
+// Device memory of `type` seen through a layout, as a product's operand.
+struct gemm_operand {
+    const void* first = nullptr;  // element 0's address (after the layout's offset)
+    evaluation::layout where{};
+};
+
+// Calls run(call) with each cuBLAS call of C = A B (C of rank r >= 2, A and B of the same rank,
+// an axis of extent 1 broadcast to C's), given a form (plan_product) that needs no packing:
+// cuBLAS's strided batch along the innermost batch axis, one call per item of the outer ones.
+template <class Run>
+void gemm_calls(gemm_call call, const blas_product& form, const gemm_operand& a, const gemm_operand& b,
+                const gemm_operand& c, Run&& run) {
+    call.m = form.m;
+    call.n = form.n;
+    call.k = form.k;
+    call.transpose_a = form.a.transposed;
+    call.transpose_b = form.b.transposed;
+    call.lda = form.a.ld;
+    call.ldb = form.b.ld;
+    call.ldc = form.ldc;
+    const gemm_operand& first = form.swapped ? b : a;
+    const gemm_operand& second = form.swapped ? a : b;
+    // an operand's stride along a batch axis, 0 where it has one item for all of C's
+    const auto along = [](const gemm_operand& x, std::size_t axis) -> std::ptrdiff_t {
+        return x.where.extents[axis] == 1 ? 0 : x.where.strides[axis];
+    };
+    const std::size_t batch_axes = c.where.rank - 2;
+    std::size_t outer = 1;  // items of the batch axes before the innermost
+    if (batch_axes > 0) {
+        const std::size_t inner = batch_axes - 1;
+        for (std::size_t i = 0; i < inner; ++i) outer *= c.where.extents[i];
+        call.batch = static_cast<long long>(c.where.extents[inner]);
+        call.stride_a = along(first, inner);
+        call.stride_b = along(second, inner);
+        call.stride_c = c.where.strides[inner];
+    }
+    const auto bytes = static_cast<std::ptrdiff_t>(size_of(call.type));
+    const auto shifted = [bytes](const void* p, std::ptrdiff_t elements) { return static_cast<const char*>(p) + elements * bytes; };
+    for (std::size_t item = 0; item < outer; ++item) {
+        std::ptrdiff_t at_first = 0, at_second = 0, at_c = 0;  // the item's offsets along the outer axes
+        std::size_t rest = item;
+        for (std::size_t i = batch_axes > 0 ? batch_axes - 1 : 0; i-- > 0;) {
+            const auto index = static_cast<std::ptrdiff_t>(rest % c.where.extents[i]);
+            rest /= c.where.extents[i];
+            at_first += index * along(first, i);
+            at_second += index * along(second, i);
+            at_c += index * c.where.strides[i];
+        }
+        call.a = shifted(first.first, at_first);
+        call.b = shifted(second.first, at_second);
+        call.c = const_cast<char*>(shifted(c.first, at_c));
+        run(call);
+    }
 }
 
 }  // namespace dimsum::backend::cuda
