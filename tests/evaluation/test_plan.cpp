@@ -252,20 +252,34 @@ TEST_CASE("group_epilogues, alone: an elementwise formula takes the product noth
         return p;
     };
 
-    // gelu(x W + bias): both elementwise steps take the product; nothing else changed
+    // gelu(x W + bias): the formula's root takes the product (the add inside it is computed
+    // inside it, never alone); nothing else changed
     const ev::program before = lowered(ds::gelu(ds::matmul(t.q, w) + bias));
     const ev::program after = grouped(before);
     const std::size_t product = last_of(after, ev::step_kind::matmul);
     REQUIRE(after.steps.size() == before.steps.size());
     for (std::size_t id = 0; id < after.steps.size(); ++id) {
         ev::step expected = before.steps[id];
-        if (expected.kind == ev::step_kind::elementwise) expected.epilogue = product;
+        if (id == before.root) expected.epilogue = product;
         CHECK(after.steps[id] == expected);
     }
     const std::string text = ev::to_text(after);
     INFO(text);
     CHECK(text.find("gelu(s") != std::string::npos);
     CHECK(text.find("[epilogue of s" + std::to_string(product) + "] (batch=2, query=5, model=6) float  <- root") != std::string::npos);
+
+    // a formula the planner writes whole inside a kernel's operand, or rounded by cast<bf16>
+    // (computed, then rounded; the cast, a formula of its own too): its outermost step takes
+    // the product, the steps inside it none
+    for (const bool rounded : {false, true}) {
+        const ev::program inner = rounded ? grouped(lowered(ds::cast<ds::bf16>(ds::gelu(ds::matmul(t.q, w) + bias))))
+                                          : grouped(lowered(ds::softmax(ds::gelu(ds::matmul(t.q, w) + bias))));
+        const std::size_t formula = inner.steps[inner.root].operands[0], product = last_of(inner, ev::step_kind::matmul);
+        for (std::size_t id = 0; id < inner.steps.size(); ++id) {
+            const bool takes_it = id == formula || (rounded && id == inner.root);
+            CHECK(inner.steps[id].epilogue == (takes_it ? product : ev::no_step));
+        }
+    }
 
     // the product read twice by the formula is still its own
     const ev::program twice = grouped(lowered(ds::matmul(t.q, w) * ds::matmul(t.q, w) + y));

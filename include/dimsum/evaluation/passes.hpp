@@ -85,8 +85,8 @@ inline std::size_t reads_within(const std::vector<step>& steps, std::size_t id, 
     return count;
 }
 
-// Each elementwise step gets, as step::epilogue, the product that computes its formula as
-// its epilogue: the first leaf of the formula (find_leaves' order) that is a matmul of the
+// Each elementwise step whose formula the planner writes whole gets, as step::epilogue, the
+// product that computes that formula as its epilogue: the first leaf of the formula (find_leaves' order) that is a matmul of the
 // step's extents, of rank 2 or more, which no step outside the formula reads (so that its
 // value is needed nowhere else, and a gemm can hand each finished block to the formula). The
 // planner fuses it wherever it writes the step's formula, unless memory rules that out there
@@ -97,10 +97,21 @@ inline void group_epilogues(program& p) {
     std::vector<std::size_t>& readers = p.scratch.readers;
     count_readers(p.steps, readers);
     for (const attention_match& a : p.attentions) readers[a.scores] = no_step;  // never an epilogue's product
+    // The formulas the planner writes whole: the root's, and those of the operands of steps
+    // that are not elementwise (kernels, views, joins) or that round to bf16 (cast<bf16>, whose
+    // operand is computed, then rounded). A formula inside another is computed inside it: only
+    // the outer one is looked at, so that a chain of elementwise steps is walked once.
+    std::vector<char>& written = p.scratch.written;
+    written.assign(p.steps.size(), 0);
+    if (!p.steps.empty()) written[p.root] = 1;
+    for (const step& s : p.steps) {
+        if (s.kind == step_kind::elementwise && !rounds_to_bf16(s)) continue;
+        for (std::size_t o = 0; o < s.operand_count; ++o) written[s.operands[o]] = 1;
+    }
     p.scratch.seen.assign(p.steps.size(), 0);
     for (std::size_t id = 0; id < p.steps.size(); ++id) {
         step& s = p.steps[id];
-        if (s.kind != step_kind::elementwise) continue;
+        if (s.kind != step_kind::elementwise || !written[id]) continue;
         p.scratch.leaves.clear();
         find_leaves(p.steps, id, p.scratch.leaves);
         for (const std::size_t leaf : p.scratch.leaves) {

@@ -159,7 +159,7 @@ struct plan {
     // the planner's scratch, kept for its capacity
     std::vector<std::size_t> leaves;
     std::vector<std::size_t> formula_steps;  // the step of each node of the formula being built
-    std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it
+    std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it (counted when bf16 rounding asks)
     std::vector<layout*> alongside_c;  // fold_product_batches: the layouts that fold with a product's C
 
     // Empty, for a program of `steps` steps. values keeps its elements: placed says which
@@ -174,6 +174,7 @@ struct plan {
         if (stored_values.size() < steps) stored_values.resize(steps);
         stored_placed.assign(steps, 0);
         leaves.clear();
+        readers.clear();
     }
 };
 
@@ -199,7 +200,6 @@ public:
           computes_in_(p.steps.empty() ? destination_type : p.steps[p.root].computes_in) {
         plan_.clear(steps_.size());
         plan_.destination_type = destination_type;
-        count_readers(steps_, plan_.readers);
         const place out_to{memory_kind::destination, 0, destination, destination_type};
         if (destination_type == computes_in_) {
             write(p.root, out_to);
@@ -380,6 +380,7 @@ private:
     void round_value(std::size_t id, std::size_t readers, const layout& wide, const place& bf16) {
         const step& computed = steps_[id];
         const bool unplanned = !plan_.placed[id] && !is_view(computed.kind);
+        if (plan_.readers.empty()) count_readers(steps_, plan_.readers);  // only rounding asks: counted then
         const bool dead_once_rounded = unplanned && plan_.readers[id] == readers;
         const step_group group = group_of(computed.kind);
         if (dead_once_rounded && (group == step_group::elementwise || group == step_group::line)) return write(id, bf16);

@@ -149,7 +149,7 @@ struct program {
     // allocates nothing after the first time
     struct {
         std::vector<std::size_t> leaves, readers;
-        std::vector<char> seen;
+        std::vector<char> seen, written;
     } scratch;
 
     void clear() {
