@@ -226,11 +226,12 @@ TEST_CASE("recognise_attention, alone: one attention step in place of the outer 
     CHECK(passes.find("after recognise_attention:\n" + ev::to_text(after) + "after group_epilogues:\n") != std::string::npos);
     ev::program grouped = after;
     ev::group_epilogues(grouped);
-    CHECK(passes.find("after group_epilogues:\n" + ev::to_text(grouped) + "cpu plan") != std::string::npos);
+    CHECK(passes.find("after group_epilogues:\n" + ev::to_text(grouped) + "after find_rounded_alone:\n" + ev::to_text(grouped) +
+                      "cpu plan") != std::string::npos);  // no cast<bf16>: nothing marked
     CHECK(passes.substr(passes.find("cpu plan")) == ds::explain(f));
     const std::string reference = ds::explain(f, ds::explain_detail::passes, ds::backend::reference::evaluator{});
     CHECK(reference.find("after recognise_attention: not run on this backend\nafter group_epilogues: not run on this backend\n"
-                         "reference plan") != std::string::npos);
+                         "after find_rounded_alone: not run on this backend\nreference plan") != std::string::npos);
 }
 
 TEST_CASE("group_epilogues, alone: an elementwise formula takes the product nothing else reads as its epilogue") {
@@ -301,6 +302,55 @@ TEST_CASE("group_epilogues, alone: an elementwise formula takes the product noth
     CHECK(plan_of(ds::gelu(ds::matmul(t.q, w) + bias)).kinds() == kinds{ev::entry_kind::gemm});
     CHECK(plan_of(ds::gelu(ds::matmul(t.q, w) + bias), {.fuse_epilogues = false}).kinds() ==
           kinds{ev::entry_kind::gemm, ev::entry_kind::fused});
+}
+
+TEST_CASE("find_rounded_alone, alone: a value that nothing reads but its cast<bf16> is marked dead once rounded") {
+    ds::tensor<float, Batch, Key, Head> a(Batch{2}, Key{7});
+    ds::tensor<float, Head, Model> w;
+    ds::tensor<ds::bf16, Model, Model> w2;
+    auto marked = [](const ev::program& p) {
+        std::vector<std::size_t> ids;
+        for (std::size_t id = 0; id < p.steps.size(); ++id) {
+            if (p.steps[id].rounded_alone) ids.push_back(id);
+        }
+        return ids;
+    };
+    auto rounded = [](ev::program p) {
+        ev::find_rounded_alone(p);
+        return p;
+    };
+
+    // the product plus one, read by its cast alone: marked (and printed so); nothing else changed
+    const ev::program before = lowered(ds::matmul(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), w2));
+    const ev::program after = rounded(before);
+    REQUIRE(after.steps.size() == before.steps.size());
+    const std::vector<std::size_t> ids = marked(after);
+    REQUIRE(ids.size() == 1);
+    const ev::step& cast = after.steps[after.steps[after.root].operands[0]];
+    CHECK(ev::rounds_to_bf16(cast));
+    CHECK(ids[0] == cast.operands[0]);
+    for (std::size_t id = 0; id < after.steps.size(); ++id) {
+        ev::step expected = before.steps[id];
+        expected.rounded_alone = id == ids[0];
+        CHECK(after.steps[id] == expected);
+    }
+    CHECK(ev::to_text(after).find("s" + std::to_string(ids[0]) + " = add(") != std::string::npos);
+    CHECK(ev::to_text(after).find("[rounded alone]") != std::string::npos);
+
+    // read wide as well (by the sum): not marked; no cast at all: nothing marked
+    ds::tensor<float, Batch, Key, Model> y(Batch{2}, Key{7});
+    auto x = ds::matmul(a, w) + y;
+    CHECK(marked(rounded(lowered(ds::cast<float>(ds::matmul(ds::cast<ds::bf16>(x), w2)) + x))).empty());
+    CHECK(marked(rounded(lowered(ds::matmul(x, ds::cast<float>(w2))))).empty());
+    // the planner follows the mark: rounded by the product that computes it, into a bf16
+    // temporary, the float value kept nowhere (out_unread); read wide too, the float value kept
+    const ev::planner_options reads_bf16{.read_bf16 = true};
+    const ev::entry& alone = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), w2), reads_bf16).plan.entries[0];
+    REQUIRE(alone.rounded_into);
+    CHECK(alone.out_unread);
+    const auto kept = plan_of(ds::cast<float>(ds::matmul(ds::cast<ds::bf16>(x), w2)) + x, reads_bf16);
+    REQUIRE(kept.plan.entries[0].rounded_into);
+    CHECK(!kept.plan.entries[0].out_unread);
 }
 
 TEST_CASE("the planner fuses what it can and says where each value lives") {

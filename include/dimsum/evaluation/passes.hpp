@@ -7,7 +7,9 @@
 //   recognise_attention   matmul(softmax(f(matmul(Q, K^T))), V), softmax along the keys
 //                         -> one attention step (attention_pattern.hpp says what it matches);
 //   group_epilogues       an elementwise formula of a product of its own extents, which
-//                         nothing else reads -> the product's epilogue (step::epilogue).
+//                         nothing else reads -> the product's epilogue (step::epilogue);
+//   find_rounded_alone    the operand of a cast<bf16> that nothing else reads -> marked as
+//                         dead once rounded (step::rounded_alone).
 // A pass leaves the steps it replaced where they are, so that every step keeps its index;
 // those no other step reads any more are dead, and to_text marks them so.
 
@@ -125,6 +127,23 @@ inline void group_epilogues(program& p) {
     }
 }
 
+// Marks, as step::rounded_alone, each value that nothing reads but one cast<bf16>: once
+// rounded it is dead, so the planner computes it straight into bf16 (a pass or a line kernel
+// writing bf16, a product or attention rounding each block from a scratch shared by all such
+// values) rather than keeping it wide. (The root needs no mark: no step reads it, so a bf16
+// destination is its one reader.) Where and by which kernel the rounding happens depends on
+// memory, and stays the planner's.
+inline void find_rounded_alone(program& p) {
+    bool rounds = false;
+    for (const step& s : p.steps) rounds = rounds || rounds_to_bf16(s);
+    if (!rounds) return;  // the common case: no count
+    std::vector<std::size_t>& readers = p.scratch.readers;
+    count_readers(p.steps, readers);
+    for (const step& s : p.steps) {
+        if (rounds_to_bf16(s) && readers[s.operands[0]] == 1) p.steps[s.operands[0]].rounded_alone = true;
+    }
+}
+
 struct program_pass {
     std::string_view name;
     bool (*runs)(const planner_options&);  // whether the backend asks for it
@@ -134,6 +153,7 @@ struct program_pass {
 inline constexpr program_pass program_passes[] = {
     {"recognise_attention", [](const planner_options& o) { return o.fuse_attention; }, recognise_attention},
     {"group_epilogues", [](const planner_options& o) { return o.fuse_epilogues; }, group_epilogues},
+    {"find_rounded_alone", [](const planner_options& o) { return o.read_bf16; }, find_rounded_alone},
 };
 
 namespace printing {
@@ -171,8 +191,8 @@ inline void parameters(std::ostream& out, const program& p, const step& s) {
     switch (group_of(s.kind)) {
         case step_group::elementwise:
             if (s.epilogue != no_step) out << " [epilogue of s" << s.epilogue << ']';
-            return;
-        case step_group::memory: case step_group::number: case step_group::indices: return;
+            break;
+        case step_group::memory: case step_group::number: case step_group::indices: break;
         case step_group::view:
             if (s.kind == step_kind::permute) {
                 out << " [order";
@@ -181,12 +201,12 @@ inline void parameters(std::ostream& out, const program& p, const step& s) {
             }
             if (s.kind == step_kind::select) out << " [axis " << s.axis << ", index " << s.index << ']';
             if (s.kind == step_kind::slice) out << " [axis " << s.axis << ", from " << s.index << ", every " << s.spacing << ']';
-            return;
+            break;
         case step_group::join: case step_group::line:
             out << " [axis " << s.axis;
             if (s.kind == step_kind::layer_norm) out << ", epsilon " << s.number;
             out << ']';
-            return;
+            break;
         case step_group::product:
             if (s.kind == step_kind::attention) {
                 const attention_match& m = p.attentions[s.index];
@@ -195,8 +215,9 @@ inline void parameters(std::ostream& out, const program& p, const step& s) {
                 if (m.causal) out << ", causal";
                 out << ']';
             }
-            return;
+            break;
     }
+    if (s.rounded_alone) out << " [rounded alone]";
 }
 
 }  // namespace printing

@@ -159,7 +159,6 @@ struct plan {
     // the planner's scratch, kept for its capacity
     std::vector<std::size_t> leaves;
     std::vector<std::size_t> formula_steps;  // the step of each node of the formula being built
-    std::vector<std::size_t> readers;  // per step: how many operand slots of other steps read it (counted when bf16 rounding asks)
     std::vector<layout*> alongside_c;  // fold_product_batches: the layouts that fold with a product's C
 
     // Empty, for a program of `steps` steps. values keeps its elements: placed says which
@@ -174,7 +173,6 @@ struct plan {
         if (stored_values.size() < steps) stored_values.resize(steps);
         stored_placed.assign(steps, 0);
         leaves.clear();
-        readers.clear();
     }
 };
 
@@ -211,12 +209,11 @@ public:
         // The value rounded straight into the destination (cast<bf16> at the root rounds
         // nothing more), computed in the destination's layout where that is dense, so that a
         // product or attention computing it rounds each block there.
-        std::size_t value = p.root, readers = 0;
-        if (rounds_to_bf16(steps_[value])) {
-            value = steps_[value].operands[0];
-            readers = 1;
-        }
-        round_value(value, readers, is_dense(destination) ? destination : row_major(destination.rank, destination.extents), out_to);
+        // (No step reads the root: the destination is its one reader.)
+        const bool cast = rounds_to_bf16(steps_[p.root]);
+        const std::size_t value = cast ? steps_[p.root].operands[0] : p.root;
+        round_value(value, !cast || steps_[value].rounded_alone, is_dense(destination) ? destination : row_major(destination.rank, destination.extents),
+                    out_to);
     }
 
 private:
@@ -359,16 +356,15 @@ private:
     place narrowed(std::size_t id, const layout& where) {
         if (!plan_.stored_placed[id]) {
             const place bf16 = temporary(where, element_type::bf16);
-            round_value(steps_[id].operands[0], 1, where, bf16);
+            round_value(steps_[id].operands[0], steps_[steps_[id].operands[0]].rounded_alone, where, bf16);
             plan_.stored_values[id] = bf16;
             plan_.stored_placed[id] = 1;
         }
         return plan_.stored_values[id];
     }
     // Plans the entries that compute step id's value and round it into `bf16` (a bf16 temporary,
-    // or the destination). `readers`: how many operand slots of other steps read the value when
-    // only the rounding needs it (1, the cast's, or 0 for the program's root). A value that only
-    // the rounding reads is dead once rounded:
+    // or the destination). `rounded_alone`: nothing else reads the value (the root, or a value
+    // find_rounded_alone marked), so that it is dead once rounded, if not placed already:
     //  - a pass or a line kernel computing it writes bf16 itself (a product the pass absorbs
     //    rounds each block into it: write_fused);
     //  - a product or attention computes it into the scratch every such value shares, laid out
@@ -377,11 +373,10 @@ private:
     // Any other value is computed laid out as `wide` (unless another entry placed it first),
     // then rounded by the product or attention that computes it, where `wide` is bf16's own
     // layout, or else by a narrow entry, one pass.
-    void round_value(std::size_t id, std::size_t readers, const layout& wide, const place& bf16) {
+    void round_value(std::size_t id, bool rounded_alone, const layout& wide, const place& bf16) {
         const step& computed = steps_[id];
         const bool unplanned = !plan_.placed[id] && !is_view(computed.kind);
-        if (plan_.readers.empty()) count_readers(steps_, plan_.readers);  // only rounding asks: counted then
-        const bool dead_once_rounded = unplanned && plan_.readers[id] == readers;
+        const bool dead_once_rounded = unplanned && rounded_alone;
         const step_group group = group_of(computed.kind);
         if (dead_once_rounded && (group == step_group::elementwise || group == step_group::line)) return write(id, bf16);
         bool by_kernel = false, in_scratch = false;

@@ -92,6 +92,8 @@ struct step {
     // elementwise, once group_epilogues (passes.hpp) ran: the product whose gemm computes
     // this step's formula as its epilogue, wherever the planner writes the formula; else no_step
     std::size_t epilogue = no_step;
+    // once find_rounded_alone (passes.hpp) ran: nothing reads this value but one cast<bf16>
+    bool rounded_alone = false;
 
     // The same computation (operands compared by index): what lowering merges.
     bool operator==(const step&) const = default;
