@@ -252,6 +252,29 @@ TEST_CASE("select(l, axis, i) reads l at the index with i put in at axis") {
     }
 }
 
+TEST_CASE("unsqueeze(l, p) reads l at the index without its axis p, and select(., p, 0) undoes it") {
+    std::mt19937 rng(11);
+    for (int t = 0; t < trials; ++t) {
+        const layout l = random_layout(rng);
+        if (l.rank == max_rank) continue;
+        const std::size_t p = uniform(rng, 0, l.rank);
+        const layout u = unsqueeze(l, p);
+        CAPTURE(l, p, u);
+        REQUIRE(u.rank == l.rank + 1);
+        REQUIRE(u.extents[p] == 1);
+        REQUIRE(offsets(u) == offsets_through(u, l, [&](const index_t& j, std::size_t a) { return j[a < p ? a : a + 1]; }));
+        REQUIRE(select(u, p, 0) == l);
+        if (is_dense(l) && l.size() > 1) REQUIRE(is_dense(u));  // a contiguous layout stays one
+    }
+}
+
+TEST_CASE("an empty slice stays at the layout's offset, however far its begin") {
+    const layout l = row_major(2, {3, 4});
+    CHECK(slice(l, 0, 3, 0, 1).offset == 0);
+    CHECK(slice(l, 1, 4, 0, 2).offset == 0);
+    CHECK(slice(l, 0, 2, 1, 1).offset == 8);
+}
+
 TEST_CASE("broadcast to a higher rank reads l at the right-aligned index, at 0 along axes of extent 1") {
     std::mt19937 rng(6);
     for (int t = 0; t < trials; ++t) {

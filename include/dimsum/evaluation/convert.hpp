@@ -27,9 +27,9 @@ constexpr bool readable(element_type from, element_type to) {
 template <class U>
 bool is_row_major(const strided<U>& s) {
     std::ptrdiff_t expected = 1;
-    for (std::size_t i = s.rank; i-- > 0;) {
-        if (s.extents[i] != 1 && s.strides[i] != expected) return false;
-        expected *= static_cast<std::ptrdiff_t>(s.extents[i]);
+    for (std::size_t i = s.where.rank; i-- > 0;) {
+        if (s.where.extents[i] != 1 && s.where.strides[i] != expected) return false;
+        expected *= static_cast<std::ptrdiff_t>(s.where.extents[i]);
     }
     return true;
 }
@@ -39,11 +39,7 @@ bool is_row_major(const strided<U>& s) {
 // bf16 temporary, both seen through a permutation), so one flat loop visits each element once.
 template <class U, class V>
 bool alike_and_dense(const strided<U>& a, const strided<V>& b) {
-    if (a.rank != b.rank) return false;
-    for (std::size_t i = 0; i < a.rank; ++i) {
-        if (a.extents[i] != b.extents[i] || a.strides[i] != b.strides[i]) return false;
-    }
-    return is_dense(layout_of(a));
+    return a.where == b.where && is_dense(a.where);
 }
 
 // dst[i] = convert(from[i]) for every index: one flat loop, which the compiler vectorises,
@@ -58,7 +54,7 @@ void convert_each(const strided<From>& from, const strided<To>& dst, F convert) 
         for (std::size_t i = 0; i < n; ++i) out[i] = convert(in[i]);
         return;
     }
-    for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = convert(from.at(index)); });
+    for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) { dst.at(index) = convert(from.at(index)); });
 }
 
 // A convert entry: the values of binding b written as T into dst, of b's extents.

@@ -80,9 +80,10 @@ constexpr layout unpermute(const layout& l, const order_t& order) {
 }
 
 // The positions begin, begin + spacing, ... (count of them) along `axis`: a narrower axis.
+// An empty slice stays at l's offset (begin may be the extent: past the memory).
 constexpr layout slice(const layout& l, std::size_t axis, std::size_t begin, std::size_t count, std::size_t spacing) {
     layout s = l;
-    s.offset += static_cast<std::ptrdiff_t>(begin) * l.strides[axis];
+    if (count != 0) s.offset += static_cast<std::ptrdiff_t>(begin) * l.strides[axis];
     s.extents[axis] = count;
     s.strides[axis] = l.strides[axis] * static_cast<std::ptrdiff_t>(spacing);
     return s;
@@ -100,6 +101,20 @@ constexpr layout select(const layout& l, std::size_t axis, std::size_t index) {
     s.extents[s.rank] = 0;
     s.strides[s.rank] = 0;
     return s;
+}
+
+// An axis of extent 1 inserted before axis `position` (position = rank: after the last), with
+// the row-major stride there, so that a contiguous layout stays one.
+constexpr layout unsqueeze(const layout& l, std::size_t position) {
+    layout u = l;
+    u.rank = l.rank + 1;
+    for (std::size_t i = l.rank; i > position; --i) {
+        u.extents[i] = l.extents[i - 1];
+        u.strides[i] = l.strides[i - 1];
+    }
+    u.extents[position] = 1;
+    u.strides[position] = position < l.rank ? l.strides[position] * static_cast<std::ptrdiff_t>(l.extents[position]) : 1;
+    return u;
 }
 
 // The same elements read as `rank` axes, right-aligned: missing leading axes and axes of

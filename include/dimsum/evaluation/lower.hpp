@@ -23,7 +23,7 @@ namespace lowering {
 template <class U>
 void add_binding(step& s, std::vector<binding>& bindings, const strided<const U>& memory, const void* packed = nullptr,
                  bool on_device = false) {
-    const binding b{memory.data, element_type_of<U>(), layout_of(memory), packed, on_device};
+    const binding b{memory.data, element_type_of<U>(), memory.where, packed, on_device};
     s.kind = step_kind::tensor;
     s.type = b.type;
     for (s.binding = 0; s.binding < bindings.size(); ++s.binding) {
@@ -57,7 +57,7 @@ template <class T, device_leaf D>
 void describe(step& s, std::vector<binding>& bindings, const D& leaf) {
     using V = value_type_of<D>;
     const auto memory = to_strided(leaf.device_memory());
-    lowering::add_binding<V>(s, bindings, strided<const V>{memory.data, memory.rank, memory.extents, memory.strides}, nullptr, true);
+    lowering::add_binding<V>(s, bindings, strided<const V>{memory.data, memory.where}, nullptr, true);
 }
 template <class T, class U>
 void describe(step& s, std::vector<binding>&, const expr::scalar<U>& number) {

@@ -1,8 +1,7 @@
 #pragma once
-// What kernels see of a tensor: a pointer, extents and strides, with the rank known only at
+// What kernels see of a tensor: a pointer and a layout (layout.hpp), the rank known only at
 // run time. Kernels written over it are compiled once per element type, not once per formula,
-// which keeps formulas quick to compile. A strided array is a layout (layout.hpp) placed at an
-// address.
+// which keeps formulas quick to compile. Its views are layout's functions applied to `where`.
 
 #include <array>
 #include <cstddef>
@@ -17,50 +16,41 @@ namespace dimsum::evaluation {
 
 template <class T>
 struct strided {
-    T* data = nullptr;
-    std::size_t rank = 0;
-    std::array<std::size_t, max_rank> extents{};
-    std::array<std::ptrdiff_t, max_rank> strides{};
+    T* data = nullptr;  // element (0, ..., 0)
+    layout where{};     // offsets from data: where.offset is 0
 
-    std::size_t size() const {
-        std::size_t n = 1;
-        for (std::size_t i = 0; i < rank; ++i) n *= extents[i];
-        return n;
-    }
-    T& at(const std::size_t* index) const {
-        std::ptrdiff_t offset = 0;
-        for (std::size_t i = 0; i < rank; ++i) offset += static_cast<std::ptrdiff_t>(index[i]) * strides[i];
-        return data[offset];
-    }
+    std::size_t size() const { return where.size(); }
+    T& at(const std::size_t* index) const { return data[where.at(index)]; }
 };
 
+// The layout of a view, offsets counted from its data.
+template <class T, class... A>
+layout layout_of(const tensor_view<T, A...>& v) {
+    static_assert(sizeof...(A) <= max_rank, "dimsum: evaluation handles tensors of at most 8 axes (evaluation::max_rank)");
+    layout l{sizeof...(A), {}, {}, 0};
+    for (std::size_t i = 0; i < sizeof...(A); ++i) {
+        l.extents[i] = v.extent(i);
+        l.strides[i] = v.strides()[i];
+    }
+    return l;
+}
 template <class T, class... A>
 strided<T> to_strided(const tensor_view<T, A...>& v) {
-    static_assert(sizeof...(A) <= max_rank, "dimsum: evaluation handles tensors of at most 8 axes (evaluation::max_rank)");
-    strided<T> s{v.data(), sizeof...(A), {}, {}};
-    for (std::size_t i = 0; i < sizeof...(A); ++i) {
-        s.extents[i] = v.extent(i);
-        s.strides[i] = v.strides()[i];
-    }
-    return s;
+    return {v.data(), layout_of(v)};
 }
 
-// The layout of s, offsets counted from s.data.
+// Layout l at address `base`: its offset moved into the pointer.
 template <class T>
-layout layout_of(const strided<T>& s) {
-    return {s.rank, s.extents, s.strides, 0};
-}
-
-// Layout l at address `base`.
-template <class T>
-strided<T> strided_at(T* base, const layout& l) {
-    return {base + l.offset, l.rank, l.extents, l.strides};
+strided<T> strided_at(T* base, layout l) {
+    T* first = base + l.offset;
+    l.offset = 0;
+    return {first, l};
 }
 
 // The same elements read as `rank` axes (layout.hpp's broadcast).
 template <class T>
 strided<T> broadcast_to_rank(const strided<T>& s, std::size_t rank) {
-    return strided_at(s.data, broadcast(layout_of(s), rank));
+    return {s.data, broadcast(s.where, rank)};
 }
 
 // What kernels see of a tensor of integers (int32 or int64): its memory and layout, each

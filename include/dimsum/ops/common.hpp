@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "dimsum/core/element_type.hpp"
+#include "dimsum/evaluation/layout.hpp"
 #include "dimsum/expr/nodes.hpp"
 
 namespace dimsum::detail {
@@ -31,10 +32,25 @@ auto leaf_view(E&& e) {
     else return e;
 }
 
-// A view of shape R over `first` with these strides, of the same kind as v: a host view, or a
-// view of GPU memory (which rebuilds itself: rewrap).
-template <class R, class V, class P, class Strides>
-auto view_like(const V& v, P* first, const R& extents, const Strides& strides) {
+// A view's layout (evaluation/layout.hpp), offsets from its data. Every eager view (permute,
+// select, slice, unsqueeze) is one of layout's functions applied to it, as in a plan.
+template <class V>
+constexpr evaluation::layout layout_of_view(const V& v) {
+    evaluation::layout l{V::shape_type::rank, {}, {}, 0};
+    for (std::size_t i = 0; i < l.rank; ++i) {
+        l.extents[i] = v.shape().extent(i);
+        l.strides[i] = v.strides()[i];
+    }
+    return l;
+}
+
+// The view of v's memory laid out as `where`, of shape R (where's extents), of the same kind
+// as v: a host view, or a view of GPU memory (which rebuilds itself: rewrap).
+template <class R, class V>
+auto view_through(const V& v, const R& extents, const evaluation::layout& where) {
+    strides_t<R::rank> strides{};
+    for (std::size_t i = 0; i < R::rank; ++i) strides[i] = where.strides[i];
+    auto* first = v.data() + where.offset;
     if constexpr (device_leaf<V>) return v.template rewrap<R>(first, extents, strides);
     else return view_of_shape_t<typename V::element_type, R>(first, extents, strides);
 }

@@ -20,9 +20,9 @@ auto apply_permutation(E&& e) {
         auto extents = permute_extents<result_shape>(e.shape(), Plan.order);
         if constexpr (is_strided_leaf<E>) {
             auto v = leaf_view(std::forward<E>(e));
-            strides_t<result_shape::rank> strides{};
-            for (std::size_t i = 0; i < result_shape::rank; ++i) strides[i] = v.strides()[Plan.order[i]];
-            return view_like<result_shape>(v, v.data(), extents, strides);
+            evaluation::order_t order{};
+            for (std::size_t i = 0; i < result_shape::rank; ++i) order[i] = Plan.order[i];
+            return view_through<result_shape>(v, extents, evaluation::permute(layout_of_view(v), order));
         } else {
             return expr::permute<result_shape, Plan.order, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents};
         }

@@ -90,10 +90,7 @@ auto select(E&& e, std::size_t index, call_site caller = call_site::current()) {
             auto extents = detail::gather_extents<result_shape>(e.shape(), kept, "select");
             if constexpr (detail::is_strided_leaf<E>) {
                 auto v = detail::leaf_view(std::forward<E>(e));
-                strides_t<S::rank - 1> strides{};
-                for (std::size_t i = 0; i < S::rank - 1; ++i) strides[i] = v.strides()[kept[i]];
-                auto* first = v.data() + static_cast<std::ptrdiff_t>(index) * v.strides()[axis];
-                return detail::view_like<result_shape>(v, first, extents, strides);
+                return detail::view_through<result_shape>(v, extents, evaluation::select(detail::layout_of_view(v), axis, index));
             } else {
                 return expr::select<result_shape, axis, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents, index};
             }
@@ -131,11 +128,7 @@ auto slice_to(E&& e, std::size_t begin, std::size_t count, std::size_t spacing) 
     R extents = R::from_extents(all, "slice");
     if constexpr (is_strided_leaf<E>) {
         auto v = leaf_view(std::forward<E>(e));
-        auto strides = v.strides();
-        strides[Axis] *= static_cast<std::ptrdiff_t>(spacing);
-        // an empty slice points at the view's start: begin may be the extent, past the memory
-        auto* first = count == 0 ? v.data() : v.data() + static_cast<std::ptrdiff_t>(begin) * v.strides()[Axis];
-        return view_like<R>(v, first, extents, strides);
+        return view_through<R>(v, extents, evaluation::slice(layout_of_view(v), Axis, begin, count, spacing));
     } else {
         return expr::slice<R, Axis, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents, begin, spacing};
     }
@@ -318,14 +311,7 @@ auto unsqueeze(E&& e) {
             Target extents = Target::from_extents(all, "unsqueeze");
             if constexpr (detail::is_strided_leaf<E>) {
                 auto v = detail::leaf_view(std::forward<E>(e));
-                strides_t<S::rank + 1> strides{};
-                for (std::size_t i = 0, from = 0; i <= S::rank; ++i) {
-                    // the row-major stride, so that a contiguous view stays one
-                    strides[i] = i != Position        ? v.strides()[from++]
-                                 : Position < S::rank ? v.strides()[Position] * static_cast<std::ptrdiff_t>(all[i + 1])
-                                                      : 1;
-                }
-                return detail::view_like<Target>(v, v.data(), extents, strides);
+                return detail::view_through<Target>(v, extents, evaluation::unsqueeze(detail::layout_of_view(v), Position));
             } else {
                 return expr::reshape<Target, expr::held_t<E>>{{expr::hold(std::forward<E>(e))}, extents};
             }

@@ -90,7 +90,7 @@ private:
         auto& s = detail::state<T>::of_this_thread();
         evaluation::lower<T>(e, s.program, s.bindings);
         detail::collect_blocks<T>(e, s.blocks);
-        detail::plan_and_run<T>(s, evaluation::layout_of(destination), evaluation::element_type_of<U>(),
+        detail::plan_and_run<T>(s, destination.where, evaluation::element_type_of<U>(),
                                 static_cast<void*>(destination.data), planning());
     }
 };

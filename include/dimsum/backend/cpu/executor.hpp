@@ -121,13 +121,13 @@ private:
     // dst = causal_mask (1 where a key is in a query's future) or arange.
     static void indices(bool causal, const strided<T>& dst) {
         if (!causal) {
-            for (std::size_t i = 0; i < dst.extents[0]; ++i) dst.data[static_cast<std::ptrdiff_t>(i) * dst.strides[0]] = T(i);
+            for (std::size_t i = 0; i < dst.where.extents[0]; ++i) dst.data[static_cast<std::ptrdiff_t>(i) * dst.where.strides[0]] = T(i);
             return;
         }
-        const std::size_t queries = dst.extents[0], keys = dst.extents[1];
+        const std::size_t queries = dst.where.extents[0], keys = dst.where.extents[1];
         for (std::size_t q = 0; q < queries; ++q) {
             for (std::size_t k = 0; k < keys; ++k) {
-                auto at = static_cast<std::ptrdiff_t>(q) * dst.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.strides[1];
+                auto at = static_cast<std::ptrdiff_t>(q) * dst.where.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.where.strides[1];
                 dst.data[at] = evaluation::in_future(q, k, queries, keys) ? T(1) : T(0);
             }
         }
@@ -172,11 +172,11 @@ private:
     template <class... Operands>
     static batch_layout<sizeof...(Operands)> leading_axes(const strided<T>& shape, const Operands&... operands) {
         batch_layout<sizeof...(Operands)> batch;
-        batch.rank = shape.rank - 2;
+        batch.rank = shape.where.rank - 2;
         for (std::size_t i = 0; i < batch.rank; ++i) {
-            batch.extents[i] = shape.extents[i];
+            batch.extents[i] = shape.where.extents[i];
             std::size_t o = 0;
-            ((batch.strides[o++][i] = operands.strides[i]), ...);
+            ((batch.strides[o++][i] = operands.where.strides[i]), ...);
         }
         return batch;
     }
@@ -184,7 +184,7 @@ private:
     // dst = the attention the entry describes (evaluation/attention_pattern.hpp), by the fused kernel.
     void attend(const entry& e, const strided<T>& dst) {
         const evaluation::attention_match& match = e.attention;
-        const std::size_t r = dst.rank;
+        const std::size_t r = dst.where.rank;
         attention_problem<T> problem;
         const source_array<T> q = input(e.operands[0]);   // (..., queries, d)
         const source_array<T> kt = input(e.operands[1]);  // (..., d, keys)
@@ -201,8 +201,8 @@ private:
             problem.o_unread = e.out_unread;
         }
         // the tiles of scores: O's batch, (queries, keys)
-        region_program<T> score_function{&s_.fused, no_input, {nullptr, r, dst.extents, {}}};
-        score_function.result.extents[r - 1] = kt.extents[r - 1];
+        region_program<T> score_function{&s_.fused, no_input, {nullptr, r, dst.where.extents, {}}};
+        score_function.result.where.extents[r - 1] = kt.where.extents[r - 1];
         if (e.node_count != 0) {  // the rest of the score function, on each tile
             build_fused(e, score_function.result);
             score_function.own = s_.in_place_input;
@@ -297,7 +297,7 @@ private:
             if (bias == product) throw std::logic_error("dimsum: a plan adds a product to itself as a bias");
             const source_array<T>& in = s_.fused.inputs[bias];
             rounding.bias = {in.data, in.type};
-            rounding.bias_stride = in.strides[in.rank - 1];
+            rounding.bias_stride = in.where.strides[in.where.rank - 1];
         }
         return rounding;
     }

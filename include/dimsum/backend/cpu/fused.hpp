@@ -46,16 +46,16 @@ void merge_axes(const strided<T>& result, const std::vector<source_array<T>>& in
     out.strides.resize(out.arrays);
     out.origin.assign(out.arrays, 0);
     auto stride_of = [&](std::size_t array, std::size_t axis) {
-        return array == 0 ? result.strides[axis] : inputs[array - 1].strides[axis];
+        return array == 0 ? result.where.strides[axis] : inputs[array - 1].where.strides[axis];
     };
-    out.extents = region ? region->extents : result.extents;
+    out.extents = region ? region->extents : result.where.extents;
     for (std::size_t a = 0; a < out.arrays; ++a) {
-        for (std::size_t axis = 0; axis < result.rank; ++axis) {
+        for (std::size_t axis = 0; axis < result.where.rank; ++axis) {
             out.strides[a][axis] = stride_of(a, axis);
             if (region) out.origin[a] += static_cast<std::ptrdiff_t>(region->first[axis]) * stride_of(a, axis);
         }
     }
-    out.rank = evaluation::coalesce_together(result.rank, out.extents, out.arrays,
+    out.rank = evaluation::coalesce_together(result.where.rank, out.extents, out.arrays,
                                              [&](std::size_t a) -> evaluation::strides_t& { return out.strides[a]; });
     if (out.rank == 0) {  // a single value
         out.rank = 1;
@@ -97,7 +97,7 @@ template <class T>
 void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel, const fused_region* region,
                const rounded_memory<T>& rounded) {
     std::size_t size = 1;
-    for (std::size_t i = 0; i < result.rank; ++i) size *= region ? region->extents[i] : result.extents[i];
+    for (std::size_t i = 0; i < result.where.rank; ++i) size *= region ? region->extents[i] : result.where.extents[i];
     if (size == 0) return;
     prepare_fused(program);  // the caller's memory; its team's members take theirs below
     detail::merged_layout& layout = detail::fused_memory<T>().layout;  // the caller's, read by the team
@@ -230,10 +230,10 @@ template <class T>
 fused_region tile_of(const strided<T>& shape, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
                      std::size_t cols) {
     fused_region tile;
-    const std::size_t r = shape.rank;
+    const std::size_t r = shape.where.rank;
     for (std::size_t axis = r - 2; axis-- > 0;) {
-        tile.first[axis] = item % shape.extents[axis];
-        item /= shape.extents[axis];
+        tile.first[axis] = item % shape.where.extents[axis];
+        item /= shape.where.extents[axis];
         tile.extents[axis] = 1;
     }
     tile.first[r - 2] = row;
@@ -265,7 +265,7 @@ const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in
     for (std::size_t i = 0; i < local.inputs.size(); ++i) {
         source_array<T>& input = local.inputs[i];
         if (i == in_block) input = block;
-        else input.advance(offset_of(place, input.strides, block.rank));
+        else input.advance(offset_of(place, input.where.strides, block.where.rank));
     }
     return local;
 }
@@ -283,11 +283,11 @@ void apply_to_c(const void* context, std::size_t item, std::size_t row, std::siz
     const fused_region region = tile_of(c.result, item, row, col, rows, cols);
     if (c.program) run_fused<T>(*c.program, c.result, false, &region);
     if (!c.rounded) return;
-    const std::size_t r = c.result.rank;
-    const std::ptrdiff_t first = offset_of(region, c.result.strides, r);
+    const std::size_t r = c.result.where.rank;
+    const std::ptrdiff_t first = offset_of(region, c.result.where.strides, r);
     for (std::size_t i = 0; i < rows; ++i) {  // into memory of C's layout: the same offsets
-        const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.result.strides[r - 2];
-        round_line(c.result.data + at, c.result.strides[r - 1], c.rounded, at, c.result.strides[r - 1], cols);
+        const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.result.where.strides[r - 2];
+        round_line(c.result.data + at, c.result.where.strides[r - 1], c.rounded, at, c.result.where.strides[r - 1], cols);
     }
 }
 // gemm_epilogue::apply_to_block, for a block whose sums the kernel holds in its own buffer, C
@@ -301,12 +301,12 @@ void apply_to_sums(const void* context, std::size_t item, std::size_t row, std::
     } else {
         const auto& c = *static_cast<const region_program<T>*>(context);
         const fused_region region = tile_of(c.result, item, row, col, rows, cols);
-        const std::size_t r = c.result.rank;
-        const std::ptrdiff_t first = offset_of(region, c.result.strides, r);
+        const std::size_t r = c.result.where.rank;
+        const std::ptrdiff_t first = offset_of(region, c.result.where.strides, r);
         strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
-        sums.strides[r - 2] = ld;
-        sums.strides[r - 1] = 1;
-        const strided<T> out{c.result.data + first, r, region.extents, c.result.strides};  // its layout; only the rounded result is written
+        sums.where.strides[r - 2] = ld;
+        sums.where.strides[r - 1] = 1;
+        const strided<T> out{c.result.data + first, r, region.extents, c.result.where.strides};  // its layout; only the rounded result is written
         if (!c.program) throw std::logic_error("dimsum: a product's sums handed to an epilogue that only rounds (gemm_rounding's)");
         rounded_memory<T> rounded = c.rounded;
         rounded.advance(first);
@@ -324,12 +324,12 @@ template <class T>
 void apply_to_scores(const void* context, std::size_t item, std::size_t query, std::size_t key, std::size_t queries,
                      std::size_t keys, T* tile, std::ptrdiff_t query_stride) {
     const auto& c = *static_cast<const region_program<T>*>(context);
-    const std::size_t r = c.result.rank;
+    const std::size_t r = c.result.where.rank;
     const fused_region place = tile_of(c.result, item, query, key, queries, keys);
-    strided<T> result{tile, r, place.extents, {}};  // the tile itself: batch axes of extent 1
-    result.strides[r - 2] = query_stride;
-    result.strides[r - 1] = 1;
-    run_fused<T>(moved_to(*c.program, c.own, place, {tile, r, result.extents, result.strides}), result, false);
+    strided<T> result{tile, {r, place.extents, {}, 0}};  // the tile itself: batch axes of extent 1
+    result.where.strides[r - 2] = query_stride;
+    result.where.strides[r - 1] = 1;
+    run_fused<T>(moved_to(*c.program, c.own, place, {tile, result.where}), result, false);
 }
 
 }  // namespace regions

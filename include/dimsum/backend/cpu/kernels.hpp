@@ -152,43 +152,38 @@ source_matrix<T> transposed(source_matrix<T> m) {
 // A strided array that a kernel computing in T reads, as it is stored (as source_matrix).
 template <class T>
 struct source_array : stored_memory<T> {
-    std::size_t rank = 0;
-    std::array<std::size_t, max_rank> extents{};
-    std::array<std::ptrdiff_t, max_rank> strides{};
+    evaluation::layout where{};  // offsets from data: where.offset is 0
 
     source_array() = default;
     template <class U>
     source_array(const strided<U>& s)  // NOLINT: an array as stored is a source
-        : stored_memory<T>{s.data, evaluation::element_type_of<std::remove_const_t<U>>()}, rank(s.rank),
-          extents(s.extents), strides(s.strides) {}
+        : stored_memory<T>{s.data, evaluation::element_type_of<std::remove_const_t<U>>()}, where(s.where) {}
 
-    // Its elements, where they are of T; else its extents and strides only (data null).
-    strided<const T> own() const {
-        return {this->holds_own() ? static_cast<const T*>(this->data) : nullptr, rank, extents, strides};
-    }
+    // Its elements, where they are of T; else its layout only (data null).
+    strided<const T> own() const { return {this->holds_own() ? static_cast<const T*>(this->data) : nullptr, where}; }
     // read(the array as a strided<const U> of the type U it is stored as)
     template <class F>
     [[gnu::always_inline]] void visit(F&& read) const {
-        with_storage<T>(this->type, [&]<class U>() { read(strided<const U>{static_cast<const U*>(this->data), rank, extents, strides}); });
+        with_storage<T>(this->type, [&]<class U>() { read(strided<const U>{static_cast<const U*>(this->data), where}); });
     }
 };
 
 // An array's last two axes as a matrix (its first element's).
 template <class T>
 matrix<T> last_two_axes(const strided<T>& s) {
-    const std::size_t r = s.rank;
-    return {s.data, s.extents[r - 2], s.extents[r - 1], s.strides[r - 2], s.strides[r - 1]};
+    const std::size_t r = s.where.rank;
+    return {s.data, s.where.extents[r - 2], s.where.extents[r - 1], s.where.strides[r - 2], s.where.strides[r - 1]};
 }
 template <class T>
 source_matrix<T> last_two_axes(const source_array<T>& s) {
     source_matrix<T> m;
-    const std::size_t r = s.rank;
+    const std::size_t r = s.where.rank;
     m.data = s.data;
     m.type = s.type;
-    m.rows = s.extents[r - 2];
-    m.cols = s.extents[r - 1];
-    m.row_stride = s.strides[r - 2];
-    m.col_stride = s.strides[r - 1];
+    m.rows = s.where.extents[r - 2];
+    m.cols = s.where.extents[r - 1];
+    m.row_stride = s.where.strides[r - 2];
+    m.col_stride = s.where.strides[r - 1];
     return m;
 }
 

@@ -156,11 +156,11 @@ T line_max(const In* x, std::size_t n) {
 template <class T, class Kernel>
 void for_each_line(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded,
                    Kernel kernel) {
-    const std::size_t n = x.extents[axis];
+    const std::size_t n = x.where.extents[axis];
     std::size_t lines = 1;
-    for (std::size_t i = 0; i < x.rank; ++i) lines *= i == axis ? 1 : x.extents[i];
+    for (std::size_t i = 0; i < x.where.rank; ++i) lines *= i == axis ? 1 : x.where.extents[i];
     if (lines == 0) return;
-    const std::ptrdiff_t x_step = x.strides[axis], out_step = out.strides[axis];
+    const std::ptrdiff_t x_step = x.where.strides[axis], out_step = out.where.strides[axis];
     const bool out_is_one = out_step == 0;  // a reduction writes one value per line
     constexpr bool takes_bf16 =
         std::is_same_v<T, float> && std::is_invocable_v<Kernel, const bf16*, bf16*, std::size_t, T*, const bf16*, bool>;
@@ -170,12 +170,12 @@ void for_each_line(const source_array<T>& x, const strided<T>& out, std::size_t 
 
     auto start_of = [&](std::size_t line, std::ptrdiff_t& x_at, std::ptrdiff_t& out_at) {
         x_at = out_at = 0;
-        for (std::size_t i = x.rank, rest = line; i-- > 0;) {
+        for (std::size_t i = x.where.rank, rest = line; i-- > 0;) {
             if (i == axis) continue;
-            auto index = static_cast<std::ptrdiff_t>(rest % x.extents[i]);
-            rest /= x.extents[i];
-            x_at += index * x.strides[i];
-            out_at += index * out.strides[i];
+            auto index = static_cast<std::ptrdiff_t>(rest % x.where.extents[i]);
+            rest /= x.where.extents[i];
+            x_at += index * x.where.strides[i];
+            out_at += index * out.where.strides[i];
         }
     };
     // a large result in contiguous lines is written around the caches (simd.hpp): by the
@@ -375,8 +375,8 @@ void layer_norm(const source_array<T>& x, const strided<T>& out, std::size_t axi
 // (kernels.hpp)
 template <class Reduction, class T>
 void reduce(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded) {
-    strided<T> lines{out.data, x.rank, x.extents, {}};  // out seen at x's rank: stride 0 along axis
-    for (std::size_t i = 0, k = 0; i < x.rank; ++i) lines.strides[i] = i == axis ? 0 : out.strides[k++];
+    strided<T> lines{out.data, {x.where.rank, x.where.extents, {}, 0}};  // out seen at x's rank: stride 0 along axis
+    for (std::size_t i = 0, k = 0; i < x.where.rank; ++i) lines.where.strides[i] = i == axis ? 0 : out.where.strides[k++];
     detail::for_each_line<T>(x, lines, axis, rounded, [](const T* in, T* y, std::size_t n, T*, const T*, bool) {
         if constexpr (std::is_same_v<Reduction, fn::max>) *y = detail::line_max(in, n);
         else if constexpr (std::is_same_v<Reduction, fn::mean>) *y = detail::line_sum(in, n) / static_cast<T>(n);

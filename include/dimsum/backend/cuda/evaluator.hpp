@@ -108,8 +108,8 @@ private:
         }
         // a host destination is computed row-major on the device, then copied; a formula of
         // bf16 is planned into a row-major array of float, then rounded into the destination
-        const evaluation::layout row_major = evaluation::row_major(destination.rank, destination.extents);
-        const evaluation::layout where = on_device ? evaluation::layout_of(destination) : row_major;
+        const evaluation::layout row_major = evaluation::row_major(destination.where.rank, destination.where.extents);
+        const evaluation::layout where = on_device ? destination.where : row_major;
         evaluation::make_plan(s.program, s.bindings, stored == evaluation::element_type_of<T>() ? where : row_major,
                               evaluation::element_type_of<T>(), planning(), s.plan);
         context& c = this_thread_context();
@@ -121,7 +121,7 @@ private:
         if (evaluation::is_row_major(destination)) return download(c, destination.data, value.first(), bytes);
         s.result.resize(bytes);
         download(c, s.result.data(), value.first(), bytes);
-        const evaluation::strided<const D> from{reinterpret_cast<const D*>(s.result.data()), where.rank, where.extents, where.strides};
+        const evaluation::strided<const D> from{reinterpret_cast<const D*>(s.result.data()), where};
         evaluation::convert_each(from, destination, [](D x) { return x; });
     }
 };

@@ -56,13 +56,13 @@ private:
                 return matmul<T>(read(e.operands[0]), read(e.operands[1]), dst);
             case entry_kind::rowwise: return rowwise(e, read(e.operands[0]), dst);
             case entry_kind::indices:
-                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
+                for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) {
                     if (!e.causal) dst.at(index) = static_cast<T>(index[0]);
-                    else dst.at(index) = in_future(index[0], index[1], dst.extents[0], dst.extents[1]) ? T(1) : T(0);
+                    else dst.at(index) = in_future(index[0], index[1], dst.where.extents[0], dst.where.extents[1]) ? T(1) : T(0);
                 });
                 return;
             case entry_kind::fused: case entry_kind::copy:
-                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) { dst.at(index) = read(e.step, index); });
+                for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) { dst.at(index) = read(e.step, index); });
                 return;
             case entry_kind::convert: return evaluation::convert_binding<T>(bindings_[e.operands[0].index], dst);
             case entry_kind::gather: {
@@ -70,11 +70,11 @@ private:
                 const strided<const T> table = read(e.operands[0]);
                 const evaluation::integers ids = evaluation::integers_of(bindings_[e.operands[1].index]);
                 const std::size_t count = ids.where().rank;
-                for_each_index(dst.extents, dst.rank, [&](const std::size_t* index) {
+                for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) {
                     std::array<std::size_t, max_rank> at{};
                     for (std::size_t i = 0; i < e.axis; ++i) at[i] = index[i];
                     at[e.axis] = static_cast<std::size_t>(ids.at(index + e.axis));
-                    for (std::size_t i = e.axis + 1; i < table.rank; ++i) at[i] = index[i - 1 + count];
+                    for (std::size_t i = e.axis + 1; i < table.where.rank; ++i) at[i] = index[i - 1 + count];
                     dst.at(index) = table.at(at.data());
                 });
                 return;
@@ -133,7 +133,7 @@ template <class T>
 void plan_and_interpret(evaluation::program& p, const std::vector<evaluation::binding>& bindings,
                         const strided<T>& destination, const evaluation::planner_options& options) {
     evaluation::plan plan;
-    evaluation::make_plan(p, bindings, evaluation::layout_of(destination), evaluation::element_type_of<T>(), options, plan);
+    evaluation::make_plan(p, bindings, destination.where, evaluation::element_type_of<T>(), options, plan);
     interpreter<T>(p, bindings, plan, destination).run();
 }
 

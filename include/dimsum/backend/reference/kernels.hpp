@@ -27,8 +27,8 @@ using accumulator_t = std::conditional_t<std::is_same_v<T, float>, double, long 
 // zero strides where their batch axes broadcast.
 template <class T>
 void matmul(strided<const T> a, strided<const T> b, strided<T> out) {
-    std::size_t r = out.rank, depth = a.extents[r - 1];
-    for_each_index(out.extents, r, [&](const std::size_t* index) {
+    std::size_t r = out.where.rank, depth = a.where.extents[r - 1];
+    for_each_index(out.where.extents, r, [&](const std::size_t* index) {
         std::array<std::size_t, max_rank> ia{}, ib{};
         std::copy_n(index, r, ia.begin());
         std::copy_n(index, r, ib.begin());
@@ -70,9 +70,9 @@ private:
 template <class T>
 void softmax(strided<const T> x, strided<T> out, std::size_t axis) {
     using acc = accumulator_t<T>;
-    std::size_t n = x.extents[axis];
-    for_each_line(x.extents, x.rank, axis, [&](const std::size_t* first) {
-        line_index line(first, x.rank, axis);
+    std::size_t n = x.where.extents[axis];
+    for_each_line(x.where.extents, x.where.rank, axis, [&](const std::size_t* first) {
+        line_index line(first, x.where.rank, axis);
         auto element = [&](std::size_t j) -> acc { return x.at(line.at(j)); };
         // pass 1: the maximum, so that exp never overflows
         acc top = -std::numeric_limits<acc>::infinity();
@@ -94,9 +94,9 @@ void softmax(strided<const T> x, strided<T> out, std::size_t axis) {
 template <class T>
 void layer_norm(strided<const T> x, strided<T> out, std::size_t axis, T epsilon) {
     using acc = accumulator_t<T>;
-    std::size_t n = x.extents[axis];
-    for_each_line(x.extents, x.rank, axis, [&](const std::size_t* first) {
-        line_index line(first, x.rank, axis);
+    std::size_t n = x.where.extents[axis];
+    for_each_line(x.where.extents, x.where.rank, axis, [&](const std::size_t* first) {
+        line_index line(first, x.where.rank, axis);
         auto element = [&](std::size_t j) -> acc { return x.at(line.at(j)); };
         acc mean = 0, variance = 0;
         for (std::size_t j = 0; j < n; ++j) mean += element(j);
@@ -112,11 +112,11 @@ void layer_norm(strided<const T> x, strided<T> out, std::size_t axis, T epsilon)
 template <class Reduction, class T>
 void reduce(strided<const T> x, strided<T> out, std::size_t axis) {
     using acc = accumulator_t<T>;
-    std::size_t n = x.extents[axis];
-    for_each_line(x.extents, x.rank, axis, [&](const std::size_t* first) {
+    std::size_t n = x.where.extents[axis];
+    for_each_line(x.where.extents, x.where.rank, axis, [&](const std::size_t* first) {
         std::array<std::size_t, max_rank> index{}, kept{};
-        std::copy_n(first, x.rank, index.begin());
-        for (std::size_t i = 0, k = 0; i < x.rank; ++i) {
+        std::copy_n(first, x.where.rank, index.begin());
+        for (std::size_t i = 0, k = 0; i < x.where.rank; ++i) {
             if (i != axis) kept[k++] = index[i];
         }
         acc result = std::is_same_v<Reduction, fn::max> ? -std::numeric_limits<acc>::infinity() : acc(0);
