@@ -173,6 +173,10 @@ template <class E>
 inline constexpr bool is_read_converted = false;
 template <class To, class X>
 inline constexpr bool is_read_converted<expr::cast<To, X>> = !std::is_same_v<To, bf16>;
+template <class E>
+inline constexpr bool is_rounding = false;  // cast<bf16>
+template <class X>
+inline constexpr bool is_rounding<expr::cast<bf16, X>> = true;
 
 }  // namespace lowering
 
@@ -193,6 +197,7 @@ std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
         for (std::size_t i = 0; i < s.rank; ++i) s.extents[i] = extents[i];
         s.axes = shape_of<E>::axes.data();
         lowering::describe<T>(s, bindings, e);
+        if constexpr (lowering::is_rounding<E>) p.has_casts_to_bf16 = true;
         if constexpr (lowering::is_map<E>) {  // never merged: each map holds its own f
             s.index = p.functions.size();
             p.functions.push_back(lowering::function_of<T>(e));

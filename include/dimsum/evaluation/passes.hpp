@@ -134,9 +134,7 @@ inline void group_epilogues(program& p) {
 // destination is its one reader.) Where and by which kernel the rounding happens depends on
 // memory, and stays the planner's.
 inline void find_rounded_alone(program& p) {
-    bool rounds = false;
-    for (const step& s : p.steps) rounds = rounds || rounds_to_bf16(s);
-    if (!rounds) return;  // the common case: no count
+    if (!p.has_casts_to_bf16) return;  // the common case: nothing to walk
     std::vector<std::size_t>& readers = p.scratch.readers;
     count_readers(p.steps, readers);
     for (const step& s : p.steps) {

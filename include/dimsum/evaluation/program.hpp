@@ -75,6 +75,9 @@ struct step {
     step_kind kind;
     element_type type = element_type::float32;     // what the value holds
     element_type computes_in = element_type::float32;  // what arithmetic on it uses
+    // once find_rounded_alone (passes.hpp) ran: nothing reads this value but one cast<bf16>
+    // (here, beside the other one-byte fields, where it adds nothing to the step's size)
+    bool rounded_alone = false;
     std::size_t rank = 0;
     extents_t extents{};                 // of this step's value
     const axis_desc* axes = nullptr;     // their names (static storage), for explain()
@@ -92,8 +95,6 @@ struct step {
     // elementwise, once group_epilogues (passes.hpp) ran: the product whose gemm computes
     // this step's formula as its epilogue, wherever the planner writes the formula; else no_step
     std::size_t epilogue = no_step;
-    // once find_rounded_alone (passes.hpp) ran: nothing reads this value but one cast<bf16>
-    bool rounded_alone = false;
 
     // The same computation (operands compared by index): what lowering merges.
     bool operator==(const step&) const = default;
@@ -147,6 +148,9 @@ struct program {
     std::size_t binding_count = 0;
     std::vector<host_function> functions;  // of its map steps
     std::vector<attention_match> attentions;  // of its attention steps
+    // whether it has a cast<bf16> step: known as it is lowered (at compile time), so that a
+    // pass about them costs a formula without one nothing
+    bool has_casts_to_bf16 = false;
     // the passes' scratch, kept for its capacity: a program lowered and planned in a loop
     // allocates nothing after the first time
     struct {
@@ -160,6 +164,7 @@ struct program {
         binding_count = 0;
         functions.clear();
         attentions.clear();
+        has_casts_to_bf16 = false;
     }
 };
 
