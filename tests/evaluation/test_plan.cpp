@@ -345,9 +345,9 @@ TEST_CASE("find_rounded_alone, alone: a value that nothing reads but its cast<bf
     // the planner follows the mark: rounded by the product that computes it, into a bf16
     // temporary, the float value kept nowhere (out_unread); read wide too, the float value kept
     const ev::planner_options reads_bf16{.read_bf16 = true};
-    const ev::entry& alone = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), w2), reads_bf16).plan.entries[0];
-    REQUIRE(alone.rounded_into);
-    CHECK(alone.out_unread);
+    const auto alone = plan_of(ds::matmul(ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f), w2), reads_bf16);
+    REQUIRE(alone.plan.entries[0].rounded_into);
+    CHECK(alone.plan.entries[0].out_unread);
     const auto kept = plan_of(ds::cast<float>(ds::matmul(ds::cast<ds::bf16>(x), w2)) + x, reads_bf16);
     REQUIRE(kept.plan.entries[0].rounded_into);
     CHECK(!kept.plan.entries[0].out_unread);
