@@ -88,13 +88,14 @@ inline std::size_t reads_within(const std::vector<step>& steps, std::size_t id, 
 }
 
 // Each elementwise step whose formula the planner writes whole gets, as step::epilogue, the
-// product that computes that formula as its epilogue: the first leaf of the formula (find_leaves' order) that is a matmul of the
-// step's extents, of rank 2 or more, which no step outside the formula reads (so that its
-// value is needed nowhere else, and a gemm can hand each finished block to the formula). The
-// planner fuses it wherever it writes the step's formula, unless memory rules that out there
-// (the product computed already, or a bf16 destination with gaps). The scores of an attention
-// step are no gemm's: the attention kernel computes its score function. The steps keep their
-// kinds and operands: the formula still says what its epilogue computes.
+// product that computes that formula as its epilogue: the first leaf of the formula
+// (find_leaves' order) that is a matmul of the step's extents, of rank 2 or more, which no
+// step outside the formula reads (so that its value is needed nowhere else, and a gemm can
+// hand each finished block to the formula). The planner fuses it wherever it writes the
+// step's formula, unless memory rules that out there (the product computed already, or a
+// bf16 destination with gaps). The scores of an attention step are no gemm's: the attention
+// kernel computes its score function. The steps keep their kinds and operands: the formula
+// still says what its epilogue computes.
 inline void group_epilogues(program& p) {
     std::vector<std::size_t>& readers = p.scratch.readers;
     count_readers(p.steps, readers);
