@@ -27,16 +27,21 @@ using accumulator_t = std::conditional_t<std::is_same_v<T, float>, double, long 
 // zero strides where their batch axes broadcast.
 template <class T>
 void matmul(strided<const T> a, strided<const T> b, strided<T> out) {
-    std::size_t r = out.where.rank, depth = a.where.extents[r - 1];
+    const std::size_t r = out.where.rank, depth = a.where.extents[r - 1];
+    const std::ptrdiff_t a_step = a.where.strides[r - 1], b_step = b.where.strides[r - 2];
     for_each_index(out.where.extents, r, [&](const std::size_t* index) {
+        // a's row and b's column of this element, from depth 0 on (index's own position along
+        // the depth axis of each is its column and row, which the depth replaces)
         std::array<std::size_t, max_rank> ia{}, ib{};
         std::copy_n(index, r, ia.begin());
         std::copy_n(index, r, ib.begin());
+        ia[r - 1] = 0;
+        ib[r - 2] = 0;
+        const std::ptrdiff_t a_first = a.where.at(ia.data()), b_first = b.where.at(ib.data());
         accumulator_t<T> sum = 0;
         for (std::size_t k = 0; k < depth; ++k) {
-            ia[r - 1] = k;
-            ib[r - 2] = k;
-            sum += static_cast<accumulator_t<T>>(a.at(ia.data())) * b.at(ib.data());
+            const auto step = static_cast<std::ptrdiff_t>(k);
+            sum += static_cast<accumulator_t<T>>(a.data[a_first + step * a_step]) * b.data[b_first + step * b_step];
         }
         out.at(index) = static_cast<T>(sum);
     });
