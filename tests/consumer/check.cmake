@@ -1,5 +1,6 @@
-# MODE install: builds dimsum's libraries and installs them into ${PREFIX} (the
-# fixture of the find_package modes, so that both use one build).
+# MODE install: installs the libraries of this build of dimsum (BUILD_DIR, built before ctest
+# runs) into ${PREFIX}, the fixture of the find_package modes. (add_subdirectory builds them
+# again, in a project where dimsum's tests, examples and tools are off.)
 # Else builds and runs tests/consumer against dimsum, by add_subdirectory or by find_package
 # of that install; find_package_sse2 is find_package by a consumer that sets DIMSUM_ARCH
 # empty, which must be warned at configure time and get SSE2 kernels (but for
@@ -14,10 +15,8 @@ function(run)
 endfunction()
 
 if(MODE STREQUAL "install")
-    run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/dimsum -DCMAKE_BUILD_TYPE=Release
-        -DDIMSUM_BUILD_TESTS=OFF -DDIMSUM_BUILD_EXAMPLES=OFF -DDIMSUM_BUILD_TOOLS=OFF)
-    run(${CMAKE_COMMAND} --build ${WORK_DIR}/dimsum)  # the libraries: dimsum::kernels, and dimsum::dist with MPI
-    run(${CMAKE_COMMAND} --install ${WORK_DIR}/dimsum --prefix ${PREFIX})
+    file(REMOVE_RECURSE ${PREFIX})
+    run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX})
     return()
 endif()
 
