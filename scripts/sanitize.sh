@@ -4,10 +4,10 @@
 # 2. the tests that run teams of threads under ThreadSanitizer (clang; dimsum's own team is
 #    std::thread and atomics, which TSan sees; libomp's Archer tool tells it about OpenMP's
 #    barriers, for the tests that evaluate inside an OpenMP region of their own);
-# 3. load_npy, and ds::load of .npz and .safetensors files, each fuzzed for DIMSUM_FUZZ_SECONDS
-#    (60) with libFuzzer, ASan and UBSan, seeded with the reference files, with a memory limit
-#    that makes a file whose claims cost far more than it holds a finding; a finding stops the
-#    run and is left in build-fuzz/.
+# 3. load_npy, and ds::load of .npz and .safetensors files, fuzzed side by side for
+#    DIMSUM_FUZZ_SECONDS (60) with libFuzzer, ASan and UBSan, seeded with the reference files,
+#    with a memory limit that makes a file whose claims cost far more than it holds a finding;
+#    a finding stops the run and is left in build-fuzz/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -53,5 +53,16 @@ fuzz() {  # fuzz NAME SEED_FILES...
         -artifact_prefix="build-fuzz/$name/" -print_final_stats=1 "build-fuzz/$name/corpus" "build-fuzz/$name/seeds" 2>&1 |
         tail -n 12
 }
-fuzz fuzz_load_npy $(find tests/reference -name '*.npy' -size -64k)
-fuzz fuzz_load_parameters tests/reference/parameters/*.npz tests/reference/parameters/*.safetensors
+# The two side by side, one a core (a fuzzer is one process of one thread), each printing
+# when both are done; either one's finding fails the run.
+mkdir -p build-fuzz
+fuzz fuzz_load_npy $(find tests/reference -name '*.npy' -size -64k) >build-fuzz/fuzz_load_npy.log 2>&1 &
+npy=$!
+fuzz fuzz_load_parameters tests/reference/parameters/*.npz tests/reference/parameters/*.safetensors \
+    >build-fuzz/fuzz_load_parameters.log 2>&1 &
+parameters=$!
+npy_status=0 parameters_status=0
+wait "$npy" || npy_status=$?
+wait "$parameters" || parameters_status=$?
+cat build-fuzz/fuzz_load_npy.log build-fuzz/fuzz_load_parameters.log
+[ "$npy_status" -eq 0 ] && [ "$parameters_status" -eq 0 ]
