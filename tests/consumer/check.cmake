@@ -15,7 +15,6 @@ function(run)
 endfunction()
 
 if(MODE STREQUAL "install")
-    file(REMOVE_RECURSE ${PREFIX})
     run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX})
     return()
 endif()
