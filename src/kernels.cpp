@@ -15,7 +15,7 @@ namespace dimsum::backend::cpu {
                                           void*, const evaluation::planner_options&);                              \
     template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                           \
     template void attention<T>(const attention_problem<T>&);                                                       \
-    template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const fused_region*,              \
+    template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const box*,              \
                                const rounded_memory<T>&);                                                          \
     template void prepare_fused<T>(const fused_program<T>&);                                                       \
     template void softmax<T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&);    \

@@ -311,7 +311,7 @@ TEST_CASE("fold of an axis into the next keeps the offsets in row-major order ex
     REQUIRE(folded > trials / 10);  // both outcomes are tried often
 }
 
-TEST_CASE("tile(l, first, extents) at index j reads l at first + j") {
+TEST_CASE("tile(l, box) at index j reads l at the box's first + j") {
     std::mt19937 rng(8);
     for (int t = 0; t < trials; ++t) {
         const layout l = random_layout(rng);
@@ -320,10 +320,45 @@ TEST_CASE("tile(l, first, extents) at index j reads l at first + j") {
             first[a] = uniform(rng, 0, l.extents[a] - 1);
             extents[a] = uniform(rng, 1, l.extents[a] - first[a]);
         }
-        const layout box = tile(l, first, extents);
+        const layout box = tile(l, {first, extents});
+        REQUIRE(box.offset == l.offset + offset_in(l, {first, extents}));
         CAPTURE(l, box);
         REQUIRE((box.rank == l.rank && box.extents == extents));
         REQUIRE(offsets(box) == offsets_through(box, l, [&](const index_t& j, std::size_t a) { return first[a] + j[a]; }));
+    }
+}
+
+TEST_CASE("a matrix_layout is its layout's last two axes: at(), transposed and a tile's first element agree") {
+    std::mt19937 rng(9);
+    for (int t = 0; t < trials; ++t) {
+        const layout l = random_layout(rng);
+        if (l.rank < 2) continue;
+        const std::size_t r = l.rank;
+        const matrix_layout m = last_two_axes(l);
+        CAPTURE(l);
+        REQUIRE((m.rows == l.extents[r - 2] && m.cols == l.extents[r - 1]));
+        index_t index{};  // the first element of a random batch item
+        for (std::size_t a = 0; a + 2 < r; ++a) index[a] = uniform(rng, 0, l.extents[a] - 1);
+        for (std::size_t i = 0; i < m.rows; ++i) {
+            for (std::size_t j = 0; j < m.cols; ++j) {
+                index[r - 2] = i;
+                index[r - 1] = j;
+                const std::ptrdiff_t from_item = l.at(index.data()) - m.at(i, j);  // the same for every (i, j)
+                index[r - 2] = index[r - 1] = 0;
+                REQUIRE(from_item == l.at(index.data()));
+                REQUIRE(transposed(m).at(j, i) == m.at(i, j));
+            }
+        }
+        order_t swap{};
+        std::iota(swap.begin(), swap.begin() + static_cast<std::ptrdiff_t>(r), std::size_t{0});
+        std::swap(swap[r - 2], swap[r - 1]);
+        REQUIRE(last_two_axes(permute(l, swap)) == transposed(m));
+        box part{};  // rows from i, columns from j: its first element is at(i, j) on
+        for (std::size_t a = 0; a < r; ++a) part.extents[a] = l.extents[a];
+        if (m.rows == 0 || m.cols == 0) continue;
+        part.first[r - 2] = uniform(rng, 0, m.rows - 1);
+        part.first[r - 1] = uniform(rng, 0, m.cols - 1);
+        REQUIRE(offset_in(l, part) == m.at(part.first[r - 2], part.first[r - 1]));
     }
 }
 
@@ -334,7 +369,7 @@ TEST_CASE("an empty layout visits no offset and reshapes only to size 0") {
     REQUIRE(coalesce(empty) == empty);
     REQUIRE(permute(empty, {2, 0, 1}).extents == extents_t{3, 2, 0});
     REQUIRE(select(empty, 0, 1).size() == 0);
-    REQUIRE(tile(empty, {1, 0, 1}, {1, 0, 2}).size() == 0);
+    REQUIRE(tile(empty, {{1, 0, 1}, {1, 0, 2}}).size() == 0);
     const std::optional<layout> r = reshape(empty, 2, {0, 5});
     REQUIRE((r && r->size() == 0 && r->extents == extents_t{0, 5}));
     REQUIRE_FALSE(reshape(empty, 2, {2, 3}));  // a reshape never changes the size

@@ -217,15 +217,50 @@ constexpr std::size_t coalesce_together(std::size_t rank, extents_t& extents, st
     return kept;
 }
 
-// The box of l from `first`, of `extents`.
-constexpr layout tile(const layout& l, const extents_t& first, const extents_t& extents) {
+// Positions of an array: extents[i] of them from first[i] along axis i (the part of a
+// result that a kernel's tile covers, which its epilogue then rewrites).
+struct box {
+    extents_t first{}, extents{};
+};
+
+// Where box b starts, counted from l's offset.
+constexpr std::ptrdiff_t offset_in(const layout& l, const box& b) {
+    std::ptrdiff_t o = 0;
+    for (std::size_t i = 0; i < l.rank; ++i) o += static_cast<std::ptrdiff_t>(b.first[i]) * l.strides[i];
+    return o;
+}
+
+// The part of l in box b: the same strides.
+constexpr layout tile(const layout& l, const box& b) {
     layout t = l;
-    for (std::size_t i = 0; i < l.rank; ++i) {
-        t.offset += static_cast<std::ptrdiff_t>(first[i]) * l.strides[i];
-        t.extents[i] = extents[i];
-    }
+    t.offset += offset_in(l, b);
+    for (std::size_t i = 0; i < l.rank; ++i) t.extents[i] = b.extents[i];
     return t;
 }
+
+// ---- two axes: the tiles of products and attention
+
+// A layout of exactly two axes, rows and columns, whose offset the holder of the pointer
+// keeps: element (i, j) at i * row_stride + j * col_stride. It is what a product's or
+// attention's kernel passes through its inner loops, where a layout (eight extents and eight
+// strides) would not stay in registers; each function below is layout's, on two axes.
+struct matrix_layout {
+    std::size_t rows = 0, cols = 0;
+    std::ptrdiff_t row_stride = 0, col_stride = 0;
+
+    constexpr std::ptrdiff_t at(std::size_t row, std::size_t col) const {
+        return static_cast<std::ptrdiff_t>(row) * row_stride + static_cast<std::ptrdiff_t>(col) * col_stride;
+    }
+    friend constexpr bool operator==(const matrix_layout&, const matrix_layout&) = default;
+};
+
+// The last two axes of l (l.rank >= 2), at their first element.
+constexpr matrix_layout last_two_axes(const layout& l) {
+    const std::size_t r = l.rank;
+    return {l.extents[r - 2], l.extents[r - 1], l.strides[r - 2], l.strides[r - 1]};
+}
+// permute with the two axes swapped.
+constexpr matrix_layout transposed(const matrix_layout& m) { return {m.cols, m.rows, m.col_stride, m.row_stride}; }
 
 // l with `rank` new extents and no copy, if its strides allow it: the test NumPy makes before
 // a reshape. Axes of extent 1 constrain nothing; every group of old axes that merges or splits

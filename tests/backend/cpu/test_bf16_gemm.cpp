@@ -85,7 +85,7 @@ void twice_plus_one(const void* context, std::size_t item, std::size_t row, std:
     float* base = s.c.data + static_cast<std::ptrdiff_t>(item) * s.item_stride;
     for (std::size_t i = row; i < row + rows; ++i) {
         for (std::size_t j = col; j < col + cols; ++j) {
-            float& x = base[static_cast<std::ptrdiff_t>(i) * s.c.row_stride + static_cast<std::ptrdiff_t>(j) * s.c.col_stride];
+            float& x = base[s.c.at(i, j)];
             x = 2 * x + 1;
             ++(*s.seen)[(item * s.m + i) * s.n + j];
         }

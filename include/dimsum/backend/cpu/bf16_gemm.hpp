@@ -189,16 +189,14 @@ inline void fill_edge(float* buffer, std::size_t rows, const matrix<float>& c) {
     for (std::size_t r = 0; r < rows; ++r) {
         for (std::size_t n = 0; n < cols; ++n) {
             const bool live = r < c.rows && n < c.cols;
-            buffer[r * cols + n] =
-                live ? c.data[static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(n) * c.col_stride] : 0.0f;
+            buffer[r * cols + n] = live ? c.data[c.at(r, n)] : 0.0f;
         }
     }
 }
 inline void write_edge(const float* buffer, const matrix<float>& c) {
     for (std::size_t r = 0; r < c.rows; ++r) {
         for (std::size_t n = 0; n < c.cols; ++n) {
-            c.data[static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(n) * c.col_stride] =
-                buffer[r * bf16_blocking::cols + n];
+            c.data[c.at(r, n)] = buffer[r * bf16_blocking::cols + n];
         }
     }
 }
@@ -446,8 +444,7 @@ inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size
             const std::size_t first = panel + h * half, live = first < cols ? std::min(half, cols - first) : 0;
             for (std::size_t q = q_first; q < dp / 2; ++q) {
                 bf16* const to = out + h * dp * half + q * 2 * half;  // pair q of half h
-                const bf16* even = b.data + static_cast<std::ptrdiff_t>(2 * q) * b.row_stride +
-                                   static_cast<std::ptrdiff_t>(first) * b.col_stride;  // B(2q, first)
+                const bf16* even = b.data + b.at(2 * q, first);
                 const bool whole = live == half && 2 * q + 1 < depth;
 #if defined(__AVX512F__)
                 if (whole && b.col_stride == 1) {  // a whole half of a last panel short of 32 columns
@@ -461,8 +458,7 @@ inline void pack_bf16_b(const matrix<const bf16>& b, std::size_t cols, std::size
                 }
                 for (std::size_t e = 0; e < 2; ++e) {
                     const std::size_t p = 2 * q + e, n_live = p < depth ? live : 0;
-                    const bf16* row = b.data + static_cast<std::ptrdiff_t>(p) * b.row_stride +
-                                      static_cast<std::ptrdiff_t>(first) * b.col_stride;
+                    const bf16* row = b.data + b.at(p, first);
                     for (std::size_t n = 0; n < n_live; ++n) to[2 * n + e] = row[static_cast<std::ptrdiff_t>(n) * b.col_stride];
                     for (std::size_t n = n_live; n < half; ++n) to[2 * n + e] = bf16{};
                 }
@@ -710,7 +706,7 @@ void bf16_gemm(const gemm_problem<float>& problem, const gemm_epilogue& epilogue
             if (k == 0) {  // every element an empty sum
                 for (std::size_t i = row_first; i < row_last; ++i) {
                     for (std::size_t j = col_first; j < col_last; ++j) {
-                        c.data[static_cast<std::ptrdiff_t>(i) * c.row_stride + static_cast<std::ptrdiff_t>(j) * c.col_stride] = 0.0f;
+                        c.data[c.at(i, j)] = 0.0f;
                     }
                 }
                 epilogue(item, row_first, col_first, row_last - row_first, col_last - col_first);

@@ -40,20 +40,16 @@ struct merged_layout {
 };
 
 template <class T>
-void merge_axes(const strided<T>& result, const std::vector<source_array<T>>& inputs, const fused_region* region,
+void merge_axes(const strided<T>& result, const std::vector<source_array<T>>& inputs, const box* region,
                 merged_layout& out) {
     out.arrays = inputs.size() + 1;
     out.strides.resize(out.arrays);
     out.origin.assign(out.arrays, 0);
-    auto stride_of = [&](std::size_t array, std::size_t axis) {
-        return array == 0 ? result.where.strides[axis] : inputs[array - 1].where.strides[axis];
-    };
     out.extents = region ? region->extents : result.where.extents;
     for (std::size_t a = 0; a < out.arrays; ++a) {
-        for (std::size_t axis = 0; axis < result.where.rank; ++axis) {
-            out.strides[a][axis] = stride_of(a, axis);
-            if (region) out.origin[a] += static_cast<std::ptrdiff_t>(region->first[axis]) * stride_of(a, axis);
-        }
+        const evaluation::layout& where = a == 0 ? result.where : inputs[a - 1].where;  // of the result's rank
+        out.strides[a] = where.strides;
+        if (region) out.origin[a] = evaluation::offset_in(where, *region);
     }
     out.rank = evaluation::coalesce_together(result.where.rank, out.extents, out.arrays,
                                              [&](std::size_t a) -> evaluation::strides_t& { return out.strides[a]; });
@@ -94,7 +90,7 @@ void prepare_fused(const fused_program<T>& program) {
 
 // (kernels.hpp)
 template <class T>
-void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel, const fused_region* region,
+void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel, const box* region,
                const rounded_memory<T>& rounded) {
     std::size_t size = 1;
     for (std::size_t i = 0; i < result.where.rank; ++i) size *= region ? region->extents[i] : result.where.extents[i];
@@ -227,9 +223,8 @@ namespace regions {
 // (numbered in row-major order over the leading axes), rows [row, row + rows) and columns
 // [col, col + cols).
 template <class T>
-fused_region tile_of(const strided<T>& shape, std::size_t item, std::size_t row, std::size_t col, std::size_t rows,
-                     std::size_t cols) {
-    fused_region tile;
+box tile_of(const strided<T>& shape, std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) {
+    box tile;
     const std::size_t r = shape.where.rank;
     for (std::size_t axis = r - 2; axis-- > 0;) {
         tile.first[axis] = item % shape.where.extents[axis];
@@ -242,13 +237,6 @@ fused_region tile_of(const strided<T>& shape, std::size_t item, std::size_t row,
     tile.extents[r - 1] = cols;
     return tile;
 }
-// Where `place` starts in an array of these strides.
-inline std::ptrdiff_t offset_of(const fused_region& place, const std::array<std::ptrdiff_t, max_rank>& strides, std::size_t rank) {
-    std::ptrdiff_t offset = 0;
-    for (std::size_t axis = 0; axis < rank; ++axis) offset += static_cast<std::ptrdiff_t>(place.first[axis]) * strides[axis];
-    return offset;
-}
-
 template <class T>
 fused_program<T>& moved_program() {  // this member's (runtime/member_memory.hpp)
     return runtime::member_local<fused_program<T>>();
@@ -257,7 +245,7 @@ fused_program<T>& moved_program() {  // this member's (runtime/member_memory.hpp
 // `block`, every other from the block's place in it. Per thread, since the team runs blocks
 // at once, in the capacity reserve_moved took.
 template <class T>
-const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in_block, const fused_region& place,
+const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in_block, const box& place,
                                  const strided<const T>& block) {
     fused_program<T>& local = moved_program<T>();
     local.nodes = program.nodes;
@@ -265,7 +253,7 @@ const fused_program<T>& moved_to(const fused_program<T>& program, std::size_t in
     for (std::size_t i = 0; i < local.inputs.size(); ++i) {
         source_array<T>& input = local.inputs[i];
         if (i == in_block) input = block;
-        else input.advance(offset_of(place, input.where.strides, block.where.rank));
+        else input.advance(evaluation::offset_in(input.where, place));
     }
     return local;
 }
@@ -280,11 +268,11 @@ void reserve_moved(const fused_program<T>& program) {
 template <class T>
 void apply_to_c(const void* context, std::size_t item, std::size_t row, std::size_t col, std::size_t rows, std::size_t cols) {
     const auto& c = *static_cast<const region_program<T>*>(context);
-    const fused_region region = tile_of(c.result, item, row, col, rows, cols);
+    const box region = tile_of(c.result, item, row, col, rows, cols);
     if (c.program) run_fused<T>(*c.program, c.result, false, &region);
     if (!c.rounded) return;
     const std::size_t r = c.result.where.rank;
-    const std::ptrdiff_t first = offset_of(region, c.result.where.strides, r);
+    const std::ptrdiff_t first = evaluation::offset_in(c.result.where, region);
     for (std::size_t i = 0; i < rows; ++i) {  // into memory of C's layout: the same offsets
         const std::ptrdiff_t at = first + static_cast<std::ptrdiff_t>(i) * c.result.where.strides[r - 2];
         round_line(c.result.data + at, c.result.where.strides[r - 1], c.rounded, at, c.result.where.strides[r - 1], cols);
@@ -300,9 +288,9 @@ void apply_to_sums(const void* context, std::size_t item, std::size_t row, std::
         throw std::logic_error("dimsum: a product of float sums for an evaluation in another type");
     } else {
         const auto& c = *static_cast<const region_program<T>*>(context);
-        const fused_region region = tile_of(c.result, item, row, col, rows, cols);
+        const box region = tile_of(c.result, item, row, col, rows, cols);
         const std::size_t r = c.result.where.rank;
-        const std::ptrdiff_t first = offset_of(region, c.result.where.strides, r);
+        const std::ptrdiff_t first = evaluation::offset_in(c.result.where, region);
         strided<const T> sums{block, r, region.extents, {}};  // batch axes of extent 1
         sums.where.strides[r - 2] = ld;
         sums.where.strides[r - 1] = 1;
@@ -325,7 +313,7 @@ void apply_to_scores(const void* context, std::size_t item, std::size_t query, s
                      std::size_t keys, T* tile, std::ptrdiff_t query_stride) {
     const auto& c = *static_cast<const region_program<T>*>(context);
     const std::size_t r = c.result.where.rank;
-    const fused_region place = tile_of(c.result, item, query, key, queries, keys);
+    const box place = tile_of(c.result, item, query, key, queries, keys);
     strided<T> result{tile, {r, place.extents, {}, 0}};  // the tile itself: batch axes of extent 1
     result.where.strides[r - 2] = query_stride;
     result.where.strides[r - 1] = 1;

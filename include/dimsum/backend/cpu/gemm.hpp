@@ -261,7 +261,7 @@ template <class T>
         for (std::size_t i = 0; i < rows; i += mr) {
             std::size_t live_rows = std::min(mr, rows - i);
             const bool a_in_place = direct_a && live_rows == mr;
-            T* corner = c.data + static_cast<std::ptrdiff_t>(i) * c.row_stride + static_cast<std::ptrdiff_t>(j) * c.col_stride;
+            T* corner = c.data + c.at(i, j);
             T* target = live_rows == mr && live_cols == nr && c.col_stride == 1 ? corner : edge;
             std::ptrdiff_t ld_target = target == corner ? c.row_stride : static_cast<std::ptrdiff_t>(nr);
             bool add = target == corner && accumulate;
@@ -275,7 +275,7 @@ template <class T>
             // an edge tile, or a C with strided rows: through the buffer
             for (std::size_t r = 0; r < live_rows; ++r) {
                 for (std::size_t q = 0; q < live_cols; ++q) {
-                    T& out = corner[static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(q) * c.col_stride];
+                    T& out = corner[c.at(r, q)];
                     out = accumulate ? out + edge[r * nr + q] : edge[r * nr + q];
                 }
             }
@@ -432,7 +432,7 @@ void shared_product(const source_matrix<T>& a, const source_matrix<T>& b, const 
 template <class T>
 void zero_product(const matrix<T>& c, std::size_t item, const gemm_epilogue& epilogue) {
     for (std::size_t i = 0; i < c.rows; ++i) {
-        for (std::size_t j = 0; j < c.cols; ++j) c.data[static_cast<std::ptrdiff_t>(i) * c.row_stride + static_cast<std::ptrdiff_t>(j) * c.col_stride] = T(0);
+        for (std::size_t j = 0; j < c.cols; ++j) c.data[c.at(i, j)] = T(0);
     }
     epilogue(item, 0, 0, c.rows, c.cols);
 }
@@ -450,7 +450,7 @@ void few_rows_product(const matrix<const T>& a, const matrix<const U>& b, const 
     using batch = simd<T>;
     constexpr std::size_t width = batch::size, step = 4;  // rows of B per pass over C
     auto a_at = [&](std::size_t r, std::size_t p) {
-        return a.data[static_cast<std::ptrdiff_t>(r) * a.row_stride + static_cast<std::ptrdiff_t>(p) * a.col_stride];
+        return a.data[a.at(r, p)];
     };
     T* c_row[M];
     for (std::size_t r = 0; r < M; ++r) c_row[r] = c.data + static_cast<std::ptrdiff_t>(r) * c.row_stride;
@@ -541,7 +541,7 @@ void few_rows_product(const matrix<const T>& a, const packed_operand<T>& b, cons
         batch* const sum_right = right[0];
         const std::size_t live = std::min(nr, last - col);
         for (std::size_t r = 0; r < M; ++r) {
-            T* row = c.data + static_cast<std::ptrdiff_t>(r) * c.row_stride + static_cast<std::ptrdiff_t>(col) * c.col_stride;
+            T* row = c.data + c.at(r, col);
             if (live == nr && c.col_stride == 1) {
                 sum_left[r].store_unaligned(row);
                 sum_right[r].store_unaligned(row + width);
@@ -618,8 +618,7 @@ template <class T, class U>
 matrix<const T> copy_rows(const matrix<const U>& m, T* out) {
     for (std::size_t i = 0; i < m.rows; ++i) {
         for (std::size_t p = 0; p < m.cols; ++p) {
-            out[i * m.cols + p] =
-                static_cast<T>(m.data[static_cast<std::ptrdiff_t>(i) * m.row_stride + static_cast<std::ptrdiff_t>(p) * m.col_stride]);
+            out[i * m.cols + p] = static_cast<T>(m.data[m.at(i, p)]);
         }
     }
     return {out, m.rows, m.cols, static_cast<std::ptrdiff_t>(m.cols), 1};

@@ -32,24 +32,29 @@ const char* instruction_set();
 
 // ---- matrix products (gemm.hpp)
 
-// A strided matrix: element (i, j) at data[i * row_stride + j * col_stride].
+// A strided matrix: a pointer to element (0, 0) and its layout (evaluation::matrix_layout:
+// element (i, j) at data[i * row_stride + j * col_stride]).
+using evaluation::matrix_layout;
 template <class T>
-struct matrix {
+struct matrix : matrix_layout {
     T* data = nullptr;
-    std::size_t rows = 0, cols = 0;
-    std::ptrdiff_t row_stride = 0, col_stride = 0;
+
+    matrix() = default;
+    matrix(T* first, const matrix_layout& where) : matrix_layout(where), data(first) {}
+    matrix(T* first, std::size_t rows, std::size_t cols, std::ptrdiff_t row_stride, std::ptrdiff_t col_stride)
+        : matrix_layout{rows, cols, row_stride, col_stride}, data(first) {}
 };
 
 // The same elements, rows and columns swapped.
 template <class T>
 matrix<T> transposed(const matrix<T>& m) {
-    return {m.data, m.cols, m.rows, m.col_stride, m.row_stride};
+    return {m.data, evaluation::transposed(m)};
 }
 
 // The part of m from (row, col) on; given extents, only rows x cols of it.
 template <class T>
 matrix<T> sub(matrix<T> m, std::size_t row, std::size_t col) {
-    m.data += static_cast<std::ptrdiff_t>(row) * m.row_stride + static_cast<std::ptrdiff_t>(col) * m.col_stride;
+    m.data += m.at(row, col);
     return m;
 }
 template <class T>
@@ -111,20 +116,15 @@ struct stored_memory {
 // packs or loads it, never into a copy of the whole operand, and computes the same sums in
 // the same order: its result is that of the widened values, bit for bit.
 template <class T>
-struct source_matrix : stored_memory<T> {
-    std::size_t rows = 0, cols = 0;
-    std::ptrdiff_t row_stride = 0, col_stride = 0;
-
+struct source_matrix : stored_memory<T>, matrix_layout {
     source_matrix() = default;
     template <class U>
     source_matrix(const matrix<const U>& m)  // NOLINT: a matrix as stored is a source
-        : stored_memory<T>{m.data, evaluation::element_type_of<U>()}, rows(m.rows), cols(m.cols),
-          row_stride(m.row_stride), col_stride(m.col_stride) {}
+        : stored_memory<T>{m.data, evaluation::element_type_of<U>()}, matrix_layout(m) {}
+    source_matrix(const stored_memory<T>& memory, const matrix_layout& where) : stored_memory<T>(memory), matrix_layout(where) {}
 
     // Its elements, where they are of T; else its extents and strides only (data null).
-    matrix<const T> own() const {
-        return {this->holds_own() ? static_cast<const T*>(this->data) : nullptr, rows, cols, row_stride, col_stride};
-    }
+    matrix<const T> own() const { return {this->holds_own() ? static_cast<const T*>(this->data) : nullptr, *this}; }
     // read(the matrix as a matrix<const U> of the type U it is stored as)
     template <class F>
     [[gnu::always_inline]] void visit(F&& read) const {
@@ -137,16 +137,14 @@ struct source_matrix : stored_memory<T> {
         if (this->type != evaluation::element_type_of<U>()) throw std::logic_error("dimsum: a kernel reads an operand as another type");
         stored_memory<T> at = *this;
         at.advance(elements);
-        return {static_cast<const U*>(at.data), rows, cols, row_stride, col_stride};
+        return {static_cast<const U*>(at.data), *this};
     }
 };
 
 // The same elements, rows and columns swapped.
 template <class T>
-source_matrix<T> transposed(source_matrix<T> m) {
-    std::swap(m.rows, m.cols);
-    std::swap(m.row_stride, m.col_stride);
-    return m;
+source_matrix<T> transposed(const source_matrix<T>& m) {
+    return {m, evaluation::transposed(m)};
 }
 
 // A strided array that a kernel computing in T reads, as it is stored (as source_matrix).
@@ -171,20 +169,11 @@ struct source_array : stored_memory<T> {
 // An array's last two axes as a matrix (its first element's).
 template <class T>
 matrix<T> last_two_axes(const strided<T>& s) {
-    const std::size_t r = s.where.rank;
-    return {s.data, s.where.extents[r - 2], s.where.extents[r - 1], s.where.strides[r - 2], s.where.strides[r - 1]};
+    return {s.data, evaluation::last_two_axes(s.where)};
 }
 template <class T>
 source_matrix<T> last_two_axes(const source_array<T>& s) {
-    source_matrix<T> m;
-    const std::size_t r = s.where.rank;
-    m.data = s.data;
-    m.type = s.type;
-    m.rows = s.where.extents[r - 2];
-    m.cols = s.where.extents[r - 1];
-    m.row_stride = s.where.strides[r - 2];
-    m.col_stride = s.where.strides[r - 1];
-    return m;
+    return {s, evaluation::last_two_axes(s.where)};
 }
 
 // Memory that a kernel computing in T rounds its values into as it writes them, of a
@@ -442,10 +431,7 @@ struct fused_program {
     }
 };
 
-// A box of the result: extents[i] values from first[i] along each axis.
-struct fused_region {
-    std::array<std::size_t, max_rank> first{}, extents{};
-};
+using evaluation::box;
 
 // Writes the program's result into `result`, or only into `region` of it (the inputs read
 // at the same positions). `parallel`: whether it may start threads. Every thread it runs on
@@ -453,7 +439,7 @@ struct fused_region {
 // that memory instead, laid out as `result` (whose data is then null), block by block.
 template <class T>
 void run_fused(const fused_program<T>& program, const strided<T>& result, bool parallel,
-               const fused_region* region = nullptr, const rounded_memory<T>& rounded = {});
+               const box* region = nullptr, const rounded_memory<T>& rounded = {});
 
 // Takes, on the calling thread, the memory that run_fused of `program` needs there, so that a
 // run_fused inside another kernel's team (an epilogue) allocates nothing.

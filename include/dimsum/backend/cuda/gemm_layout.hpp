@@ -21,9 +21,7 @@
 namespace dimsum::backend::cuda {
 
 // A matrix as dimsum's kernels see it: element (i, j) at i * row_stride + j * col_stride.
-struct matrix_layout {
-    long long rows = 0, cols = 0, row_stride = 0, col_stride = 0;
-};
+using evaluation::matrix_layout;
 
 // How cuBLAS reads a matrix whose logical shape is that of a matrix_layout: stored column-major
 // (element (i, j) at i + j * ld), or stored transposed (at j + i * ld).
@@ -35,14 +33,15 @@ struct blas_operand {
 // The cuBLAS operand that reads m, if one does. A stride along an axis of extent 1 is never
 // used, so it does not count.
 constexpr std::optional<blas_operand> as_blas_operand(const matrix_layout& m) {
-    const bool one_row = m.rows <= 1, one_col = m.cols <= 1;
+    const auto rows = static_cast<long long>(m.rows), cols = static_cast<long long>(m.cols);
+    const bool one_row = rows <= 1, one_col = cols <= 1;
     if (one_row || m.row_stride == 1) {  // column-major, ld = the column stride
-        const long long ld = one_col ? std::max(1LL, m.rows) : m.col_stride;
-        if (ld >= std::max(1LL, m.rows)) return blas_operand{false, ld};
+        const long long ld = one_col ? std::max(1LL, rows) : m.col_stride;
+        if (ld >= std::max(1LL, rows)) return blas_operand{false, ld};
     }
     if (one_col || m.col_stride == 1) {  // row-major: column-major transposed, ld = the row stride
-        const long long ld = one_row ? std::max(1LL, m.cols) : m.row_stride;
-        if (ld >= std::max(1LL, m.cols)) return blas_operand{true, ld};
+        const long long ld = one_row ? std::max(1LL, cols) : m.row_stride;
+        if (ld >= std::max(1LL, cols)) return blas_operand{true, ld};
     }
     return std::nullopt;
 }
@@ -57,22 +56,14 @@ struct blas_product {
     long long ldc = 1;
 };
 
-constexpr matrix_layout transposed(const matrix_layout& x) { return {x.cols, x.rows, x.col_stride, x.row_stride}; }
-
-// The matrix of a layout's last two axes.
-inline matrix_layout last_two_axes(const evaluation::layout& l) {
-    const std::size_t r = l.rank;
-    return {static_cast<long long>(l.extents[r - 2]), static_cast<long long>(l.extents[r - 1]), l.strides[r - 2], l.strides[r - 1]};
-}
-
 constexpr blas_product plan_product(const matrix_layout& a, const matrix_layout& b, const matrix_layout& c) {
     blas_product p;
     auto fill = [&p](const matrix_layout& call_a, const matrix_layout& call_b, const blas_operand& out) {
         p.c_fits = true;
         p.ldc = out.ld;
-        p.m = call_a.rows;
-        p.n = call_b.cols;
-        p.k = call_a.cols;
+        p.m = static_cast<long long>(call_a.rows);
+        p.n = static_cast<long long>(call_b.cols);
+        p.k = static_cast<long long>(call_a.cols);
         const auto x = as_blas_operand(call_a), y = as_blas_operand(call_b);
         if (x) p.a = *x;
         if (y) p.b = *y;
@@ -88,7 +79,7 @@ constexpr blas_product plan_product(const matrix_layout& a, const matrix_layout&
     return p;
 }
 inline blas_product plan_product(const evaluation::layout& a, const evaluation::layout& b, const evaluation::layout& c) {
-    return plan_product(last_two_axes(a), last_two_axes(b), last_two_axes(c));
+    return plan_product(evaluation::last_two_axes(a), evaluation::last_two_axes(b), evaluation::last_two_axes(c));
 }
 
 // Device memory of `type` seen through a layout, as a product's operand.
