@@ -13,6 +13,7 @@
 // A pass leaves the steps it replaced where they are, so that every step keeps its index;
 // those no other step reads any more are dead, and to_text marks them so.
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <sstream>
@@ -97,6 +98,13 @@ inline std::size_t reads_within(const std::vector<step>& steps, std::size_t id, 
 // kernel computes its score function. The steps keep their kinds and operands: the formula
 // still says what its epilogue computes.
 inline void group_epilogues(program& p) {
+    auto is_product = [](const step& s) { return s.kind == step_kind::matmul && s.rank >= 2; };
+    std::vector<std::size_t>& products = p.scratch.products;  // the candidates: few, and often none
+    products.clear();
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+        if (is_product(p.steps[id])) products.push_back(id);
+    }
+    if (products.empty()) return;
     std::vector<std::size_t>& readers = p.scratch.readers;
     count_readers(p.steps, readers);
     for (const attention_match& a : p.attentions) readers[a.scores] = no_step;  // never an epilogue's product
@@ -106,7 +114,7 @@ inline void group_epilogues(program& p) {
     // the outer one is looked at, so that a chain of elementwise steps is walked once.
     std::vector<char>& written = p.scratch.written;
     written.assign(p.steps.size(), 0);
-    if (!p.steps.empty()) written[p.root] = 1;
+    written[p.root] = 1;
     for (const step& s : p.steps) {
         if (s.kind == step_kind::elementwise && !rounds_to_bf16(s)) continue;
         for (std::size_t o = 0; o < s.operand_count; ++o) written[s.operands[o]] = 1;
@@ -115,16 +123,27 @@ inline void group_epilogues(program& p) {
     for (std::size_t id = 0; id < p.steps.size(); ++id) {
         step& s = p.steps[id];
         if (s.kind != step_kind::elementwise || !written[id]) continue;
-        p.scratch.leaves.clear();
-        find_leaves(p.steps, id, p.scratch.leaves);
-        for (const std::size_t leaf : p.scratch.leaves) {
-            const step& l = p.steps[leaf];
-            if (l.kind == step_kind::matmul && l.rank >= 2 && l.rank == s.rank && l.extents == s.extents &&
-                reads_within(p.steps, id, leaf, p.scratch.seen) == readers[leaf]) {
-                s.epilogue = leaf;
-                break;
+        const bool some_fits = std::any_of(products.begin(), products.end(), [&](std::size_t m) {
+            return p.steps[m].rank == s.rank && p.steps[m].extents == s.extents;
+        });
+        if (!some_fits) continue;  // no walk: most formulas of a program
+        // the leaves in find_leaves' order, up to the first that qualifies
+        auto first_product = [&](auto& self, std::size_t at) -> bool {
+            const step& here = p.steps[at];
+            if (here.kind == step_kind::elementwise) {
+                for (std::size_t o = 0; o < here.operand_count; ++o) {
+                    if (self(self, here.operands[o])) return true;
+                }
+                return false;
             }
-        }
+            if (!is_product(here) || here.rank != s.rank || here.extents != s.extents ||
+                reads_within(p.steps, id, at, p.scratch.seen) != readers[at]) {
+                return false;
+            }
+            s.epilogue = at;
+            return true;
+        };
+        first_product(first_product, id);
     }
 }
 

@@ -154,7 +154,7 @@ struct program {
     // the passes' scratch, kept for its capacity: a program lowered and planned in a loop
     // allocates nothing after the first time
     struct {
-        std::vector<std::size_t> leaves, readers;
+        std::vector<std::size_t> products, readers;
         std::vector<char> seen, written;
     } scratch;
 

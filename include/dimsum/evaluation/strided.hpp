@@ -39,12 +39,14 @@ strided<T> to_strided(const tensor_view<T, A...>& v) {
     return {v.data(), layout_of(v)};
 }
 
-// Layout l at address `base`: its offset moved into the pointer.
+// Layout l at address `base`: its offset moved into the pointer. Built in the result (the
+// layout copied whole, then its offset cleared): a layout changed in a copy and then copied
+// again is a wide load of what a narrow store has just written, which stalls.
 template <class T>
-strided<T> strided_at(T* base, layout l) {
-    T* first = base + l.offset;
-    l.offset = 0;
-    return {first, l};
+strided<T> strided_at(T* base, const layout& l) {
+    strided<T> s{base + l.offset, l};
+    s.where.offset = 0;
+    return s;
 }
 
 // The same elements read as `rank` axes (layout.hpp's broadcast).

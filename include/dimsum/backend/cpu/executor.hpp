@@ -222,9 +222,10 @@ private:
     }
     // The extents and strides of a layout, its data left null: a product whose right operand is
     // packed, or a kernel whose result is rounded, reads only its shape there.
-    static strided<T> shape_only(evaluation::layout where) {
-        where.offset = 0;
-        return evaluation::strided_at(static_cast<T*>(nullptr), where);
+    static strided<T> shape_only(const evaluation::layout& where) {
+        strided<T> s{nullptr, where};
+        s.where.offset = 0;
+        return s;
     }
     // The memory of place p, from its start (a binding's, a temporary's or the destination's).
     void* memory_of(const evaluation::place& p) const { return reinterpret_cast<void*>(memory_.start_of(p)); }
@@ -236,10 +237,11 @@ private:
     }
     // What a kernel reads at place p, as stored: of T, or of a narrower type it widens.
     source_array<T> input(const evaluation::place& p) const {
-        if (!stored_narrower(p)) return read(p);
-        source_array<T> s(shape_only(p.where));  // its extents and strides; its memory, typed:
+        source_array<T> s;  // built in place: see strided_at
         s.data = memory_of(p);
         s.type = p.type;
+        s.where = p.where;
+        s.where.offset = 0;
         s.advance(p.where.offset);
         return s;
     }
