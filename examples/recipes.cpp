@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -839,11 +840,73 @@ bool run() {
 
 }  // namespace packed_weights
 
+// ---------------------------------------------------------------------------------------
+// Gradients: the cross-entropy of a softmax classifier, its gradient with respect to the
+// logits' weights (softmax minus the one-hot targets, through the matmul), and a training
+// loop of plain gradient descent that learns the classes.
+
+namespace gradients {
+
+using Rows = ds::axis<"rows">;
+using In = ds::axis<"in">;
+using Classes = ds::axis<"classes">;
+
+// The mean over rows of -log softmax(x W)[target]: the targets as a one-hot mask, which carries
+// no gradient. The mask compares class positions with each row's target (integers read as values).
+auto cross_entropy(const ds::tensor<double, Rows, In>& x, const ds::tensor<double, In, Classes>& w,
+                   const ds::tensor<std::int64_t, Rows>& targets) {
+    const std::size_t classes = w.shape().extent(1);
+    auto one_hot = ds::arange<double>(Classes{classes}) == ds::unsqueeze<Classes, 1>(ds::cast<double>(targets));
+    auto log_p = ds::log(ds::softmax(ds::matmul(x, w)));
+    return -ds::mean<Rows>(ds::sum<Classes>(ds::where(one_hot, log_p, 0.0)));
+}
+
+bool run() {
+    const std::size_t rows = 24, in = 5, classes = 3;
+    ds::tensor<double, Rows, In> x(Rows{rows}, In{in});
+    ds::tensor<double, In, Classes> w(In{in}, Classes{classes});
+    ds::tensor<std::int64_t, Rows> targets(Rows{rows});
+    ds::fill_uniform(x, 31, -1.0, 1.0);
+    for (std::size_t r = 0; r < rows; ++r) {  // the class is where the row's first features point
+        targets(r) = x(r, 0) > 0.3 ? 0 : x(r, 1) > 0 ? 1 : 2;
+    }
+
+    // The gradient with respect to W: a formula of W's shape, (in, classes).
+    ds::tensor<double, In, Classes> g = ds::grad(cross_entropy(x, w, targets), w);
+    // by hand: x^T (softmax(x W) - one_hot) / rows
+    auto xs = reference::values(x), ws = reference::values(w);
+    auto logits = reference::matmul(xs, rows, in, ws, classes);
+    std::vector<double> want(in * classes, 0.0);
+    for (std::size_t r = 0; r < rows; ++r) {
+        double top = -reference::infinity, total = 0;
+        for (std::size_t c = 0; c < classes; ++c) top = std::max(top, logits[r * classes + c]);
+        for (std::size_t c = 0; c < classes; ++c) total += std::exp(logits[r * classes + c] - top);
+        for (std::size_t c = 0; c < classes; ++c) {
+            const double p = std::exp(logits[r * classes + c] - top) / total - (targets(r) == std::int64_t(c) ? 1 : 0);
+            for (std::size_t i = 0; i < in; ++i) want[i * classes + c] += xs[r * in + i] * p / rows;
+        }
+    }
+    bool ok = check("the gradient of a cross-entropy", g, want, 1e-12);
+
+    // Gradient descent: the gradient evaluated into g, then W updated in place.
+    const double first = ds::eval(cross_entropy(x, w, targets)).data()[0];
+    for (int step = 0; step < 300; ++step) {
+        ds::assign(g, ds::grad(cross_entropy(x, w, targets), w));
+        ds::assign(w, w - 2.0 * g);
+    }
+    const double last = ds::eval(cross_entropy(x, w, targets)).data()[0];
+    std::cout << (last < first / 4 ? "ok    " : "FAILED") << "  gradient descent: cross-entropy " << first << " -> " << last
+              << '\n';
+    return last < first / 4 && ok;
+}
+
+}  // namespace gradients
+
 int main() {
     int failed = 0;
     for (bool (*recipe)() : {gqa::run, rope::run, kv_cache::run, padding::run, cross::run, llama::run, keepdims::run,
                              own_function::run, mixed::run, errors::run, reuse::run, threads::run, checkpoint::run,
-                             bfloat16::run, packed_weights::run}) {
+                             bfloat16::run, packed_weights::run, gradients::run}) {
         failed += recipe() ? 0 : 1;
     }
     std::cout << (failed ? "some recipes FAILED\n" : "every recipe checked\n");

@@ -24,6 +24,7 @@ namespace dimsum::backend::cpu {
     template void reduce<fn::max, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \
     template void reduce<fn::mean, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \
     template void gather<T>(const strided<const T>&, std::size_t, const evaluation::integers&, const strided<T>&); \
+    template void scatter_add<T>(const strided<const T>&, std::size_t, const evaluation::integers&, const strided<T>&); \
     template block_table<T> every_block<T>();
 
 template const char* instruction_set<void>();

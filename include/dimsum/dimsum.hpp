@@ -10,6 +10,7 @@
 #include "dimsum/ops/cast.hpp"
 #include "dimsum/ops/elementwise.hpp"
 #include "dimsum/ops/gather.hpp"
+#include "dimsum/ops/grad.hpp"
 #include "dimsum/ops/join.hpp"
 #include "dimsum/ops/map.hpp"
 #include "dimsum/ops/mask.hpp"

@@ -163,6 +163,7 @@ private:
             case entry_kind::convert: kind = "convert"; break;
             case entry_kind::narrow: kind = "narrow"; break;
             case entry_kind::gather: kind = "gather"; break;
+            case entry_kind::scatter: kind = "scatter"; break;
         }
         out_ << kind << std::string(kind.size() < 11 ? 11 - kind.size() : 1, ' ');
         memory(e.out);
@@ -211,6 +212,13 @@ private:
                 break;
             case entry_kind::gather:
                 out_ << "gather<" << axis_name(steps_[own.operands[0]], own.axis) << ">(";
+                operand(own.operands[0]);
+                out_ << ", ";
+                formula(own.operands[1]);
+                out_ << ')';
+                break;
+            case entry_kind::scatter:
+                out_ << "scatter_add<" << axis_name(own, own.axis) << ">(";
                 operand(own.operands[0]);
                 out_ << ", ";
                 formula(own.operands[1]);

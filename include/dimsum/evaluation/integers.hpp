@@ -36,12 +36,13 @@ inline integers integers_of(const binding& b) { return {b.data, b.type == elemen
 }
 
 // Throws index_error, naming the id and where it is, unless every id that a gather entry of
-// the plan reads lies in [0, extent) of the table's axis.
+// the plan reads lies in [0, extent) of the table's axis (a scatter entry, a gather's gradient:
+// of its own value's, the table's shape; it reports the gather's ids).
 inline void check_gather_ids(const program& p, const std::vector<binding>& bindings, const plan& pl) {
     for (const entry& e : pl.entries) {
-        if (e.kind != entry_kind::gather) continue;
+        if (e.kind != entry_kind::gather && e.kind != entry_kind::scatter) continue;
         const step& s = p.steps[e.step];
-        const step& table = p.steps[s.operands[0]];
+        const step& table = e.kind == entry_kind::scatter ? s : p.steps[s.operands[0]];
         const step& ids = p.steps[s.operands[1]];
         const integers values = integers_of(bindings[ids.binding]);
         const auto extent = static_cast<std::int64_t>(table.extents[s.axis]);

@@ -9,6 +9,7 @@
 
 #include "dimsum/core/element_type.hpp"
 #include "dimsum/core/functors.hpp"
+#include "dimsum/evaluation/differentiate.hpp"
 #include "dimsum/evaluation/program.hpp"
 #include "dimsum/evaluation/strided.hpp"
 #include "dimsum/expr/nodes.hpp"
@@ -174,6 +175,18 @@ inline constexpr bool is_read_converted = false;
 template <class To, class X>
 inline constexpr bool is_read_converted<expr::cast<To, X>> = !std::is_same_v<To, bf16>;
 template <class E>
+inline constexpr bool is_gradient = false;
+template <class S, class F, class C, class L>
+inline constexpr bool is_gradient<expr::gradient<S, F, C, L>> = true;
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_not_read(const step& leaf) {
+    message m;
+    m << "dimsum: grad: the formula does not read this tensor " << shape_ref{leaf.axes, leaf.extents.data(), leaf.rank}
+      << ": a gradient is with respect to a tensor or view the formula reads, the same memory seen the same way";
+    throw std::invalid_argument(m.str());
+}
+
+template <class E>
 inline constexpr bool is_rounding = false;  // cast<bf16>
 template <class X>
 inline constexpr bool is_rounding<expr::cast<bf16, X>> = true;
@@ -189,6 +202,17 @@ template <class T, class E>
 std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
     if constexpr (lowering::is_read_converted<E>) {
         return lower_step<T>(e.operands.first, p, bindings);
+    } else if constexpr (lowering::is_gradient<E>) {
+        // the leaf, the formula (in which a view of the leaf is views of its step), the
+        // cotangent, then the reverse sweep
+        const std::size_t leaf = lower_step<T>(e.operands.third, p, bindings);
+        p.differentiated.push_back(leaf);
+        const std::size_t output = lower_step<T>(e.operands.first, p, bindings);
+        p.differentiated.pop_back();
+        const std::size_t cotangent = lower_step<T>(e.operands.second, p, bindings);
+        const std::size_t gradient = differentiate(p, output, cotangent, p.steps[leaf].binding);
+        if (gradient == no_step) lowering::throw_not_read(p.steps[leaf]);
+        return gradient;
     } else {
         step s{};
         s.type = s.computes_in = element_type_of<T>();
@@ -208,6 +232,14 @@ std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
         expr::for_each_operand(e, [&p, &bindings, &s](const auto& operand) {
             s.operands[s.operand_count++] = lower_step<T>(operand, p, bindings);
         });
+        if (s.kind == step_kind::tensor) {  // a view of a tensor a gradient is taken with respect to?
+            for (const std::size_t whole : p.differentiated) {
+                const std::size_t of = p.steps[whole].binding;
+                if (s.binding == of) break;
+                const std::size_t view = differentiation::builder(p, s.computes_in).view_within(whole, bindings[of], bindings[s.binding], s);
+                if (view != no_step) return view;
+            }
+        }
         for (std::size_t id = 0; id < p.steps.size(); ++id) {
             if (p.steps[id] == s) return id;
         }

@@ -223,6 +223,7 @@ inline void parameters(std::ostream& out, const program& p, const step& s) {
         case step_group::join: case step_group::line:
             out << " [axis " << s.axis;
             if (s.kind == step_kind::layer_norm) out << ", epsilon " << s.number;
+            if (s.kind == step_kind::embed) out << ", from " << s.index << ", every " << s.spacing;
             out << ']';
             break;
         case step_group::product:

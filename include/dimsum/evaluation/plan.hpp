@@ -31,8 +31,11 @@
 //                                          -> read by the `gemm` from its packing, where the
 //                                             backend reads such packing (not even converted);
 //   gather                                 -> a `gather` entry, which reads its ids as integers;
+//   scatter (a gather's gradient)          -> a `scatter` entry, which reads its ids likewise;
 //   concat                                 -> no entry: each operand is written straight into
 //                                             its slice of the result;
+//   embed (a gradient's)                   -> a constant pass of zeros, then the operand
+//                                             written straight into its part of the result;
 //   a view written to memory               -> a `copy`;
 //   permute, reshape, select               -> no entry: a new layout of their operand's value,
 //                                             unless a reshape needs the operand row-major
@@ -74,7 +77,7 @@ struct place {
 // The same memory seen through another layout (a view of the value there).
 inline place seen_as(const place& p, const layout& where) { return {p.memory, p.index, where, p.type}; }
 
-enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, narrow, gather };
+enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, narrow, gather, scatter };
 
 // The kernel of a rowwise entry, along its axis.
 enum class line_op : std::uint8_t { softmax, layer_norm, sum, max, mean };
@@ -106,7 +109,7 @@ struct entry {
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention: what the matcher found
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
-    // rowwise: its kernel, its axis and layer_norm's epsilon (number); gather: the table's axis;
+    // rowwise: its kernel, its axis and layer_norm's epsilon (number); gather, scatter: the table's axis;
     // indices: causal_mask (causal) or arange. Copied from the step, so that an executor reads
     // no step.
     line_op line = line_op::softmax;
@@ -116,7 +119,7 @@ struct entry {
     // What the kernel reads, each in its own type (a kernel that reads bf16 reads it where it
     // lies) and laid out with the entry's rank (broadcast): gemm: A and B (B's binding, where
     // packed_right); attention: Q, K^T and V; rowwise: the lines; gather: the table and the
-    // ids (integers); convert: the binding; narrow: the value it rounds.
+    // ids (integers); scatter: the values and the ids; convert: the binding; narrow: the value it rounds.
     std::array<place, 3> operands{};
     std::size_t operand_count = 0;
     // fused, copy: the formula the pass computes; gemm: its epilogue; attention: the rest of
@@ -453,6 +456,8 @@ private:
                 return;
             case step_group::join:
                 if (s.kind == step_kind::gather) return gather(id, dst);
+                if (s.kind == step_kind::scatter) return scatter(id, dst);
+                if (s.kind == step_kind::embed) return embed(id, dst);
                 return concatenate(id, dst);
             case step_group::view:
                 // A permutation of a value still to be computed (attention's heads, merged back
@@ -475,23 +480,41 @@ private:
         set_operands(e, table, binding_place(steps_[s.operands[1]].binding));
     }
 
-    // Each operand into its slice of dst, where a later reader finds it; one already computed
-    // is copied there.
+    void scatter(std::size_t id, const place& dst) {  // the values; the ids where they are, as integers
+        const step& s = steps_[id];
+        const place values = value(s.operands[0]);
+        entry& e = add(entry_kind::scatter, id, dst);
+        e.axis = s.axis;
+        set_operands(e, values, binding_place(steps_[s.operands[1]].binding));
+    }
+
+    // Each operand into its slice of dst.
     void concatenate(std::size_t id, const place& dst) {
         const step& s = steps_[id];
         const std::size_t split = steps_[s.operands[0]].extents[s.axis];
         for (std::size_t o = 0; o < 2; ++o) {
             const std::size_t operand = s.operands[o];
-            const place into = seen_as(dst, slice(dst.where, s.axis, o == 0 ? 0 : split, steps_[operand].extents[s.axis], 1));
-            if (plan_.placed[operand]) {
-                write_fused(operand, into);
-            } else {
-                write(operand, into);
-                if (!is_view(steps_[operand].kind)) {
-                    plan_.values[operand] = into;
-                    plan_.placed[operand] = 1;
-                }
-            }
+            write_part(operand, seen_as(dst, slice(dst.where, s.axis, o == 0 ? 0 : split, steps_[operand].extents[s.axis], 1)));
+        }
+    }
+    // Zeros (the constant operand) into dst, then the value into the positions of dst that a
+    // select (the value has one axis fewer) or a slice would read.
+    void embed(std::size_t id, const place& dst) {
+        const step& s = steps_[id];
+        const step& value = steps_[s.operands[0]];
+        write_fused(s.operands[1], dst);
+        const layout part = value.rank < s.rank ? select(dst.where, s.axis, s.index)
+                                                : slice(dst.where, s.axis, s.index, value.extents[s.axis], s.spacing);
+        write_part(s.operands[0], seen_as(dst, part));
+    }
+    // Step id's value into `part`, a part of a join's memory, where a later reader finds it;
+    // a value computed already is copied there.
+    void write_part(std::size_t id, const place& part) {
+        if (plan_.placed[id]) return write_fused(id, part);
+        write(id, part);
+        if (!is_view(steps_[id].kind)) {
+            plan_.values[id] = part;
+            plan_.placed[id] = 1;
         }
     }
 

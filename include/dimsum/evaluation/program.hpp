@@ -22,7 +22,7 @@
 namespace dimsum::evaluation {
 
 enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute, reshape, select, slice, concat, gather,
-                       matmul, attention, softmax, layer_norm, sum, max, mean };
+                       embed, scatter, matmul, attention, softmax, layer_norm, sum, max, mean };
 
 // The kinds in groups that are planned alike, so that a switch over every kind lists groups:
 //   memory       a tensor: a binding's memory, as it lies;
@@ -30,7 +30,10 @@ enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute
 //   indices      causal_mask, arange: values computed from their indices alone;
 //   elementwise  a function of its operands' elements, broadcast;
 //   view         permute, reshape, select, slice: the operand's value seen through a new layout;
-//   join         concat, gather: elements of the operands moved, none computed;
+//   join         concat, gather, embed, scatter: elements of the operands moved, none computed
+//                (differentiate.hpp makes the last two: embed, select's and slice's adjoint, its
+//                operand placed where the select or slice read, zeros elsewhere; scatter,
+//                gather's adjoint, its values added up at the ids, zeros elsewhere);
 //   product      matmul, and attention (a program pass finds it: passes.hpp);
 //   line         softmax, layer_norm, sum, max, mean: a kernel along one axis.
 enum class step_group { memory, number, indices, elementwise, view, join, product, line };
@@ -42,7 +45,8 @@ constexpr step_group group_of(step_kind kind) {
         case step_kind::causal_mask: case step_kind::arange: return step_group::indices;
         case step_kind::elementwise: return step_group::elementwise;
         case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: return step_group::view;
-        case step_kind::concat: case step_kind::gather: return step_group::join;
+        case step_kind::concat: case step_kind::gather: case step_kind::embed: case step_kind::scatter:
+            return step_group::join;
         case step_kind::matmul: case step_kind::attention: return step_group::product;
         case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max: case step_kind::mean:
             return step_group::line;
@@ -88,10 +92,10 @@ struct step {
     double number = 0;         // number (exact for float and double); layer_norm: epsilon
     op_code op{};              // elementwise: which function of the operands
     order_t order{};           // permute: result axis i is operand axis order[i]
-    std::size_t axis = 0;      // select, slice, concat, gather, softmax, layer_norm, reductions
-    std::size_t index = 0;     // select; slice: the first position kept; map: which of the program's functions;
-                               // attention: which of the program's attentions
-    std::size_t spacing = 1;   // slice: the distance between the positions kept
+    std::size_t axis = 0;      // select, slice, concat, gather, embed, scatter, softmax, layer_norm, reductions
+    std::size_t index = 0;     // select; slice, embed: the first position kept; map: which of the program's
+                               // functions; attention: which of the program's attentions
+    std::size_t spacing = 1;   // slice, embed: the distance between the positions kept
     // elementwise, once group_epilogues (passes.hpp) ran: the product whose gemm computes
     // this step's formula as its epilogue, wherever the planner writes the formula; else no_step
     std::size_t epilogue = no_step;
@@ -151,6 +155,10 @@ struct program {
     // whether it has a cast<bf16> step: known as it is lowered (at compile time), so that a
     // pass about them costs a formula without one nothing
     bool has_casts_to_bf16 = false;
+    // while lowering the formula of a gradient (lower.hpp): the tensor steps of the tensors it
+    // is taken with respect to, so that an eager view of one (a transpose, a slice) lowers to
+    // view steps of it, and its gradient includes what is read through the view
+    std::vector<std::size_t> differentiated;
     // the passes' scratch, kept for its capacity: a program lowered and planned in a loop
     // allocates nothing after the first time
     struct {
@@ -165,6 +173,7 @@ struct program {
         functions.clear();
         attentions.clear();
         has_casts_to_bf16 = false;
+        differentiated.clear();
     }
 };
 
@@ -196,6 +205,8 @@ constexpr std::string_view name_of(step_kind kind) {
         case step_kind::slice: return "slice";
         case step_kind::concat: return "concat";
         case step_kind::gather: return "gather";
+        case step_kind::embed: return "embed";
+        case step_kind::scatter: return "scatter_add";
         case step_kind::matmul: return "matmul";
         case step_kind::attention: return "attention";
         case step_kind::softmax: return "softmax";

@@ -259,6 +259,19 @@ struct reduce {
     shape_type shape() const { return extents; }
 };
 
+// The gradient of Formula's value with respect to the values of Leaf (a tensor or view that
+// it reads), given that value's cotangent: the number 1 for a scalar Formula (ds::grad), any
+// formula of Formula's shape (ds::vjp). Of Leaf's shape; lowering differentiates
+// (evaluation/differentiate.hpp).
+template <class Shape, class Formula, class Cotangent, class Leaf>
+struct gradient {
+    using shape_type = Shape;
+    using value_type = value_type_of<Formula>;
+    expr::operands<Formula, Cotangent, Leaf> operands;
+    shape_type extents;
+    shape_type shape() const { return extents; }
+};
+
 // A lazy boolean (query, key) mask, true where the key lies in the query's future. Queries
 // and keys are aligned at their ends: query i sees keys j <= i + (keys - queries), so that
 // with fewer queries than keys (decoding) the last query sees every key.

@@ -41,6 +41,12 @@ template <class T, class X>
 void add_block(const expr::cast<bf16, X>&, block_table<T>& table) {
     table[std::size_t(op_code::round_bf16)] = &apply_to_block<fn::round_bf16, T, 1>;
 }
+// A gradient's steps apply functions that its formula does not (the derivatives':
+// evaluation/differentiate.hpp): all of them.
+template <class T, class S, class F, class C, class L>
+void add_block(const expr::gradient<S, F, C, L>&, block_table<T>& table) {
+    table = every_block<T>();
+}
 template <class T, class E>
 void collect_blocks([[maybe_unused]] const E& e, block_table<T>& table) {
 #ifdef DIMSUM_PRECOMPILED_KERNELS

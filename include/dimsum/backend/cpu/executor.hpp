@@ -13,7 +13,7 @@
 //   convert    -> a loop (bf16 values, lengths and positions to the formula's type);
 //   narrow     -> a loop (a value rounded into a temporary of a narrower type, which products
 //                 read as stored, or into such a destination);
-//   gather     -> gather.hpp, once every id has been checked (evaluation/integers.hpp).
+//   gather, scatter -> gather.hpp, once every id has been checked (evaluation/integers.hpp).
 // Every kernel reads its operands as stored (kernels.hpp: source_array, source_matrix), T or
 // a narrower type that it widens as it reads; the executor only says which.
 // The plan's temporaries live in this thread's temporaries (runtime/workspace.hpp), kept from
@@ -95,6 +95,8 @@ private:
             case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[e.operands[0].index], dst);
             case entry_kind::gather:
                 return cpu::gather<T>(read(e.operands[0]), e.axis, evaluation::integers_of(s_.bindings[e.operands[1].index]), dst);
+            case entry_kind::scatter:
+                return cpu::scatter_add<T>(read(e.operands[0]), e.axis, evaluation::integers_of(s_.bindings[e.operands[1].index]), dst);
         }
     }
 

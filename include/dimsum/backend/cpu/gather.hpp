@@ -1,5 +1,6 @@
 #pragma once
-// The gather kernel: out[prefix, ids index, suffix] = table[prefix, ids[ids index], suffix].
+// The gather kernel: out[prefix, ids index, suffix] = table[prefix, ids[ids index], suffix];
+// and its adjoint, scatter_add.
 // Each (prefix, ids index) is one block of the table's trailing axes, copied with the
 // innermost axis as a contiguous copy where both sides allow (around the caches for a large
 // result, as the fused pass writes one), rows split across the team.
@@ -101,6 +102,55 @@ void gather(const evaluation::strided<const T>& table, std::size_t axis, const e
         if (stream) streaming_fence();
     };
     split_range(rows * block >= parallel_elements ? num_threads() : 1, rows, [] {}, copy_rows);
+}
+
+// (kernels.hpp) The suffix's elements are split across the team: each thread adds into its
+// own columns, over every (prefix, ids index) in order.
+template <class T>
+void scatter_add(const strided<const T>& values, std::size_t axis, const evaluation::integers& ids, const strided<T>& out) {
+    const std::size_t before = axis, count = ids.where().rank, after = out.where.rank - axis - 1;
+    std::array<std::size_t, evaluation::max_rank> rows_extents{}, block_extents{};
+    std::size_t rows = 1, block = 1;
+    for (std::size_t i = 0; i < before + count; ++i) {
+        rows_extents[i] = values.where.extents[i];
+        rows *= values.where.extents[i];
+    }
+    for (std::size_t i = 0; i < after; ++i) {
+        block_extents[i] = out.where.extents[axis + 1 + i];
+        block *= block_extents[i];
+    }
+    const std::size_t total = out.where.size();
+    // zeros first
+    std::array<std::size_t, evaluation::max_rank> index{};
+    for (std::size_t k = 0; k < total; ++k) {
+        out.at(index.data()) = T(0);
+        dimsum::detail::next_index(index.data(), out.where.extents.data(), out.where.rank);
+    }
+    if (rows == 0 || block == 0) return;
+    auto add_columns = [&](std::size_t first, std::size_t last) {
+        std::array<std::size_t, evaluation::max_rank> row{}, column{};
+        for (std::size_t r = 0; r < rows; ++r) {
+            std::ptrdiff_t from = 0, to = 0;
+            for (std::size_t i = 0; i < before + count; ++i) from += static_cast<std::ptrdiff_t>(row[i]) * values.where.strides[i];
+            for (std::size_t i = 0; i < before; ++i) to += static_cast<std::ptrdiff_t>(row[i]) * out.where.strides[i];
+            to += static_cast<std::ptrdiff_t>(ids.at(row.data() + before)) * out.where.strides[axis];
+            for (std::size_t i = after, rest = first; i-- > 0;) {  // column `first` as an index
+                column[i] = rest % block_extents[i];
+                rest /= block_extents[i];
+            }
+            for (std::size_t c = first; c < last; ++c) {
+                std::ptrdiff_t a = from, b = to;
+                for (std::size_t i = 0; i < after; ++i) {
+                    a += static_cast<std::ptrdiff_t>(column[i]) * values.where.strides[before + count + i];
+                    b += static_cast<std::ptrdiff_t>(column[i]) * out.where.strides[axis + 1 + i];
+                }
+                out.data[b] += values.data[a];
+                dimsum::detail::next_index(column.data(), block_extents.data(), after);
+            }
+            dimsum::detail::next_index(row.data(), rows_extents.data(), before + count);
+        }
+    };
+    split_range(rows * block >= parallel_elements ? num_threads() : 1, block, [] {}, add_columns);
 }
 
 }  // namespace dimsum::backend::cpu

@@ -473,6 +473,12 @@ void reduce(const source_array<T>& x, const strided<T>& out, std::size_t axis, c
 template <class T>
 void gather(const strided<const T>& table, std::size_t axis, const evaluation::integers& ids, const strided<T>& out);
 
+// gather's adjoint: out (before..., extent, after...) = 0, then out (before..., ids[...], after...)
+// += values (before..., ids..., after...), each element's sum in the order of the ids, so that
+// the result does not depend on the threads; every id lies in [0, extent) (checked by the caller).
+template <class T>
+void scatter_add(const strided<const T>& values, std::size_t axis, const evaluation::integers& ids, const strided<T>& out);
+
 // ---- the executor (executor.hpp)
 
 namespace detail {

@@ -119,6 +119,9 @@ private:
                 return run_gather(c_, pass);
             }
             case entry_kind::attention: return attend(e, dst);
+            case entry_kind::scatter:
+                throw std::invalid_argument("dimsum: cuda: the gradient of a gather's table (scatter_add) does not run on "
+                                            "the GPU yet: evaluate it with the CPU backend");
             case entry_kind::narrow: break;  // planned only for kernels that read bf16 (read_bf16)
         }
         throw std::logic_error("dimsum: the CUDA backend runs plans that read no operand as bf16");

@@ -79,6 +79,21 @@ private:
                 });
                 return;
             }
+            case entry_kind::scatter: {
+                // out (before..., extent, after...) = 0; out (before..., ids[...], after...) += values (before..., ids..., after...)
+                const strided<const T> values = read(e.operands[0]);
+                const evaluation::integers ids = evaluation::integers_of(bindings_[e.operands[1].index]);
+                const std::size_t count = ids.where().rank;
+                for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) { dst.at(index) = T(0); });
+                for_each_index(values.where.extents, values.where.rank, [&](const std::size_t* index) {
+                    std::array<std::size_t, max_rank> at{};
+                    for (std::size_t i = 0; i < e.axis; ++i) at[i] = index[i];
+                    at[e.axis] = static_cast<std::size_t>(ids.at(index + e.axis));
+                    for (std::size_t i = e.axis + 1; i < dst.where.rank; ++i) at[i] = index[i - 1 + count];
+                    dst.at(at.data()) += values.at(index);
+                });
+                return;
+            }
             case entry_kind::attention: case entry_kind::narrow: return;  // refused above
         }
     }

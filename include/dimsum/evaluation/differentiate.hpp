@@ -1,0 +1,505 @@
+#pragma once
+// Reverse-mode differentiation of a program (program.hpp): the gradient of a step's value
+// with respect to one binding's values, given that value's cotangent, as steps appended to
+// the program. A gradient is then a value like any other: the planner fuses its steps, it
+// reuses the forward's values (an appended step equal to one there is that step, as in
+// lowering), and every backend runs it. ops/grad.hpp makes formulas of it (ds::grad, ds::vjp).
+//
+// One sweep from the output down (operands come before their readers): a step's adjoint, the
+// cotangent of its value, is the sum of what each reader's rule gives it, and a rule is a few
+// steps of the kinds lowering makes (contribution, below). Broadcasting is undone by sums
+// (sum_to); a reduction's adjoint is broadcast back (expand); select's and slice's is placed
+// into zeros (an embed step). Gradients of NaN and infinity follow from the rules as written,
+// which are PyTorch's: max and min give half to each of two equal operands, pow's exponent
+// gets 0 where the base is 0, a comparison, mask logic, where's condition and gather's ids
+// carry none.
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <numbers>
+#include <stdexcept>
+#include <vector>
+
+#include "dimsum/evaluation/program.hpp"
+
+namespace dimsum::evaluation {
+
+namespace differentiation {
+
+// Whether operand o of step s carries a gradient.
+constexpr bool carries_gradient(const step& s, std::size_t o) {
+    if (s.kind == step_kind::gather || s.kind == step_kind::scatter) return o == 0;  // not the ids
+    if (s.kind == step_kind::embed) return o == 0;     // the value, not the zeros
+    if (s.kind != step_kind::elementwise) return true;
+    switch (s.op) {
+        case op_code::less: case op_code::less_equal: case op_code::greater: case op_code::greater_equal:
+        case op_code::equal: case op_code::not_equal: case op_code::logical_and: case op_code::logical_or:
+        case op_code::logical_not:
+            return false;  // masks: constant almost everywhere
+        case op_code::where: return o != 0;
+        default: return true;
+    }
+}
+
+// Appends steps of the program's type to a program, each merged with an equal one there.
+class builder {
+public:
+    builder(program& p, element_type type) : p_(p), type_(type) {}
+
+    const step& at(std::size_t id) const { return p_.steps[id]; }
+
+    std::size_t add(step s) {
+        s.type = s.computes_in = type_;
+        for (std::size_t id = 0; id < p_.steps.size(); ++id) {
+            if (p_.steps[id] == s) return id;
+        }
+        p_.steps.push_back(s);
+        return p_.steps.size() - 1;
+    }
+
+    std::size_t number(double value) {
+        step s{step_kind::number};
+        s.number = value;
+        return add(s);
+    }
+
+    // op of the operands, broadcast as elementwise functions are; of `like`'s extents instead
+    // where given (which the operands broadcast to).
+    std::size_t apply(op_code op, std::size_t a, std::size_t b = no_step, std::size_t c = no_step, const step* like = nullptr) {
+        step s{step_kind::elementwise};
+        s.op = op;
+        for (std::size_t operand : {a, b, c}) {
+            if (operand != no_step) s.operands[s.operand_count++] = operand;
+        }
+        if (like) {
+            shape_like(s, *like);
+        } else if (all_numbers(s)) {
+            return fold(s);
+        } else {
+            for (std::size_t o = 0; o < s.operand_count; ++o) {
+                const step& operand = at(s.operands[o]);
+                if (operand.rank > s.rank) {  // right-aligned: what is there moves right
+                    const std::size_t lead = operand.rank - s.rank;
+                    for (std::size_t i = s.rank; i-- > 0;) s.extents[lead + i] = s.extents[i];
+                    for (std::size_t i = 0; i < lead; ++i) s.extents[i] = 1;
+                    s.rank = operand.rank;
+                }
+                const std::size_t lead = s.rank - operand.rank;
+                for (std::size_t i = 0; i < operand.rank; ++i) {
+                    if (operand.extents[i] != 1) s.extents[lead + i] = operand.extents[i];
+                }
+            }
+            for (std::size_t o = 0; o < s.operand_count; ++o) {  // names: an operand's of the same extents
+                const step& operand = at(s.operands[o]);
+                if (operand.rank == s.rank && operand.extents == s.extents && operand.axes) s.axes = operand.axes;
+            }
+        }
+        return add(s);
+    }
+    std::size_t multiply(std::size_t a, std::size_t b) { return apply(op_code::multiply, a, b); }
+    std::size_t divide(std::size_t a, std::size_t b) { return apply(op_code::divide, a, b); }
+    std::size_t plus(std::size_t a, std::size_t b) { return apply(op_code::add, a, b); }
+    std::size_t minus(std::size_t a, std::size_t b) { return apply(op_code::subtract, a, b); }
+    std::size_t negate(std::size_t a) { return apply(op_code::negate, a); }
+    std::size_t scaled(std::size_t a, double by) { return multiply(a, number(by)); }
+
+    // v as the extents of `like`, which have as many elements (row-major order).
+    std::size_t reshape(std::size_t v, const step& like) {
+        if (same_extents(at(v), like)) return v;
+        step s{step_kind::reshape};
+        shape_like(s, like);
+        s.operands[s.operand_count++] = v;
+        return add(s);
+    }
+    // v with axis `axis` put back at extent 1: a reduction of a value of like's extents, ready
+    // to broadcast along that axis again.
+    std::size_t unreduce(std::size_t v, const step& like, std::size_t axis) {
+        if (at(v).kind == step_kind::number) return v;  // broadcasts as it is
+        if (at(v).kind == step_kind::elementwise && all_numbers(at(v))) return fold(at(v));  // a constant expanded
+        step kept{step_kind::reshape};
+        shape_like(kept, like);
+        kept.extents[axis] = 1;
+        kept.axes = nullptr;
+        return reshape(v, kept);
+    }
+    // v broadcast to like's extents.
+    std::size_t expand(std::size_t v, const step& like) {
+        if (same_extents(at(v), like)) return v;
+        return apply(op_code::multiply, v, number(1), no_step, &like);
+    }
+    // The sum of v along `axis`, which the result drops (kind: sum, max or mean alike).
+    std::size_t reduce(step_kind kind, std::size_t v, std::size_t axis) {
+        const step& from = at(v);
+        step s{kind};
+        s.rank = from.rank - 1;
+        for (std::size_t i = 0, j = 0; i < from.rank; ++i) {
+            if (i != axis) s.extents[j++] = from.extents[i];
+        }
+        s.axis = axis;
+        s.operands[s.operand_count++] = v;
+        return add(s);
+    }
+    // The adjoint of broadcasting: v summed along the axes that broadcasting added to like's
+    // (leading axes, and axes of extent 1 in like), then given like's extents.
+    std::size_t sum_to(std::size_t v, const step& like) {
+        while (at(v).rank > like.rank) v = reduce(step_kind::sum, v, 0);
+        for (std::size_t i = like.rank; i-- > 0;) {
+            if (like.extents[i] == 1 && at(v).extents[i] != 1) v = reduce(step_kind::sum, v, i);
+        }
+        return reshape(v, like);
+    }
+
+    std::size_t permute(std::size_t v, const order_t& order) {
+        const step& from = at(v);
+        step s{step_kind::permute};
+        s.rank = from.rank;
+        for (std::size_t i = 0; i < s.rank; ++i) s.extents[i] = from.extents[order[i]];
+        s.order = order;
+        s.operands[s.operand_count++] = v;
+        return add(s);
+    }
+    std::size_t transpose_last_two(std::size_t v) {
+        const std::size_t rank = at(v).rank;
+        order_t order{};
+        for (std::size_t i = 0; i < rank; ++i) order[i] = i;
+        std::swap(order[rank - 2], order[rank - 1]);
+        return permute(v, order);
+    }
+    // (..., m, k) x (..., k, n), the leading axes broadcast.
+    std::size_t matmul(std::size_t a, std::size_t b) {
+        const step& left = at(a);
+        const step& right = at(b);
+        step s{step_kind::matmul};
+        s.rank = std::max(left.rank, right.rank);
+        for (std::size_t i = 0; i + 2 < s.rank; ++i) {  // the batch axes, right-aligned
+            const std::size_t from_right = s.rank - 2 - i;  // 1 for the batch axis next to the matrix
+            const std::size_t l = from_right <= left.rank - 2 ? left.extents[left.rank - 2 - from_right] : 1;
+            const std::size_t r = from_right <= right.rank - 2 ? right.extents[right.rank - 2 - from_right] : 1;
+            s.extents[i] = l == 1 ? r : l;
+        }
+        s.extents[s.rank - 2] = left.extents[left.rank - 2];
+        s.extents[s.rank - 1] = right.extents[right.rank - 1];
+        s.operands[s.operand_count++] = a;
+        s.operands[s.operand_count++] = b;
+        return add(s);
+    }
+    std::size_t slice(std::size_t v, std::size_t axis, std::size_t first, std::size_t count, std::size_t spacing) {
+        step s{step_kind::slice};
+        shape_like(s, at(v));
+        s.extents[axis] = count;
+        s.axis = axis;
+        s.index = first;
+        s.spacing = spacing;
+        s.operands[s.operand_count++] = v;
+        return add(s);
+    }
+    std::size_t select(std::size_t v, std::size_t axis, std::size_t index) {
+        const step& from = at(v);
+        step s{step_kind::select};
+        s.rank = from.rank - 1;
+        for (std::size_t i = 0, j = 0; i < from.rank; ++i) {
+            if (i != axis) s.extents[j++] = from.extents[i];
+        }
+        s.axis = axis;
+        s.index = index;
+        s.operands[s.operand_count++] = v;
+        return add(s);
+    }
+    // The adjoint of a gather (kind) of `like` along `axis` at `ids`, from its adjoint v: v's
+    // values added up at the ids (a scatter step of like's extents); of a scatter, v gathered.
+    std::size_t regather(step_kind kind, std::size_t v, std::size_t ids, const step& like, std::size_t axis) {
+        step s{kind == step_kind::gather ? step_kind::scatter : step_kind::gather};
+        shape_like(s, like);
+        s.axis = axis;
+        s.operands[s.operand_count++] = v;
+        s.operands[s.operand_count++] = ids;
+        return add(s);
+    }
+    // Zeros of like's extents with v where a select (v has one axis fewer) or a slice along
+    // `axis` from `first`, every `spacing`, would read.
+    std::size_t embed(std::size_t v, const step& like, std::size_t axis, std::size_t first, std::size_t spacing) {
+        step s{step_kind::embed};
+        shape_like(s, like);
+        s.axis = axis;
+        s.index = first;
+        s.spacing = spacing;
+        s.operands[s.operand_count++] = v;
+        s.operands[s.operand_count++] = number(0);
+        return add(s);
+    }
+
+    // The memory that binding `part` reads, as view steps of tensor step `whole` (of binding
+    // `of`): each of part's axes walks along one of whole's (every so many), whole's other axes
+    // are selected; no_step where no such views express it (other element types, memory
+    // outside whole's, strides that no axis of whole divides).
+    std::size_t view_within(std::size_t whole, const binding& of, const binding& part, const step& as) {
+        const step& w = at(whole);
+        const layout& outer = of.where;
+        const layout& inner = part.where;
+        if (part.type != of.type || part.on_device || of.on_device) return no_step;
+        const std::ptrdiff_t bytes = static_cast<const char*>(part.data) - static_cast<const char*>(of.data);
+        const std::ptrdiff_t size = static_cast<std::ptrdiff_t>(size_of(of.type));
+        if (bytes % size != 0) return no_step;
+        std::ptrdiff_t rest = bytes / size + inner.offset - outer.offset;  // in elements, from whole's first
+        if (rest < 0) return no_step;
+        // whole's axes from the largest stride: where part's first element lies, and which walks each of part's axes
+        std::array<std::size_t, max_rank> by_stride{}, start{}, walker{}, spacing{};
+        for (std::size_t k = 0; k < w.rank; ++k) by_stride[k] = k;
+        std::sort(by_stride.begin(), by_stride.begin() + w.rank,
+                  [&](std::size_t a, std::size_t b) { return outer.strides[a] > outer.strides[b]; });
+        for (std::size_t i = 0; i < w.rank; ++i) {
+            const std::size_t k = by_stride[i];
+            if (outer.strides[k] <= 0) return no_step;
+            start[k] = static_cast<std::size_t>(rest / outer.strides[k]);
+            rest %= outer.strides[k];
+            walker[k] = no_step;
+        }
+        if (rest != 0) return no_step;
+        for (std::size_t j = 0; j < inner.rank; ++j) {
+            if (inner.extents[j] == 1) continue;
+            std::size_t found = no_step;
+            for (std::size_t i = 0; i < w.rank && found == no_step; ++i) {
+                const std::size_t k = by_stride[i];
+                if (walker[k] == no_step && w.extents[k] > 1 && inner.strides[j] > 0 && inner.strides[j] % outer.strides[k] == 0) {
+                    found = k;
+                }
+            }
+            if (found == no_step) return no_step;
+            walker[found] = j;
+            spacing[found] = static_cast<std::size_t>(inner.strides[j] / outer.strides[found]);
+            if (start[found] + (inner.extents[j] - 1) * spacing[found] >= w.extents[found]) return no_step;
+        }
+        for (std::size_t k = 0; k < w.rank; ++k) {
+            if (start[k] >= w.extents[k]) return no_step;
+        }
+        std::size_t v = whole;
+        for (std::size_t k = w.rank; k-- > 0;) {  // from the last axis, so that a select leaves the others in place
+            if (walker[k] == no_step) {
+                v = select(v, k, start[k]);
+            } else {
+                const std::size_t count = inner.extents[walker[k]];
+                if (start[k] != 0 || spacing[k] != 1 || count != at(v).extents[k]) v = slice(v, k, start[k], count, spacing[k]);
+            }
+        }
+        order_t order{};  // part's axes of extent above 1, in its order: which of v's axes each is
+        std::size_t kept = 0;
+        for (std::size_t j = 0; j < inner.rank; ++j) {
+            if (inner.extents[j] == 1) continue;
+            std::size_t position = 0;
+            for (std::size_t k = 0; k < w.rank; ++k) {
+                if (walker[k] == j) break;
+                if (walker[k] != no_step) ++position;
+            }
+            order[kept++] = position;
+        }
+        bool identity = true;
+        for (std::size_t i = 0; i < kept; ++i) identity = identity && order[i] == i;
+        if (!identity) v = permute(v, order);
+        return reshape(v, as);
+    }
+
+private:
+    // The number elementwise step s of numbers computes, computed here (in double).
+    std::size_t fold(const step& s) {
+        double values[max_operands]{};
+        for (std::size_t o = 0; o < s.operand_count; ++o) values[o] = at(s.operands[o]).number;
+        return number(fn::apply(s.op, values));
+    }
+    bool all_numbers(const step& s) const {
+        for (std::size_t o = 0; o < s.operand_count; ++o) {
+            if (at(s.operands[o]).kind != step_kind::number) return false;
+        }
+        return true;
+    }
+    static bool same_extents(const step& a, const step& b) { return a.rank == b.rank && a.extents == b.extents; }
+    static void shape_like(step& s, const step& like) {
+        s.rank = like.rank;
+        s.extents = like.extents;
+        s.axes = like.axes;
+    }
+
+    program& p_;
+    element_type type_;
+};
+
+// What step `id` (a copy: the builder appends to the steps) gives its operand o, from the
+// adjoint g of its value: a value of the operand's extents.
+inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::size_t o, std::size_t g) {
+    const std::size_t x = s.operands[o];
+    const step operand = b.at(x);
+    switch (s.kind) {
+        case step_kind::elementwise: {
+            const std::size_t a = s.operands[0], other = s.operands[1 - std::min<std::size_t>(o, 1)];
+            const std::size_t zero = b.number(0), one = b.number(1);
+            std::size_t c = no_step;
+            switch (s.op) {
+                case op_code::add: case op_code::round_bf16:  // cast<bf16> passes its cotangent on, as PyTorch's .to() does
+                    c = g;
+                    break;
+                case op_code::subtract: c = o == 0 ? g : b.negate(g); break;
+                case op_code::multiply: c = b.multiply(g, other); break;
+                case op_code::divide:  // d(a/b)/db = -a/b^2
+                    c = o == 0 ? b.divide(g, other) : b.negate(b.divide(b.multiply(g, a), b.multiply(x, x)));
+                    break;
+                case op_code::negate: c = b.negate(g); break;
+                case op_code::exp: c = b.multiply(g, id); break;
+                case op_code::log: c = b.divide(g, a); break;
+                case op_code::sqrt: c = b.divide(g, b.scaled(id, 2)); break;
+                case op_code::tanh: c = b.multiply(g, b.minus(one, b.multiply(id, id))); break;
+                case op_code::abs:  // the sign: 0 at 0 (and for NaN)
+                    c = b.multiply(g, b.minus(b.apply(op_code::greater, a, zero), b.apply(op_code::less, a, zero)));
+                    break;
+                case op_code::erf:  // 2/sqrt(pi) e^(-a^2)
+                    c = b.multiply(g, b.scaled(b.apply(op_code::exp, b.negate(b.multiply(a, a))), 2 * std::numbers::inv_sqrtpi));
+                    break;
+                case op_code::sigmoid: c = b.multiply(g, b.multiply(id, b.minus(one, id))); break;
+                case op_code::silu: {  // s (1 + a (1 - s)), s = sigmoid(a)
+                    const std::size_t sig = b.apply(op_code::sigmoid, a);
+                    c = b.multiply(g, b.multiply(sig, b.plus(one, b.multiply(a, b.minus(one, sig)))));
+                    break;
+                }
+                case op_code::gelu: {  // Phi(a) + a phi(a)
+                    const std::size_t cdf = b.scaled(b.plus(one, b.apply(op_code::erf, b.scaled(a, 1 / std::numbers::sqrt2))), 0.5);
+                    const std::size_t pdf = b.scaled(b.apply(op_code::exp, b.scaled(b.multiply(a, a), -0.5)),
+                                                     std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+                    c = b.multiply(g, b.plus(cdf, b.multiply(a, pdf)));
+                    break;
+                }
+                case op_code::sin: c = b.multiply(g, b.apply(op_code::cos, a)); break;
+                case op_code::cos: c = b.negate(b.multiply(g, b.apply(op_code::sin, a))); break;
+                case op_code::rsqrt: c = b.multiply(b.scaled(g, -0.5), b.multiply(id, b.multiply(id, id))); break;
+                case op_code::maximum: case op_code::minimum: {
+                    // all of g where this operand is the larger (smaller), half where they are
+                    // equal, all where either is NaN (the result is that NaN)
+                    const std::size_t lost = s.op == op_code::maximum ? b.apply(op_code::less, x, other)
+                                                                      : b.apply(op_code::greater, x, other);
+                    const std::size_t tie = b.apply(op_code::equal, x, other);
+                    c = b.apply(op_code::where, lost, zero, b.apply(op_code::where, tie, b.scaled(g, 0.5), g));
+                    break;
+                }
+                case op_code::pow: {
+                    const std::size_t exponent = s.operands[1];
+                    if (o == 0) {  // e a^(e - 1); 0 where e is 0
+                        const std::size_t slope = b.multiply(exponent, b.apply(op_code::pow, a, b.minus(exponent, one)));
+                        c = b.apply(op_code::where, b.apply(op_code::equal, exponent, zero), zero, b.multiply(g, slope));
+                    } else {  // a^e log(a); 0 where a is 0 and e >= 0
+                        const std::size_t flat = b.apply(op_code::logical_and, b.apply(op_code::equal, a, zero),
+                                                         b.apply(op_code::greater_equal, exponent, zero));
+                        c = b.apply(op_code::where, flat, zero, b.multiply(g, b.multiply(id, b.apply(op_code::log, a))));
+                    }
+                    break;
+                }
+                case op_code::where:
+                    c = o == 1 ? b.apply(op_code::where, a, g, zero) : b.apply(op_code::where, a, zero, g);
+                    break;
+                case op_code::less: case op_code::less_equal: case op_code::greater: case op_code::greater_equal:
+                case op_code::equal: case op_code::not_equal: case op_code::logical_and: case op_code::logical_or:
+                case op_code::logical_not:
+                    throw std::logic_error("dimsum: differentiate: a mask's operand carries no gradient");
+                case op_code::map:
+                    throw std::logic_error("dimsum: differentiate: ds::map has no derivative");  // ops/grad.hpp refuses it
+            }
+            return b.sum_to(c, operand);
+        }
+        case step_kind::permute: {
+            order_t inverse{};
+            for (std::size_t i = 0; i < s.rank; ++i) inverse[s.order[i]] = i;
+            return b.permute(g, inverse);
+        }
+        case step_kind::reshape: return b.reshape(g, operand);
+        case step_kind::select: return b.embed(g, operand, s.axis, s.index, 1);
+        case step_kind::slice: return b.embed(g, operand, s.axis, s.index, s.spacing);
+        case step_kind::concat: {
+            const std::size_t first = o == 0 ? 0 : b.at(s.operands[0]).extents[s.axis];
+            return b.slice(g, s.axis, first, operand.extents[s.axis], 1);
+        }
+        case step_kind::embed:  // (a gradient's gradient) what the embed placed, read back
+            return s.rank > operand.rank ? b.select(g, s.axis, s.index)
+                                         : b.slice(g, s.axis, s.index, operand.extents[s.axis], s.spacing);
+        case step_kind::gather: return b.regather(s.kind, g, s.operands[1], operand, s.axis);
+        case step_kind::scatter: return b.regather(s.kind, g, s.operands[1], operand, s.axis);
+        case step_kind::matmul: {  // dA = dC B^T, dB = A^T dC, each summed over the batch axes it was broadcast along
+            const std::size_t product = o == 0 ? b.matmul(g, b.transpose_last_two(s.operands[1]))
+                                               : b.matmul(b.transpose_last_two(s.operands[0]), g);
+            return b.sum_to(product, operand);
+        }
+        case step_kind::softmax: {  // y (g - sum(g y))
+            const std::size_t inner = b.reduce(step_kind::sum, b.multiply(g, id), s.axis);
+            return b.multiply(id, b.minus(g, b.unreduce(inner, s, s.axis)));
+        }
+        case step_kind::layer_norm: {  // (g - mean(g) - y mean(g y)) / sqrt(variance + epsilon)
+            const std::size_t centred = b.minus(x, b.unreduce(b.reduce(step_kind::mean, x, s.axis), s, s.axis));
+            const std::size_t variance = b.reduce(step_kind::mean, b.multiply(centred, centred), s.axis);
+            const std::size_t inverse_deviation = b.apply(op_code::rsqrt, b.plus(variance, b.number(s.number)));
+            const std::size_t mean_g = b.unreduce(b.reduce(step_kind::mean, g, s.axis), s, s.axis);
+            const std::size_t mean_gy = b.unreduce(b.reduce(step_kind::mean, b.multiply(g, id), s.axis), s, s.axis);
+            const std::size_t inner = b.minus(b.minus(g, mean_g), b.multiply(id, mean_gy));
+            return b.multiply(b.unreduce(inverse_deviation, s, s.axis), inner);
+        }
+        case step_kind::sum: return b.expand(b.unreduce(g, operand, s.axis), operand);
+        case step_kind::mean:
+            return b.expand(b.unreduce(b.scaled(g, 1.0 / static_cast<double>(operand.extents[s.axis])), operand, s.axis), operand);
+        case step_kind::max: {  // shared evenly by the positions that hold the maximum
+            const std::size_t holds = b.apply(op_code::equal, x, b.unreduce(id, operand, s.axis));
+            const std::size_t share = b.divide(g, b.reduce(step_kind::sum, holds, s.axis));
+            return b.apply(op_code::where, holds, b.unreduce(share, operand, s.axis), b.number(0), &operand);
+        }
+        case step_kind::attention:
+            throw std::logic_error("dimsum: differentiate: attention steps come from a pass, after differentiation");
+        case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
+            break;  // no operands
+    }
+    throw std::logic_error("dimsum: differentiate: a step without operands has no contribution");
+}
+
+}  // namespace differentiation
+
+// The gradient of step `output`'s value with respect to the values of binding `leaf`, given
+// step `cotangent` (of output's extents), as steps appended to p: the index of a step of the
+// extents of the leaf's tensor step. Zeros where the output reads the binding only through
+// masks; no_step where it does not read it at all.
+inline std::size_t differentiate(program& p, std::size_t output, std::size_t cotangent, std::size_t leaf) {
+    const std::size_t count = output + 1;  // the steps the output may read
+    std::vector<char> reads(count, 0), depends(count, 0);  // the binding, at all / through gradients
+    std::size_t leaf_step = no_step;
+    for (std::size_t id = 0; id < count; ++id) {
+        const step& s = p.steps[id];
+        if (s.kind == step_kind::tensor && s.binding == leaf) {
+            reads[id] = depends[id] = 1;
+            continue;
+        }
+        for (std::size_t o = 0; o < s.operand_count; ++o) {
+            reads[id] |= reads[s.operands[o]];
+            if (differentiation::carries_gradient(s, o)) depends[id] |= depends[s.operands[o]];
+        }
+    }
+    if (!reads[output]) return no_step;
+    for (std::size_t id = 0; id < count && leaf_step == no_step; ++id) {
+        if (p.steps[id].kind == step_kind::tensor && p.steps[id].binding == leaf) leaf_step = id;
+    }
+    differentiation::builder b(p, p.steps[output].computes_in);
+    const step leaf_shape = p.steps[leaf_step];
+    std::vector<std::size_t> adjoint(count, no_step);
+    adjoint[output] = cotangent;
+    std::size_t gradient = no_step;
+    for (std::size_t id = count; id-- > 0;) {
+        if (adjoint[id] == no_step || !depends[id]) continue;
+        const step s = p.steps[id];  // a copy: the builder appends to p.steps
+        if (s.kind == step_kind::tensor) {  // the binding, read as this tensor step
+            gradient = gradient == no_step ? adjoint[id] : b.plus(gradient, adjoint[id]);
+            continue;
+        }
+        for (std::size_t o = 0; o < s.operand_count; ++o) {
+            const std::size_t x = s.operands[o];
+            if (!differentiation::carries_gradient(s, o) || !depends[x]) continue;
+            const std::size_t c = differentiation::contribution(b, s, id, o, adjoint[id]);
+            adjoint[x] = adjoint[x] == no_step ? c : b.plus(adjoint[x], c);
+        }
+    }
+    if (gradient == no_step) return b.expand(b.number(0), leaf_shape);  // read through masks alone
+    return gradient;
+}
+
+}  // namespace dimsum::evaluation

@@ -1,0 +1,330 @@
+// Gradients (ds::grad, ds::vjp) against central finite differences in double, computed on the
+// reference backend from the forward formula alone: every differentiable function and
+// operation, on odd shapes, with broadcast, transposed, sliced and strided operands. The CPU
+// backend's gradients (on 1 and 2 threads) against the reference backend's, in double and in
+// float, NaN and infinity included.
+#include "support.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace ds = dimsum;
+
+namespace {
+
+using Batch = ds::axis<"batch">;
+using Rows = ds::axis<"rows">;
+using Cols = ds::axis<"cols">;
+using Inner = ds::axis<"inner">;
+
+ds::backend::reference::evaluator reference;
+
+// The value of a formula of no axes, on the reference backend.
+template <class F>
+double value_of(const F& f) {
+    return static_cast<double>(ds::eval(f, reference).data()[0]);
+}
+
+// d loss / d x by central differences: each element of x moved by h either way in turn, the
+// loss evaluated from the formula, which reads x's memory (written here through the view).
+template <class V, class F>
+xt::xarray<double> central_differences(const V& x, const F& loss, double h = 1e-6) {
+    constexpr std::size_t rank = V::rank;
+    std::vector<std::size_t> shape(rank);
+    for (std::size_t i = 0; i < rank; ++i) shape[i] = x.extent(i);
+    xt::xarray<double> out(shape);
+    std::array<std::size_t, rank> index{};
+    for (std::size_t k = 0; k < out.size(); ++k) {
+        using T = std::remove_const_t<std::remove_reference_t<decltype(*x.data())>>;
+        T& element = const_cast<T&>(x.data()[x.offset(index)]);
+        const auto kept = element;
+        element = kept + h;
+        const double up = value_of(loss);
+        element = kept - h;
+        const double down = value_of(loss);
+        element = kept;
+        out.data()[k] = (up - down) / (2 * h);
+        for (std::size_t i = rank; i-- > 0;) {
+            if (++index[i] < x.extent(i)) break;
+            index[i] = 0;
+        }
+    }
+    return out;
+}
+
+// grad(loss, x) on the reference backend against central differences, and on the CPU backend
+// (1 and 2 threads) against the reference backend.
+template <class X, class F>
+void check_gradient(X& x, const F& loss, double rtol = 1e-6, double atol = 1e-8) {
+    const xt::xarray<double> want = central_differences(test::as_view(x), loss);
+    const auto on_reference = ds::eval(ds::grad(loss, x), reference);
+    test::require_close(on_reference, want, rtol, atol);
+    for (int threads : {1, 2}) {
+        INFO("cpu, threads=" << threads);
+        ds::set_num_threads(threads);
+        test::require_close(ds::eval(ds::grad(loss, x)), test::to_xt(on_reference), 1e-12, 1e-13);
+    }
+}
+
+template <class T, class... A>
+ds::tensor<T, A...> random_tensor(std::uint64_t seed, double low, double high, A... extents) {
+    ds::tensor<T, A...> t(extents...);
+    ds::fill_uniform(t, seed, low, high);
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("grad of every unary function against central differences, both backends") {
+    for (std::size_t cols : {1, 3, 17}) {
+        INFO("cols=" << cols);
+        // positive, away from 0 (log, sqrt, rsqrt); signed away from 0 for abs
+        auto x = random_tensor<double>(cols, 0.3, 1.7, Rows{3}, Cols{cols});
+        auto s = random_tensor<double>(cols + 1, 0.3, 1.7, Rows{3}, Cols{cols});
+        for (std::size_t i = 0; i < s.size(); i += 2) s.data()[i] = -s.data()[i];
+        const auto w = random_tensor<double>(cols + 2, -1.0, 1.0, Rows{3}, Cols{cols});
+        auto total = [&](auto&& f) { return ds::sum<Rows>(ds::sum<Cols>(f * w)); };
+        check_gradient(x, total(ds::exp(x)));
+        check_gradient(x, total(ds::log(x)));
+        check_gradient(x, total(ds::sqrt(x)));
+        check_gradient(x, total(ds::rsqrt(x)));
+        check_gradient(x, total(-x));
+        check_gradient(s, total(ds::tanh(s)));
+        check_gradient(s, total(ds::abs(s)));
+        check_gradient(s, total(ds::erf(s)));
+        check_gradient(s, total(ds::sigmoid(s)));
+        check_gradient(s, total(ds::silu(s)));
+        check_gradient(s, total(ds::gelu(s)));
+        check_gradient(s, total(ds::sin(s)));
+        check_gradient(s, total(ds::cos(s)));
+        check_gradient(s, total(ds::exp(ds::sin(s)) * ds::tanh(s)));  // chained, s read three times
+    }
+}
+
+TEST_CASE("grad of binary functions with broadcast operands: each operand's gradient summed over its broadcast axes") {
+    for (std::size_t cols : {1, 5, 17}) {
+        INFO("cols=" << cols);
+        auto a = random_tensor<double>(1, 0.3, 1.7, Batch{2}, Rows{3}, Cols{cols});
+        auto b = random_tensor<double>(2, 0.3, 1.7, Cols{cols});           // broadcast along batch and rows
+        auto c = random_tensor<double>(3, -1.0, 1.0, Rows{3}, Cols{1});    // broadcast along cols (extent 1)
+        const auto w = random_tensor<double>(4, -1.0, 1.0, Batch{2}, Rows{3}, Cols{cols});
+        auto total = [&](auto&& f) { return ds::sum<Batch>(ds::sum<Rows>(ds::sum<Cols>(f * w))); };
+        check_gradient(a, total(a + b));
+        check_gradient(b, total(a + b));
+        check_gradient(b, total(a - b));
+        check_gradient(a, total(a * b * c));
+        check_gradient(b, total(a * b * c));
+        check_gradient(c, total(a * b * c));
+        check_gradient(a, total(a / b));
+        check_gradient(b, total(a / b));
+        check_gradient(a, total(ds::pow(a, b)));
+        check_gradient(b, total(ds::pow(a, b)));
+        check_gradient(c, total(ds::pow(a, c)));
+        check_gradient(a, total(ds::max(a, b)));  // random values: no ties
+        check_gradient(b, total(ds::min(a, b)));
+        check_gradient(a, total(a * 2.5 + 1.0));
+        check_gradient(a, total(ds::where(a > b, a * a, b)));
+        check_gradient(b, total(ds::where(a > b, a * a, b)));
+    }
+}
+
+TEST_CASE("grad of max and min at ties, and of where's and a comparison's operands, as PyTorch gives them") {
+    ds::tensor<double, Cols> x(Cols{4}), y(Cols{4});
+    for (std::size_t i = 0; i < 4; ++i) {
+        x(i) = double(i);
+        y(i) = 1.0;
+    }
+    // maximum: x wins at 2 and 3, ties at 1 (half each), loses at 0
+    const auto gx = ds::eval(ds::grad(ds::sum<Cols>(ds::max(x, y)), x), reference);
+    const auto gy = ds::eval(ds::grad(ds::sum<Cols>(ds::max(x, y)), y), reference);
+    const double want_x[] = {0, 0.5, 1, 1}, want_y[] = {1, 0.5, 0, 0};
+    for (std::size_t i = 0; i < 4; ++i) {
+        CHECK(gx(i) == want_x[i]);
+        CHECK(gy(i) == want_y[i]);
+    }
+    // a formula that reads x only through a mask: zeros
+    const auto masked = ds::eval(ds::grad(ds::sum<Cols>(ds::where(x > 1.5, y, y * 2.0)), x));
+    for (std::size_t i = 0; i < 4; ++i) CHECK(masked(i) == 0);
+}
+
+TEST_CASE("grad through matmul with batch axes, a broadcast operand and transposed views") {
+    for (std::size_t k : {1, 4, 9}) {
+        INFO("k=" << k);
+        auto a = random_tensor<double>(k, -1.0, 1.0, Batch{3}, Rows{5}, Inner{k});
+        auto b = random_tensor<double>(k + 1, -1.0, 1.0, Inner{k}, Cols{7});  // broadcast over the batch
+        auto bt = random_tensor<double>(k + 2, -1.0, 1.0, Cols{7}, Inner{k});  // read transposed: an eager view
+        const auto w = random_tensor<double>(k + 3, -1.0, 1.0, Batch{3}, Rows{5}, Cols{7});
+        auto total = [&](auto&& f) { return ds::sum<Batch>(ds::sum<Rows>(ds::sum<Cols>(f * w))); };
+        check_gradient(a, total(ds::matmul(a, b)));
+        check_gradient(b, total(ds::matmul(a, b)));
+        check_gradient(bt, total(ds::matmul(a, ds::transpose(bt))));
+        check_gradient(a, total(ds::tanh(ds::matmul(a, ds::transpose(bt))) + ds::matmul(a, b)));
+    }
+}
+
+TEST_CASE("grad of softmax, layer_norm, rms_norm and the reductions along each axis") {
+    for (std::size_t cols : {1, 6, 13}) {
+        INFO("cols=" << cols);
+        auto x = random_tensor<double>(cols, -2.0, 2.0, Rows{4}, Cols{cols});
+        const auto w = random_tensor<double>(cols + 1, -1.0, 1.0, Rows{4}, Cols{cols});
+        const auto v = random_tensor<double>(cols + 2, -1.0, 1.0, Cols{cols});
+        const auto u = random_tensor<double>(cols + 3, -1.0, 1.0, Rows{4});
+        auto total = [&](auto&& f) { return ds::sum<Rows>(ds::sum<Cols>(f * w)); };
+        check_gradient(x, total(ds::softmax(x)));
+        check_gradient(x, total(ds::softmax<Rows>(x)));
+        check_gradient(x, total(ds::layer_norm(x)), 1e-5);
+        check_gradient(x, total(ds::layer_norm<Rows>(x, 1e-3)), 1e-5);
+        check_gradient(x, ds::sum<Rows>(ds::sum<Cols>(x) * u));
+        check_gradient(x, ds::sum<Cols>(ds::mean<Rows>(x) * v));
+        check_gradient(x, ds::sum<Rows>(ds::max<Cols>(x) * u));  // random values: one maximum per line
+        const auto gain = random_tensor<double>(cols + 4, 0.5, 1.5, Cols{cols});
+        check_gradient(x, total(ds::nn::rms_norm(x, gain)), 1e-5);
+    }
+}
+
+TEST_CASE("grad through views: transpose, view, select, slice with steps, concat, squeeze and unsqueeze") {
+    for (std::size_t cols : {2, 7}) {
+        INFO("cols=" << cols);
+        auto x = random_tensor<double>(cols, -1.0, 1.0, Rows{6}, Cols{cols});
+        const auto w = random_tensor<double>(cols + 1, -1.0, 1.0, Cols{cols}, Rows{6});
+        const auto y = ds::eval(ds::exp(x));  // a formula's views are lazy nodes, a tensor's eager
+        auto e = ds::exp(x);
+        check_gradient(x, ds::sum<Cols>(ds::sum<Rows>(ds::transpose(ds::exp(x)) * w)));
+        check_gradient(x, ds::sum<Cols>(ds::sum<Rows>(ds::transpose(x) * w)));  // an eager view of x
+        using Pair = ds::axis<"pair", 2>;
+        using Half = ds::axis<"half">;
+        check_gradient(x, ds::sum<Half>(ds::sum<Pair>(ds::sum<Cols>(ds::view<Pair, Half, Cols>(e * e)))));
+        check_gradient(x, ds::sum<Cols>(ds::select<Rows>(e, 2) * ds::select<Rows>(x, 4)));
+        check_gradient(x, ds::sum<Rows>(ds::sum<Cols>(ds::slice<Rows>(e, 1, 6, 2) * ds::slice<Rows>(x, 0, 5, 2))));
+        check_gradient(x, ds::sum<Rows>(ds::sum<Cols>(ds::concat<Rows>(e, ds::slice<Rows>(x, 2, 4)) *
+                                                         ds::concat<Rows>(ds::slice<Rows>(x, 1, 3), e))));
+        using One = ds::axis<"one", 1>;
+        check_gradient(x, ds::sum<Rows>(ds::sum<Cols>(ds::squeeze<One>(ds::unsqueeze<One, 1>(e)) * y)));
+    }
+}
+
+TEST_CASE("grad of gather: the table's gradient added up at repeated ids, the same on 1 and 2 threads, bad ids refused") {
+    using Vocab = ds::axis<"vocab">;
+    using Seq = ds::axis<"seq">;
+    for (std::size_t model : {1, 5, 64}) {
+        INFO("model=" << model);
+        auto table = random_tensor<double>(model, -1.0, 1.0, Vocab{7}, Cols{model});
+        ds::tensor<std::int64_t, Batch, Seq> ids(Batch{3}, Seq{5});
+        for (std::size_t i = 0; i < ids.size(); ++i) ids.data()[i] = static_cast<std::int64_t>((i * 5) % 7 % 4);  // repeats
+        const auto w = random_tensor<double>(model + 1, -1.0, 1.0, Batch{3}, Seq{5}, Cols{model});
+        auto loss = ds::sum<Batch>(ds::sum<Seq>(ds::sum<Cols>(ds::tanh(ds::gather<Vocab>(table, ids)) * w)));
+        check_gradient(table, loss);
+        // along an inner axis: the table's columns gathered
+        auto by_columns = ds::sum<Vocab>(ds::sum<Seq>(ds::gather<Cols>(ds::exp(table), ds::select<Batch>(ids, 1)) * 0.5));
+        if (model >= 4) check_gradient(table, by_columns);
+    }
+    auto table = random_tensor<double>(1, -1.0, 1.0, Vocab{3}, Cols{2});
+    ds::tensor<std::int64_t, Seq> bad(Seq{2});
+    bad(0) = 1;
+    bad(1) = 3;
+    const std::string plan = ds::backend::cpu::evaluator{}.explain(ds::grad(ds::sum<Seq>(ds::sum<Cols>(ds::gather<Vocab>(table, bad))), table));
+    INFO(plan);
+    CHECK(plan.find("scatter_add<vocab>") != std::string::npos);
+    CHECK(test::error_of([&] { (void)ds::eval(ds::grad(ds::sum<Seq>(ds::sum<Cols>(ds::gather<Vocab>(table, bad))), table)); }) ==
+          "dimsum: gather: id 3 at (seq=1) of the ids lies outside vocab=3");
+}
+
+TEST_CASE("grad with respect to a strided view, and vjp with a cotangent") {
+    auto whole = random_tensor<double>(1, -1.0, 1.0, Rows{5}, Cols{9});
+    auto part = ds::slice<Cols>(whole, 1, 8, 3);  // a view with gaps
+    const auto w = random_tensor<double>(2, -1.0, 1.0, Rows{5}, Cols{3});
+    check_gradient(part, ds::sum<Rows>(ds::sum<Cols>(ds::sin(part) * w)));
+
+    auto x = random_tensor<double>(3, -1.0, 1.0, Rows{4}, Cols{5});
+    const auto cotangent = random_tensor<double>(4, -1.0, 1.0, Rows{4}, Cols{5});
+    const auto via_vjp = ds::eval(ds::vjp(ds::tanh(x) * x, x, cotangent), reference);
+    const auto via_grad = ds::eval(ds::grad(ds::sum<Rows>(ds::sum<Cols>(ds::tanh(x) * x * cotangent)), x), reference);
+    test::require_close(via_vjp, test::to_xt(via_grad), 1e-14, 1e-15);
+    test::require_close(ds::eval(ds::vjp(ds::tanh(x) * x, x, cotangent * 2.0)), test::to_xt(via_grad) * 2.0, 1e-13, 1e-14);
+}
+
+TEST_CASE("grad of attention, causal and padded, for Q, K and V: fused forward on the CPU, step by step on the reference") {
+    using Heads = ds::axis<"heads">;
+    using Query = ds::axis<"query">;
+    using Key = ds::axis<"key">;
+    using Head = ds::axis<"head">;
+    for (std::size_t keys : {1, 7, 33}) {
+        INFO("keys=" << keys);
+        auto q = random_tensor<double>(keys, -1.0, 1.0, Heads{2}, Query{keys}, Head{8});
+        auto k = random_tensor<double>(keys + 1, -1.0, 1.0, Heads{2}, Key{keys}, Head{8});
+        auto v = random_tensor<double>(keys + 2, -1.0, 1.0, Heads{2}, Key{keys}, Head{8});
+        const auto w = random_tensor<double>(keys + 3, -1.0, 1.0, Heads{2}, Query{keys}, Head{8});
+        auto attention = [&] {
+            auto scores = ds::matmul(q, ds::transpose(k)) / std::sqrt(8.0);
+            return ds::matmul(ds::softmax(ds::masked_fill(scores, ds::causal_mask(Query{keys}, Key{keys}),
+                                                           -std::numeric_limits<double>::infinity())),
+                              v);
+        };
+        auto loss = ds::sum<Heads>(ds::sum<Query>(ds::sum<Head>(attention() * w)));
+        check_gradient(q, loss, 1e-5);
+        check_gradient(k, loss, 1e-5);
+        check_gradient(v, loss, 1e-5);
+    }
+}
+
+TEST_CASE("gradients in float on the CPU backend against the reference backend in double") {
+    for (std::size_t cols : {1, 7, 16, 17, 33}) {
+        INFO("cols=" << cols);
+        ds::tensor<float, Rows, Cols> x(Rows{5}, Cols{cols});
+        ds::tensor<float, Cols, Inner> m(Cols{cols}, Inner{3});
+        ds::fill_uniform(x, cols, -2.0, 2.0);
+        ds::fill_uniform(m, cols + 1, -1.0, 1.0);
+        auto loss = ds::sum<Rows>(ds::sum<Inner>(ds::matmul(ds::nn::gelu(ds::layer_norm(x)), m) * 0.5f));
+        const auto in_double = ds::eval(
+            ds::grad(ds::sum<Rows>(ds::sum<Inner>(ds::matmul(ds::nn::gelu(ds::layer_norm(ds::cast<double>(x))),
+                                                              ds::cast<double>(m)) *
+                                                  0.5)),
+                     x),
+            reference);
+        for (int threads : {1, 2}) {
+            ds::set_num_threads(threads);
+            test::require_close(ds::eval(ds::grad(loss, x)), test::to_xt(in_double), 1e-4, 1e-5);
+        }
+    }
+}
+
+TEST_CASE("gradients of NaN and infinity: the CPU backend's the reference backend's, in every lane and tail") {
+    const double special[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                              -std::numeric_limits<double>::infinity()};
+    for (std::size_t cols : {1, 7, 8, 9, 16, 17}) {
+        for (std::size_t at = 0; at < cols; ++at) {
+            for (double value : special) {
+                INFO("cols=" << cols << " at=" << at << " value=" << value);
+                ds::tensor<float, Rows, Cols> x(Rows{2}, Cols{cols});
+                ds::fill_uniform(x, cols + at, -2.0, 2.0);
+                x(1, at) = static_cast<float>(value);
+                auto loss = ds::sum<Rows>(ds::sum<Cols>(ds::silu(x) * ds::tanh(x) + ds::max(x, 0.5f) + ds::abs(x)));
+                const auto cpu = ds::eval(ds::grad(loss, x));
+                const auto ref = ds::eval(ds::grad(loss, x), reference);
+                test::require_close(cpu, test::to_xt(ref), 1e-5, 1e-6);
+                auto in_softmax = ds::sum<Rows>(ds::sum<Cols>(ds::softmax(x) * x));
+                test::require_close(ds::eval(ds::grad(in_softmax, x)), test::to_xt(ds::eval(ds::grad(in_softmax, x), reference)),
+                                    1e-5, 1e-6);
+            }
+        }
+    }
+}
+
+TEST_CASE("grad's errors: a tensor the formula does not read; and one plan for the gradient") {
+    auto x = random_tensor<double>(1, -1.0, 1.0, Rows{3}, Cols{4});
+    auto other = random_tensor<double>(2, -1.0, 1.0, Rows{3}, Cols{4});
+    CHECK(test::error_of([&] { (void)ds::eval(ds::grad(ds::sum<Rows>(ds::sum<Cols>(x * x)), other)); }) ==
+          "dimsum: grad: the formula does not read this tensor (rows=3, cols=4): a gradient is with respect to a tensor or "
+          "view the formula reads, the same memory seen the same way");
+    ds::tensor<std::int64_t, Batch> ids(Batch{2});
+    ids(0) = 2;
+    ids(1) = 0;
+    // a gather read by the formula but not on the path to x: no scatter needed
+    const auto through_other = ds::eval(ds::grad(ds::sum<Batch>(ds::sum<Cols>(ds::gather<Rows>(other, ids) * ds::select<Rows>(x, 1))), x));
+    CHECK(through_other(0, 0) == 0);
+    CHECK(through_other(1, 0) == other(2, 0) + other(0, 0));
+    // the gradient of a loss is one fused pass over x
+    const std::string plan = ds::backend::cpu::evaluator{}.explain(ds::grad(ds::sum<Rows>(ds::sum<Cols>(ds::exp(x) * other)), x));
+    INFO(plan);
+    CHECK(plan.find("1 entry") != std::string::npos);
+}
