@@ -310,7 +310,7 @@ TEST_CASE("gradients of NaN and infinity: the CPU backend's the reference backen
     }
 }
 
-TEST_CASE("grad's errors: a tensor the formula does not read; and one plan for the gradient") {
+TEST_CASE("grad's errors: a tensor the formula does not read, and one plan for the gradient") {
     auto x = random_tensor<double>(1, -1.0, 1.0, Rows{3}, Cols{4});
     auto other = random_tensor<double>(2, -1.0, 1.0, Rows{3}, Cols{4});
     CHECK(test::error_of([&] { (void)ds::eval(ds::grad(ds::sum<Rows>(ds::sum<Cols>(x * x)), other)); }) ==
