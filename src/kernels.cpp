@@ -12,7 +12,8 @@ namespace dimsum::backend::cpu {
 
 #define DIMSUM_KERNELS_FOR(T)                                                                                      \
     template void detail::plan_and_run<T>(detail::state<T>&, const evaluation::layout&, evaluation::element_type,  \
-                                          void*, const evaluation::planner_options&);                              \
+                                          void*, const evaluation::planner_options&,                               \
+                                          std::span<const evaluation::strided<T>>);                                \
     template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                           \
     template void attention<T>(const attention_problem<T>&);                                                       \
     template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const box*,              \
@@ -45,7 +46,9 @@ DIMSUM_KERNELS_FOR(double)
 // The reference backend's planning and loops (it shares no kernel with the CPU backend).
 namespace dimsum::backend::reference {
 template void plan_and_interpret<float>(evaluation::program&, const std::vector<evaluation::binding>&,
-                                        const strided<float>&, const evaluation::planner_options&);
+                                        const strided<float>&, const evaluation::planner_options&,
+                                        std::span<const strided<float>>);
 template void plan_and_interpret<double>(evaluation::program&, const std::vector<evaluation::binding>&,
-                                         const strided<double>&, const evaluation::planner_options&);
+                                         const strided<double>&, const evaluation::planner_options&,
+                                         std::span<const strided<double>>);
 }  // namespace dimsum::backend::reference

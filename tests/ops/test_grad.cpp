@@ -191,6 +191,10 @@ TEST_CASE("grad through views: transpose, view, select, slice with steps, concat
         auto e = ds::exp(x);
         check_gradient(x, ds::sum<Cols>(ds::sum<Rows>(ds::transpose(ds::exp(x)) * w)));
         check_gradient(x, ds::sum<Cols>(ds::sum<Rows>(ds::transpose(x) * w)));  // an eager view of x
+        using Twice = ds::axis<"twice", 2>;
+        using Third = ds::axis<"third", 3>;
+        check_gradient(x, ds::sum<Cols>(ds::sum<Third>(ds::sum<Twice>(ds::view<Twice, Third, Cols>(x) *
+                                                                     ds::view<Twice, Third, Cols>(e)))));  // eager
         using Pair = ds::axis<"pair", 2>;
         using Half = ds::axis<"half">;
         check_gradient(x, ds::sum<Half>(ds::sum<Pair>(ds::sum<Cols>(ds::view<Pair, Half, Cols>(e * e)))));

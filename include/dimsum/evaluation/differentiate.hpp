@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <numbers>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -235,7 +236,7 @@ public:
     // are selected; no_step where no such views express it (other element types, memory
     // outside whole's, strides that no axis of whole divides).
     std::size_t view_within(std::size_t whole, const binding& of, const binding& part, const step& as) {
-        const step& w = at(whole);
+        const step w = at(whole);  // a copy: selects and slices append to the steps
         const layout& outer = of.where;
         const layout& inner = part.where;
         if (part.type != of.type || part.on_device || of.on_device) return no_step;
@@ -244,6 +245,8 @@ public:
         if (bytes % size != 0) return no_step;
         std::ptrdiff_t rest = bytes / size + inner.offset - outer.offset;  // in elements, from whole's first
         if (rest < 0) return no_step;
+        // the same elements in the same order under other axes (an eager ds::view of a tensor)
+        if (rest == 0 && is_row_major(outer) && is_row_major(inner) && outer.size() == inner.size()) return reshape(whole, as);
         // whole's axes from the largest stride: where part's first element lies, and which walks each of part's axes
         std::array<std::size_t, max_rank> by_stride{}, start{}, walker{}, spacing{};
         for (std::size_t k = 0; k < w.rank; ++k) by_stride[k] = k;
@@ -314,6 +317,11 @@ private:
         return true;
     }
     static bool same_extents(const step& a, const step& b) { return a.rank == b.rank && a.extents == b.extents; }
+    static bool is_row_major(const layout& l) {
+        layout dense = row_major(l.rank, l.extents);
+        dense.offset = l.offset;
+        return dense == l;
+    }
     static void shape_like(step& s, const step& like) {
         s.rank = like.rank;
         s.extents = like.extents;
@@ -456,41 +464,41 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
 
 }  // namespace differentiation
 
-// The gradient of step `output`'s value with respect to the values of binding `leaf`, given
-// step `cotangent` (of output's extents), as steps appended to p: the index of a step of the
-// extents of the leaf's tensor step. Zeros where the output reads the binding only through
-// masks; no_step where it does not read it at all.
-inline std::size_t differentiate(program& p, std::size_t output, std::size_t cotangent, std::size_t leaf) {
+// The gradients of step `output`'s value with respect to the values of each binding in
+// `leaves`, given step `cotangent` (of output's extents), as steps appended to p, in one
+// sweep: gradients[i] is a step of the extents of leaf i's tensor step; zeros where the output
+// reads the binding only through masks; no_step where it does not read it at all. Each
+// step's adjoint sums all its readers' contributions, whichever leaves it leads to, so the
+// sweep for one leaf appends the same steps as the sweep for several (and merges with them).
+inline void differentiate(program& p, std::size_t output, std::size_t cotangent, std::span<const std::size_t> leaves,
+                          std::vector<std::size_t>& gradients) {
+    auto is_leaf = [&](const step& s) {
+        return s.kind == step_kind::tensor && std::find(leaves.begin(), leaves.end(), s.binding) != leaves.end();
+    };
     const std::size_t count = output + 1;  // the steps the output may read
-    std::vector<char> reads(count, 0), depends(count, 0);  // the binding, at all / through gradients
-    std::size_t leaf_step = no_step;
+    std::vector<char> depends(count, 0);  // whether a step reads a leaf through steps that carry gradients
     for (std::size_t id = 0; id < count; ++id) {
         const step& s = p.steps[id];
-        if (s.kind == step_kind::tensor && s.binding == leaf) {
-            reads[id] = depends[id] = 1;
+        if (is_leaf(s)) {
+            depends[id] = 1;
             continue;
         }
         for (std::size_t o = 0; o < s.operand_count; ++o) {
-            reads[id] |= reads[s.operands[o]];
             if (differentiation::carries_gradient(s, o)) depends[id] |= depends[s.operands[o]];
         }
     }
-    if (!reads[output]) return no_step;
-    for (std::size_t id = 0; id < count && leaf_step == no_step; ++id) {
-        if (p.steps[id].kind == step_kind::tensor && p.steps[id].binding == leaf) leaf_step = id;
+    std::vector<char> live(count, 0);  // read by the output
+    live[output] = 1;
+    for (std::size_t id = count; id-- > 0;) {
+        if (!live[id]) continue;
+        for (std::size_t o = 0; o < p.steps[id].operand_count; ++o) live[p.steps[id].operands[o]] = 1;
     }
-    differentiation::builder b(p, p.steps[output].computes_in);
-    const step leaf_shape = p.steps[leaf_step];
     std::vector<std::size_t> adjoint(count, no_step);
+    differentiation::builder b(p, p.steps[output].computes_in);
     adjoint[output] = cotangent;
-    std::size_t gradient = no_step;
     for (std::size_t id = count; id-- > 0;) {
         if (adjoint[id] == no_step || !depends[id]) continue;
         const step s = p.steps[id];  // a copy: the builder appends to p.steps
-        if (s.kind == step_kind::tensor) {  // the binding, read as this tensor step
-            gradient = gradient == no_step ? adjoint[id] : b.plus(gradient, adjoint[id]);
-            continue;
-        }
         for (std::size_t o = 0; o < s.operand_count; ++o) {
             const std::size_t x = s.operands[o];
             if (!differentiation::carries_gradient(s, o) || !depends[x]) continue;
@@ -498,8 +506,27 @@ inline std::size_t differentiate(program& p, std::size_t output, std::size_t cot
             adjoint[x] = adjoint[x] == no_step ? c : b.plus(adjoint[x], c);
         }
     }
-    if (gradient == no_step) return b.expand(b.number(0), leaf_shape);  // read through masks alone
-    return gradient;
+    // each leaf's: the sum of the adjoints of the tensor steps that read its binding
+    gradients.assign(leaves.size(), no_step);
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+        std::size_t leaf_step = no_step, gradient = no_step;
+        for (std::size_t id = count; id-- > 0;) {
+            const step& s = p.steps[id];
+            if (s.kind != step_kind::tensor || s.binding != leaves[i] || !live[id]) continue;
+            leaf_step = id;
+            if (adjoint[id] != no_step) gradient = gradient == no_step ? adjoint[id] : b.plus(gradient, adjoint[id]);
+        }
+        if (leaf_step == no_step) continue;
+        const step shape = p.steps[leaf_step];
+        gradients[i] = gradient != no_step ? gradient : b.expand(b.number(0), shape);  // read through masks alone
+    }
+}
+
+// The same for one binding: its gradient's step, or no_step.
+inline std::size_t differentiate(program& p, std::size_t output, std::size_t cotangent, std::size_t leaf) {
+    std::vector<std::size_t> gradients;
+    differentiate(p, output, cotangent, std::span<const std::size_t>(&leaf, 1), gradients);
+    return gradients[0];
 }
 
 }  // namespace dimsum::evaluation

@@ -19,7 +19,8 @@ namespace dimsum::evaluation {
 struct bound_memory {
     std::vector<std::uintptr_t> bindings;     // where each binding's element 0 lies
     std::vector<std::uintptr_t> temporaries;  // where each of plan::temporaries starts
-    std::uintptr_t destination = 0;           // where the destination's element 0 lies
+    // where each destination's element 0 lies: the root's, then those of program::other_roots
+    std::vector<std::uintptr_t> destinations;
 
     // Each binding's own memory (host memory, or a GPU's where the binding is on the device).
     void bind(const std::vector<binding>& from) {
@@ -34,7 +35,7 @@ struct bound_memory {
             case memory_kind::temporary: return temporaries[p.index];
             case memory_kind::destination: break;
         }
-        return destination;
+        return destinations[p.index];
     }
     // The same, for memory an entry writes: never a binding.
     std::uintptr_t writable_start_of(const place& p) const {

@@ -55,11 +55,14 @@ inline void recognise_attention(program& p) {
 
 // The steps an elementwise formula rooted at `id` reads as inputs: every step below it that
 // is neither elementwise nor a number, in evaluation order (a step read twice appears twice),
-// appended to `leaves`. The planner writes a formula's leaves in this order.
-inline void find_leaves(const std::vector<step>& steps, std::size_t id, std::vector<std::size_t>& leaves) {
+// appended to `leaves`. The planner writes a formula's leaves in this order. With `computed`
+// (the planner's): an elementwise step whose value an entry computed already is a leaf too,
+// read rather than computed again (a forward value that a gradient's formula reads).
+inline void find_leaves(const std::vector<step>& steps, std::size_t id, std::vector<std::size_t>& leaves,
+                        const std::vector<char>* computed = nullptr) {
     const step& s = steps[id];
-    if (s.kind == step_kind::elementwise) {
-        for (std::size_t o = 0; o < s.operand_count; ++o) find_leaves(steps, s.operands[o], leaves);
+    if (s.kind == step_kind::elementwise && !(computed && (*computed)[id])) {
+        for (std::size_t o = 0; o < s.operand_count; ++o) find_leaves(steps, s.operands[o], leaves, computed);
     } else if (s.kind != step_kind::number) {
         leaves.push_back(id);
     }
@@ -115,6 +118,7 @@ inline void group_epilogues(program& p) {
     std::vector<char>& written = p.scratch.written;
     written.assign(p.steps.size(), 0);
     written[p.root] = 1;
+    for (const std::size_t root : p.other_roots) written[root] = 1;
     for (const step& s : p.steps) {
         if (s.kind == step_kind::elementwise && !rounds_to_bf16(s)) continue;
         for (std::size_t o = 0; o < s.operand_count; ++o) written[s.operands[o]] = 1;
@@ -144,6 +148,34 @@ inline void group_epilogues(program& p) {
             return true;
         };
         first_product(first_product, id);
+    }
+    // A product that two written formulas take, neither inside the other (each reads it through
+    // steps of its own, as a forward value and a gradient that read the same difference do):
+    // neither keeps it, so that it is computed once, into a value both read, rather than once
+    // in each gemm. (One formula inside the other is planned first and read by the other.)
+    std::vector<std::size_t>& taker = p.scratch.readers;  // the formula that took each product
+    taker.assign(p.steps.size(), no_step);
+    std::vector<char> shared;
+    auto inside = [&](auto& self, std::size_t outer, std::size_t inner) -> bool {
+        if (outer == inner) return true;
+        const step& here = p.steps[outer];
+        if (here.kind != step_kind::elementwise) return false;
+        for (std::size_t o = 0; o < here.operand_count; ++o) {
+            if (self(self, here.operands[o], inner)) return true;
+        }
+        return false;
+    };
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+        const std::size_t product = p.steps[id].kind == step_kind::elementwise ? p.steps[id].epilogue : no_step;
+        if (product == no_step) continue;
+        const std::size_t other = taker[product];
+        taker[product] = id;
+        if (other == no_step || inside(inside, id, other)) continue;  // formulas come after what they read
+        if (shared.empty()) shared.assign(p.steps.size(), 0);
+        shared[product] = 1;
+    }
+    for (step& s : p.steps) {
+        if (!shared.empty() && s.kind == step_kind::elementwise && s.epilogue != no_step && shared[s.epilogue]) s.epilogue = no_step;
     }
 }
 
@@ -186,12 +218,13 @@ inline void shape(std::ostream& out, const step& s) {
     out << ')';
 }
 
-// Whether each step is read by the root, directly or through others (attention's scores and
+// Whether each step is read by a root, directly or through others (attention's scores and
 // score function through program::attentions).
 inline std::vector<char> live_steps(const program& p) {
     std::vector<char> live(p.steps.size(), 0);
     if (p.steps.empty()) return live;
     live[p.root] = 1;
+    for (const std::size_t root : p.other_roots) live[root] = 1;
     for (std::size_t id = p.steps.size(); id-- > 0;) {  // operands come before their readers
         if (!live[id]) continue;
         const step& s = p.steps[id];
@@ -244,7 +277,8 @@ inline void parameters(std::ostream& out, const program& p, const step& s) {
 // The program as text, one step a line: `s4 = matmul(s1, s3) (b=2, q=5, k=5) float`: its
 // kind (a function's name, a tensor's binding, a number's value), its operands, its
 // parameters in brackets, its extents, its element type (and what it computes in where that
-// differs); `(dead)` where the root does not read it, `<- root` at the root.
+// differs); `(dead)` where no root reads it, `<- root` at the root (`<- root 1`, `<- root 2`,
+// ... at program::other_roots, whose destinations are 1, 2, ...).
 inline std::string to_text(const program& p) {
     std::ostringstream out;
     const std::vector<char> live = printing::live_steps(p);
@@ -267,6 +301,9 @@ inline std::string to_text(const program& p) {
         if (s.computes_in != s.type) out << " computes in " << name_of(s.computes_in);
         if (!live[id]) out << "  (dead)";
         if (id == p.root) out << "  <- root";
+        for (std::size_t r = 0; r < p.other_roots.size(); ++r) {
+            if (id == p.other_roots[r]) out << "  <- root " << r + 1;
+        }
         out << '\n';
     }
     return out.str();

@@ -51,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -194,16 +195,25 @@ public:
     // `bindings` give the layouts of the program's tensors, `destination` that of the memory
     // its value goes to, whose elements are of `destination_type`: the program's type, or bf16,
     // into which the plan then rounds the value (planner_options::read_bf16 only: the
-    // backend's kernels write bf16). No memory is read.
+    // backend's kernels write bf16). `other_destinations`: those of the values of
+    // program::other_roots, in order (destinations 1, 2, ...), of the program's type. No
+    // memory is read.
     planner(const program& p, const std::vector<binding>& bindings, const layout& destination, element_type destination_type,
-            planner_options options, plan& out)
+            planner_options options, plan& out, std::span<const layout> other_destinations = {})
         : steps_(p.steps), attentions_(p.attentions), bindings_(bindings), options_(options), plan_(out),
           computes_in_(p.steps.empty() ? destination_type : p.steps[p.root].computes_in) {
         plan_.clear(steps_.size());
         plan_.destination_type = destination_type;
         const place out_to{memory_kind::destination, 0, destination, destination_type};
+        if (other_destinations.size() != p.other_roots.size() || (!p.other_roots.empty() && destination_type != computes_in_)) {
+            throw std::logic_error("dimsum: planner: the destinations do not match the program's roots");
+        }
         if (destination_type == computes_in_) {
-            write(p.root, out_to);
+            // each root into its destination, where the roots after it read it if they do
+            write_part(p.root, out_to);
+            for (std::size_t r = 0; r < p.other_roots.size(); ++r) {
+                write_part(p.other_roots[r], {memory_kind::destination, r + 1, other_destinations[r], computes_in_});
+            }
             return;
         }
         if (destination_type != element_type::bf16 || !options.read_bf16) {
@@ -507,8 +517,8 @@ private:
                                                 : slice(dst.where, s.axis, s.index, value.extents[s.axis], s.spacing);
         write_part(s.operands[0], seen_as(dst, part));
     }
-    // Step id's value into `part`, a part of a join's memory, where a later reader finds it;
-    // a value computed already is copied there.
+    // Step id's value into `part` (a part of a join's memory, or a root's destination), where
+    // a later reader finds it; a value computed already is copied there.
     void write_part(std::size_t id, const place& part) {
         if (plan_.placed[id]) return write_fused(id, part);
         write(id, part);
@@ -529,7 +539,10 @@ private:
         std::size_t product = steps_[id].epilogue;
         if (product != no_step && (plan_.placed[product] || (bf16_dst && !is_dense(dst.where)))) product = no_step;
         const std::size_t first_leaf = plan_.leaves.size();
-        find_leaves(steps_, id, plan_.leaves);
+        find_leaves(steps_, id, plan_.leaves, &plan_.placed);
+        if (product != no_step && std::find(plan_.leaves.begin() + first_leaf, plan_.leaves.end(), product) == plan_.leaves.end()) {
+            product = no_step;  // a value computed already stands between the formula and its product
+        }
         product_operands how;
         bool operands_placed = false;
         for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {  // in the formula's order
@@ -585,13 +598,15 @@ private:
             if (plan_.formula_steps[k] == id) return k;
         }
         const step& s = steps_[id];
+        // a function of its operands, unless an entry computed its value already (find_leaves)
+        const bool function = s.kind == step_kind::elementwise && !plan_.placed[id];
         std::array<std::size_t, max_operands> operands{};  // a function's, planned first
-        if (s.kind == step_kind::elementwise) {
+        if (function) {
             for (std::size_t o = 0; o < s.operand_count; ++o) operands[o] = add_node(s.operands[o], kernel_value, rank, first);
         }
         // Written where it stays, field by field (small: an input's place is in plan::inputs).
         formula_node& node = plan_.nodes.emplace_back();
-        if (s.kind == step_kind::elementwise) {
+        if (function) {
             node.what = formula_node::kind::function;
             node.op = s.op;
             node.map = s.index;
@@ -674,13 +689,15 @@ inline void fold_product_batches(plan& pl) {
 }
 
 // The plan of program p over memory of these layouts, into `out` (cleared first), writing its
-// value into memory of `destination_type`: the program passes the options ask for rewrite p
+// value into memory of `destination_type` (and those of its other roots into memory of the
+// program's type laid out as `other_destinations`): the program passes the options ask for rewrite p
 // (passes.hpp), the planner places its values, and each product's batch is folded where it
 // can be. With `passes_text`: p as lowered and after each pass is appended there (explain).
 inline void make_plan(program& p, const std::vector<binding>& bindings, const layout& destination,
-                      element_type destination_type, planner_options options, plan& out, std::string* passes_text = nullptr) {
+                      element_type destination_type, planner_options options, plan& out, std::string* passes_text = nullptr,
+                      std::span<const layout> other_destinations = {}) {
     run_program_passes(p, options, passes_text);
-    planner(p, bindings, destination, destination_type, options, out);
+    planner(p, bindings, destination, destination_type, options, out, other_destinations);
     fold_product_batches(out);
 }
 

@@ -149,6 +149,9 @@ struct attention_match {
 struct program {
     std::vector<step> steps;
     std::size_t root = 0;           // the step whose value the program computes
+    // the steps whose values it computes besides, each into its own destination (1, 2, ...):
+    // the gradients of a parameter struct (nn/gradients.hpp), planned with the root
+    std::vector<std::size_t> other_roots;
     std::size_t binding_count = 0;
     std::vector<host_function> functions;  // of its map steps
     std::vector<attention_match> attentions;  // of its attention steps
@@ -169,6 +172,7 @@ struct program {
     void clear() {
         steps.clear();
         root = 0;
+        other_roots.clear();
         binding_count = 0;
         functions.clear();
         attentions.clear();

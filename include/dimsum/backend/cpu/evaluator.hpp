@@ -8,6 +8,7 @@
 // once in dimsum::kernels where the program links it, else here with the kernels.
 
 #include <cstddef>
+#include <span>
 #include <string>
 #include <type_traits>
 
@@ -78,6 +79,26 @@ public:
             run_into(e, evaluation::to_strided(dst));
         } catch (...) {
             memory.abandon();  // the thread as it was before, whatever failed
+            throw;
+        }
+        memory.finish();
+    }
+
+    // Lowers a program with lower(program, bindings), which sets its root and other roots, then
+    // computes the root into `destination` and each of program::other_roots into `others`, in
+    // order, planned as one program: the gradients of a parameter struct (nn/gradients.hpp).
+    // Every elementwise function's block is at hand: the steps are not a formula's.
+    template <class T, class Lower>
+    void run_program(Lower&& lower, const evaluation::strided<T>& destination, std::span<const evaluation::strided<T>> others) {
+        temporaries& memory = thread_temporaries();
+        try {
+            auto& s = detail::state<T>::of_this_thread();
+            lower(s.program, s.bindings);
+            s.blocks = every_block<T>();
+            detail::plan_and_run<T>(s, destination.where, evaluation::element_type_of<T>(), static_cast<void*>(destination.data),
+                                    planning(), others);
+        } catch (...) {
+            memory.abandon();
             throw;
         }
         memory.finish();

@@ -26,6 +26,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -52,9 +53,10 @@ template <class T>
 class executor {
 public:
     // `destination`: where the plan's destination layout starts, of T, or of bf16 where the
-    // plan rounds into it (plan::destination_type).
-    executor(state<T>& s, void* destination) : s_(s), memory_(s.memory) {
-        memory_.destination = reinterpret_cast<std::uintptr_t>(destination);
+    // plan rounds into it (plan::destination_type); `others`: the other roots' (of T).
+    executor(state<T>& s, void* destination, std::span<const evaluation::strided<T>> others = {}) : s_(s), memory_(s.memory) {
+        memory_.destinations.assign(1, reinterpret_cast<std::uintptr_t>(destination));
+        for (const evaluation::strided<T>& other : others) memory_.destinations.push_back(reinterpret_cast<std::uintptr_t>(other.data));
     }
 
     void run() {
@@ -312,9 +314,11 @@ private:
 
 template <class T>
 void plan_and_run(state<T>& s, const evaluation::layout& destination, evaluation::element_type destination_type, void* memory,
-                  const evaluation::planner_options& options) {
-    evaluation::make_plan(s.program, s.bindings, destination, destination_type, options, s.plan);
-    executor<T>(s, memory).run();
+                  const evaluation::planner_options& options, std::span<const evaluation::strided<T>> others) {
+    s.other_destinations.clear();
+    for (const evaluation::strided<T>& other : others) s.other_destinations.push_back(other.where);
+    evaluation::make_plan(s.program, s.bindings, destination, destination_type, options, s.plan, nullptr, s.other_destinations);
+    executor<T>(s, memory, others).run();
 }
 
 }  // namespace dimsum::backend::cpu::detail

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstddef>
+#include <span>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -497,6 +498,7 @@ struct state {
     evaluation::bound_memory memory;  // the plan's places bound to this evaluation's memory (temporaries: T, or bf16)
     fused_program<T> fused;
     std::size_t in_place_input = no_input;  // which of fused.inputs reads the destination (or the scores tile), if one does
+    std::vector<evaluation::layout> other_destinations;  // of program::other_roots, kept for their capacity
 
     static state& of_this_thread() {
         thread_local state s;
@@ -506,10 +508,11 @@ struct state {
 
 // Plans s.program (with s.bindings) for a destination laid out as `destination` and runs the
 // plan, writing `memory` (of destination_type: T, or bf16), each elementwise function by its
-// block in s.blocks. The part of an evaluation that does not depend on the formula.
+// block in s.blocks; and the values of program::other_roots into `others`, in order. The part
+// of an evaluation that does not depend on the formula.
 template <class T>
 void plan_and_run(state<T>& s, const evaluation::layout& destination, evaluation::element_type destination_type, void* memory,
-                  const evaluation::planner_options& options);
+                  const evaluation::planner_options& options, std::span<const evaluation::strided<T>> others = {});
 
 }  // namespace detail
 

@@ -71,7 +71,7 @@ public:
         const bool rounds = type != type_;
         const device_array computed = rounds ? device_array{address_of(allocate(c_, n * sizeof(T))), type_, evaluation::row_major(where.rank, where.extents)}
                                              : value;
-        memory_.destination = computed.address;
+        memory_.destinations.assign(1, computed.address);
         for (const entry& e : plan_.entries) run(e);
         if (rounds && n != 0) copy(computed, value);  // stores bf16
         return value;

@@ -8,6 +8,7 @@
 // Planning and running do not depend on the formula: dimsum::kernels holds them compiled for
 // float and double (src/kernels.cpp) where the program links it.
 
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -20,10 +21,12 @@
 
 namespace dimsum::backend::reference {
 
-// Plans the program without fusion and runs the plan into `destination` (interpreter.hpp).
+// Plans the program without fusion and runs the plan into `destination`, and the values of
+// program::other_roots into `others` (interpreter.hpp).
 template <class T>
 void plan_and_interpret(evaluation::program& p, const std::vector<evaluation::binding>& bindings,
-                        const evaluation::strided<T>& destination, const evaluation::planner_options& options);
+                        const evaluation::strided<T>& destination, const evaluation::planner_options& options,
+                        std::span<const evaluation::strided<T>> others = {});
 
 }  // namespace dimsum::backend::reference
 
@@ -54,6 +57,17 @@ public:
         } else {
             run_computing(e, dst);
         }
+    }
+
+    // Lowers a program with lower(program, bindings), which sets its root and other roots, then
+    // computes the root into `destination` and each of program::other_roots into `others`, in
+    // order, planned as one program (nn/gradients.hpp).
+    template <class T, class Lower>
+    void run_program(Lower&& lower, const evaluation::strided<T>& destination, std::span<const evaluation::strided<T>> others) {
+        evaluation::program program;
+        std::vector<evaluation::binding> bindings;
+        lower(program, bindings);
+        plan_and_interpret<T>(program, bindings, destination, planning, others);
     }
 
     // The plan run(e, ...) follows for a new tensor of e's shape, as text (evaluation/explain.hpp).

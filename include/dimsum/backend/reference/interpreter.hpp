@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -30,9 +31,10 @@ template <class T>
 class interpreter {
 public:
     interpreter(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
-                const evaluation::plan& pl, const strided<T>& destination)
+                const evaluation::plan& pl, const strided<T>& destination, std::span<const strided<T>> others = {})
         : program_(p), steps_(p.steps), bindings_(bindings), plan_(pl) {
-        memory_.destination = reinterpret_cast<std::uintptr_t>(destination.data);
+        memory_.destinations.assign(1, reinterpret_cast<std::uintptr_t>(destination.data));
+        for (const strided<T>& other : others) memory_.destinations.push_back(reinterpret_cast<std::uintptr_t>(other.data));
     }
 
     void run() {
@@ -146,10 +148,14 @@ private:
 
 template <class T>
 void plan_and_interpret(evaluation::program& p, const std::vector<evaluation::binding>& bindings,
-                        const strided<T>& destination, const evaluation::planner_options& options) {
+                        const strided<T>& destination, const evaluation::planner_options& options,
+                        std::span<const strided<T>> others) {
     evaluation::plan plan;
-    evaluation::make_plan(p, bindings, destination.where, evaluation::element_type_of<T>(), options, plan);
-    interpreter<T>(p, bindings, plan, destination).run();
+    std::vector<evaluation::layout> other_destinations;
+    for (const strided<T>& other : others) other_destinations.push_back(other.where);
+    evaluation::make_plan(p, bindings, destination.where, evaluation::element_type_of<T>(), options, plan, nullptr,
+                          other_destinations);
+    interpreter<T>(p, bindings, plan, destination, others).run();
 }
 
 }  // namespace dimsum::backend::reference
