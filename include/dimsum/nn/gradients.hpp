@@ -1,0 +1,212 @@
+#pragma once
+// The gradients of a loss with respect to every parameter of a parameter struct
+// (nn/parameter_struct.hpp), as a struct of the same type: one program computes the loss and
+// every gradient, so what they share (the forward, and the adjoints of the steps above the
+// parameters) is computed once, and the gradients are planned together.
+//
+//   ds::backward(loss, params, grads);          // grads := d loss / d params; returns the loss
+//   block g = ds::gradients(loss, params);      // the same, into a new struct
+//
+// A parameter the loss does not read gets a gradient of zeros.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "dimsum/backend/default.hpp"
+#include "dimsum/evaluation/assign.hpp"
+#include "dimsum/evaluation/differentiate.hpp"
+#include "dimsum/evaluation/lower.hpp"
+#include "dimsum/nn/parameter_struct.hpp"
+#include "dimsum/shape/conform.hpp"
+
+namespace dimsum {
+
+namespace detail {
+
+// A program's memory and steps for the gradients of a struct, kept for their capacity.
+template <class T>
+struct struct_gradients {
+    std::vector<std::vector<std::size_t>> extents;   // of each tensor differentiated
+    std::vector<evaluation::strided<T>> destinations;  // each gradient's memory
+    std::vector<std::size_t> leaf_steps, leaves, gradients;  // the parameters' steps and bindings, the gradients' steps
+};
+
+template <class T>
+inline constexpr bool is_tuple = false;
+template <class... T>
+inline constexpr bool is_tuple<std::tuple<T...>> = true;
+
+// Calls f(name, tensor) for each tensor of `leaves`, with their own constness: a tensor, a
+// parameter struct (its tensors, optional ones where set), or a std::tuple of either
+// (std::tie(x, params)), in order.
+template <class Leaves, class F>
+void for_each_tensor(Leaves& leaves, F&& f) {
+    using L = std::remove_const_t<Leaves>;
+    if constexpr (is_tensor<L>::value) {
+        f(std::string("x"), leaves);
+    } else if constexpr (is_tuple<L>) {
+        std::apply([&](auto&... each) { (for_each_tensor(each, f), ...); }, leaves);
+    } else {
+        auto present = [&]<class M>(const std::string& name, M& member) {
+            if constexpr (parameters::is_optional<std::remove_const_t<M>>) {
+                if (member) f(name, *member);
+            } else {
+                f(name, member);
+            }
+        };
+        parameters::for_each(leaves, "", present);
+    }
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// Checks that `grads` holds a tensor for each of `leaves`' (for_each_tensor's order), of the
+// same extents, none overlapping memory `output` reads; lists their memory in state.destinations.
+template <class T, class Output, class Leaves, class Grads>
+void match_gradients(const Output& output, const Leaves& leaves, Grads& grads, struct_gradients<T>& state, const char* op) {
+    state.extents.clear();
+    state.destinations.clear();
+    for_each_tensor(leaves, [&]<class M>(const std::string&, const M& leaf) {
+        static_assert(std::is_same_v<std::remove_const_t<typename M::value_type>, T>,
+                      "dimsum: backward: every tensor differentiated holds the formula's element type");
+        auto e = leaf.shape().extents();
+        state.extents.emplace_back(e.begin(), e.end());
+    });
+    for_each_tensor(grads, [&]<class M>(const std::string& name, M& gradient) {
+        const std::size_t i = state.destinations.size();
+        auto e = gradient.shape().extents();
+        if (i >= state.extents.size() || !std::equal(e.begin(), e.end(), state.extents[i].begin(), state.extents[i].end())) {
+            throw std::invalid_argument(std::string("dimsum: ") + op + ": the gradients' " + name +
+                                        " does not match its parameter (ds::gradients makes a matching struct)");
+        }
+        if (evaluation::reads(output, evaluation::reach_of(gradient.view()))) {
+            throw std::invalid_argument(std::string("dimsum: ") + op + ": the gradients' " + name + " overlaps memory the formula reads");
+        }
+        state.destinations.push_back(evaluation::to_strided(gradient.view()));
+    });
+    if (state.destinations.size() != state.extents.size()) {
+        throw std::invalid_argument(std::string("dimsum: ") + op + ": the gradients' struct does not hold a tensor for every parameter");
+    }
+}
+
+// Throws unless no binding but `leaf` overlaps leaf's memory: a tensor the formula reads that
+// shares memory with a leaf, but that no views of the leaf express, would leave the leaf's
+// gradient zeros where it is not.
+inline void check_not_read_through_a_view(const std::vector<evaluation::binding>& bindings, std::size_t leaf) {
+    auto reach = [](const evaluation::binding& b) {
+        const std::size_t size = evaluation::size_of(b.type);
+        const auto range = ::dimsum::detail::reach(b.where.extents.data(), b.where.strides.data(), b.where.rank);
+        const auto base = reinterpret_cast<std::uintptr_t>(b.data) + static_cast<std::uintptr_t>(b.where.offset * std::ptrdiff_t(size));
+        if (!range) return evaluation::byte_range{0, UINTPTR_MAX};
+        return evaluation::byte_range{base + static_cast<std::uintptr_t>(range->first * std::ptrdiff_t(size)),
+                                      base + static_cast<std::uintptr_t>(range->second * std::ptrdiff_t(size))};
+    };
+    const evaluation::byte_range of_leaf = reach(bindings[leaf]);
+    for (std::size_t b = 0; b < bindings.size(); ++b) {
+        if (b != leaf && reach(bindings[b]).overlaps(of_leaf)) {
+            throw std::invalid_argument("dimsum: backward: the formula reads a view of a tensor it differentiates that no "
+                                        "transpose, select, slice or view of it expresses: differentiate with respect to that view");
+        }
+    }
+}
+
+// Lowers `output` into p, its tensors of `leaves` first (a view of one lowers to views of its
+// step), then `cotangent` and the reverse sweep: state.gradients, one step per leaf (zeros for
+// a leaf output does not read). Returns output's step.
+template <class T, class Output, class Cotangent, class Leaves>
+std::size_t lower_gradients(evaluation::program& p, std::vector<evaluation::binding>& bindings, const Output& output,
+                            const Cotangent& cotangent, const Leaves& leaves, struct_gradients<T>& state) {
+    p.clear();
+    bindings.clear();
+    state.leaf_steps.clear();
+    state.leaves.clear();
+    for_each_tensor(leaves, [&](const std::string&, const auto& leaf) {
+        const std::size_t id = evaluation::lower_step<T>(leaf.view(), p, bindings);
+        state.leaf_steps.push_back(id);
+        state.leaves.push_back(p.steps[id].binding);
+    });
+    p.differentiated = state.leaf_steps;
+    const std::size_t root = evaluation::lower_step<T>(output, p, bindings);
+    p.differentiated.clear();
+    const std::size_t seed = evaluation::lower_step<T>(cotangent, p, bindings);
+    evaluation::differentiate(p, root, seed, state.leaves, state.gradients);
+    evaluation::differentiation::builder steps(p, p.steps[root].computes_in);
+    for (std::size_t i = 0; i < state.gradients.size(); ++i) {
+        if (state.gradients[i] != evaluation::no_step) continue;
+        check_not_read_through_a_view(bindings, state.leaves[i]);
+        const std::size_t zero = steps.number(0);  // not read at all: zeros
+        const evaluation::step leaf = p.steps[state.leaf_steps[i]];
+        state.gradients[i] = steps.expand(zero, leaf);
+    }
+    p.binding_count = bindings.size();
+    return root;
+}
+
+}  // namespace detail
+
+// grads := the gradient of `loss` (a formula of no axes, of float or double) with respect to
+// each tensor of `params`: a parameter struct, a tensor, or a std::tuple of them
+// (std::tie(x, params)); `grads` holds tensors of the same extents in the same order (a struct
+// of the same type: ds::gradients makes one), which do not overlap the formula's memory.
+// Returns the loss's value. One evaluation on `backend` (the CPU backend, or the reference
+// backend): the loss is the program's root, each gradient another root, planned together.
+template <class Loss, class Params, class Grads, class Backend = default_backend>
+auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend backend = {}) {
+    using T = value_type_of<Loss>;
+    static_assert(shape_of<Loss>::rank == 0, "dimsum: backward: the loss must be a formula of no axes (a scalar): sum it");
+    static_assert(floating_element<T>, "dimsum: backward: a loss of float or double (bf16 parameters: not yet)");
+    thread_local detail::struct_gradients<T> state;  // kept for its capacity
+    detail::match_gradients(loss, params, grads, state, "backward");
+    auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
+        p.root = detail::lower_gradients<T>(p, bindings, loss, expr::scalar<T>{1, {}}, params, state);
+        p.other_roots = state.gradients;
+    };
+    T value{};
+    const evaluation::strided<T> loss_value{&value, evaluation::row_major(0, {})};
+    backend.run_program(lower, loss_value, std::span<const evaluation::strided<T>>(state.destinations));
+    return value;
+}
+
+// grads := the vector-Jacobian products of `output` (any formula of float or double) with
+// respect to each tensor of `leaves` (as for backward), given `cotangent`, a formula of
+// output's shape: one layer's backward, from the gradient of what the layer computed, in
+// one program. E.g. backward_from(layer(x), dy, std::tie(x, params), std::tie(dx, grads)).
+template <class Output, class Cotangent, class Leaves, class Grads, class Backend = default_backend>
+void backward_from(const Output& output, const Cotangent& cotangent, const Leaves& leaves, Grads&& grads, Backend backend = {}) {
+    using T = value_type_of<Output>;
+    static_assert(floating_element<T>, "dimsum: backward_from: a formula of float or double (bf16: not yet)");
+    constexpr message shapes = ::dimsum::detail::conform_error<shape_of<Output>, shape_of<Cotangent>>("backward_from");
+    static_assert(shapes.length == 0, "dimsum: backward_from: the cotangent has other axes than the formula");
+    if (output.shape().extents() != cotangent.shape().extents()) {
+        throw shape_error("dimsum: backward_from: the cotangent's extents are not the formula's");
+    }
+    thread_local detail::struct_gradients<T> state;
+    detail::match_gradients(output, leaves, grads, state, "backward_from");
+    if (state.destinations.empty()) return;
+    auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
+        detail::lower_gradients<T>(p, bindings, output, cotangent, leaves, state);
+        p.root = state.gradients[0];
+        p.other_roots.assign(state.gradients.begin() + 1, state.gradients.end());
+    };
+    backend.run_program(lower, state.destinations[0],
+                        std::span<const evaluation::strided<T>>(state.destinations).subspan(1));
+}
+
+// The gradients of `loss` with respect to the tensors of `params`, as a new struct of the same
+// type (ds::backward into it).
+template <class Loss, class Params, class Backend = default_backend>
+Params gradients(const Loss& loss, const Params& params, Backend backend = {}) {
+    Params grads = params;  // the same extents (and optional members set alike); overwritten
+    backward(loss, params, grads, backend);
+    return grads;
+}
+
+}  // namespace dimsum
