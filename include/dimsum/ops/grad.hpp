@@ -107,7 +107,7 @@ auto grad(F&& f, X&& x) {
             }();
             return fail<not_scalar>();
         } else {
-            return detail::make_gradient(std::forward<F>(f), std::forward<X>(x), expr::scalar<value_type_of<F>>{1});
+            return detail::make_gradient(std::forward<F>(f), std::forward<X>(x), expr::scalar<value_type_of<F>>{1, {}});
         }
     }
 }
