@@ -44,7 +44,10 @@ fuzz() {  # fuzz NAME SEED_FILES...
     shift
     rm -rf "build-fuzz/$name/seeds"
     mkdir -p "build-fuzz/$name/corpus" "build-fuzz/$name/seeds"
-    cp "$@" "build-fuzz/$name/seeds/"
+    local seed
+    for seed in "$@"; do  # each under its path, so that files of one name in two folders both seed
+        cp "$seed" "build-fuzz/$name/seeds/$(echo "$seed" | tr / _)"
+    done
     clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iinclude \
         "tests/fuzz/$name.cpp" -o "build-fuzz/$name/$name"
     # Memory: an input of 8 KiB may claim a deflated member of 8.5 MB (deflate's 1032-fold) or
