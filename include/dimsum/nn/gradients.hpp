@@ -6,6 +6,7 @@
 //
 //   ds::backward(loss, params, grads);          // grads := d loss / d params; returns the loss
 //   block g = ds::gradients(loss, params);      // the same, into a new struct
+//   ds::backward_from(layer(x), dy, std::tie(x, params), std::tie(dx, grads));  // one layer's
 //
 // A parameter the loss does not read gets a gradient of zeros.
 
@@ -63,10 +64,6 @@ void for_each_tensor(Leaves& leaves, F&& f) {
         parameters::for_each(leaves, "", present);
     }
 }
-
-}  // namespace detail
-
-namespace detail {
 
 // Checks that `grads` holds a tensor for each of `leaves`' (for_each_tensor's order), of the
 // same extents, none overlapping memory `output` reads; lists their memory in state.destinations.
