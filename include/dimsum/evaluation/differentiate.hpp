@@ -53,11 +53,7 @@ public:
 
     std::size_t add(step s) {
         s.type = s.computes_in = type_;
-        for (std::size_t id = 0; id < p_.steps.size(); ++id) {
-            if (p_.steps[id] == s) return id;
-        }
-        p_.steps.push_back(s);
-        return p_.steps.size() - 1;
+        return add_step(p_, s);
     }
 
     std::size_t number(double value) {

@@ -240,11 +240,7 @@ std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
                 if (view != no_step) return view;
             }
         }
-        for (std::size_t id = 0; id < p.steps.size(); ++id) {
-            if (p.steps[id] == s) return id;
-        }
-        p.steps.push_back(s);
-        return p.steps.size() - 1;
+        return add_step(p, s);
     }
 }
 

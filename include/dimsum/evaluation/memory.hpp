@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -21,6 +22,13 @@ struct bound_memory {
     std::vector<std::uintptr_t> temporaries;  // where each of plan::temporaries starts
     // where each destination's element 0 lies: the root's, then those of program::other_roots
     std::vector<std::uintptr_t> destinations;
+
+    // The destinations: the root's memory, then each other root's (program::other_roots).
+    template <class T>
+    void bind_destinations(std::uintptr_t root, std::span<const strided<T>> others) {
+        destinations.assign(1, root);
+        for (const strided<T>& other : others) destinations.push_back(reinterpret_cast<std::uintptr_t>(other.data));
+    }
 
     // Each binding's own memory (host memory, or a GPU's where the binding is on the device).
     void bind(const std::vector<binding>& from) {

@@ -465,8 +465,7 @@ private:
                 add(entry_kind::indices, id, dst).causal = s.kind == step_kind::causal_mask;
                 return;
             case step_group::join:
-                if (s.kind == step_kind::gather) return gather(id, dst);
-                if (s.kind == step_kind::scatter) return scatter(id, dst);
+                if (s.kind == step_kind::gather || s.kind == step_kind::scatter) return index_by_ids(id, dst);
                 if (s.kind == step_kind::embed) return embed(id, dst);
                 return concatenate(id, dst);
             case step_group::view:
@@ -482,18 +481,12 @@ private:
         }
     }
 
-    void gather(std::size_t id, const place& dst) {  // the table; the ids where they are, as integers
-        const step& s = steps_[id];
-        const place table = value(s.operands[0]);
-        entry& e = add(entry_kind::gather, id, dst);
-        e.axis = s.axis;
-        set_operands(e, table, binding_place(steps_[s.operands[1]].binding));
-    }
-
-    void scatter(std::size_t id, const place& dst) {  // the values; the ids where they are, as integers
+    // A gather (or a scatter, its adjoint) entry: the table (the values) as a value; the ids
+    // where they are, as integers.
+    void index_by_ids(std::size_t id, const place& dst) {
         const step& s = steps_[id];
         const place values = value(s.operands[0]);
-        entry& e = add(entry_kind::scatter, id, dst);
+        entry& e = add(s.kind == step_kind::gather ? entry_kind::gather : entry_kind::scatter, id, dst);
         e.axis = s.axis;
         set_operands(e, values, binding_place(steps_[s.operands[1]].binding));
     }

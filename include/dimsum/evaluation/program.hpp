@@ -181,6 +181,17 @@ struct program {
     }
 };
 
+// Step s appended to p, unless p has the same computation already (steps are pure): the index
+// of the step that computes it. Lowering and differentiation append through it, so that a
+// sub-formula or an adjoint used twice is computed once.
+inline std::size_t add_step(program& p, const step& s) {
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+        if (p.steps[id] == s) return id;
+    }
+    p.steps.push_back(s);
+    return p.steps.size() - 1;
+}
+
 // What fills a binding when a program runs: memory of an element type, seen through a layout.
 struct binding {
     const void* data = nullptr;

@@ -54,14 +54,7 @@ void for_each_tensor(Leaves& leaves, F&& f) {
     } else if constexpr (is_tuple<L>) {
         std::apply([&](auto&... each) { (for_each_tensor(each, f), ...); }, leaves);
     } else {
-        auto present = [&]<class M>(const std::string& name, M& member) {
-            if constexpr (parameters::is_optional<std::remove_const_t<M>>) {
-                if (member) f(name, *member);
-            } else {
-                f(name, member);
-            }
-        };
-        parameters::for_each(leaves, "", present);
+        parameters::for_each_present(leaves, "", f);
     }
 }
 

@@ -46,21 +46,12 @@ template <class T, class Layer>
 void collect(Layer& layer, flat_tensors<T>& out) {
     out.data.clear();
     out.sizes.clear();
-    auto add = [&]<class M>(const std::string& name, M& member) {
+    ::dimsum::detail::parameters::for_each_present(layer, "", [&]<class M>(const std::string&, M& member) {
         using V = std::remove_const_t<typename M::value_type>;
         static_assert(std::is_same_v<V, T>, "dimsum: an optimizer's parameters, gradients and state hold one element type");
         out.data.push_back(const_cast<T*>(member.data()));
         out.sizes.push_back(member.size());
-        (void)name;
-    };
-    auto present = [&]<class M>(const std::string& name, M& member) {
-        if constexpr (::dimsum::detail::parameters::is_optional<std::remove_const_t<M>>) {
-            if (member) add(name, *member);
-        } else {
-            add(name, member);
-        }
-    };
-    ::dimsum::detail::parameters::for_each(layer, "", present);
+    });
 }
 
 // f(i) for every i in [0, n), on the team's threads where n is large.
@@ -82,15 +73,7 @@ void check_alike(const flat_tensors<T>& a, const flat_tensors<T>& b, const char*
 template <class Params>
 Params zeros_like(const Params& like) {
     Params zeros = like;
-    auto clear = [](const std::string&, auto& member) { member.fill(0); };
-    auto present = [&]<class M>(const std::string& name, M& member) {
-        if constexpr (::dimsum::detail::parameters::is_optional<M>) {
-            if (member) clear(name, *member);
-        } else {
-            clear(name, member);
-        }
-    };
-    ::dimsum::detail::parameters::for_each(zeros, "", present);
+    ::dimsum::detail::parameters::for_each_present(zeros, "", [](const std::string&, auto& member) { member.fill(0); });
     return zeros;
 }
 

@@ -61,11 +61,11 @@ void for_each(Layer& layer, const std::string& prefix, F& f) {
 }
 
 // Calls f(name, tensor) for each tensor the layer holds: its plain tensors and its optional
-// ones that are set.
+// ones that are set, with the layer's own constness.
 template <class Layer, class F>
-void for_each_present(const Layer& layer, const std::string& prefix, F& f) {
-    auto present = [&]<class M>(const std::string& name, const M& member) {
-        if constexpr (is_optional<M>) {
+void for_each_present(Layer& layer, const std::string& prefix, F&& f) {
+    auto present = [&]<class M>(const std::string& name, M& member) {
+        if constexpr (is_optional<std::remove_const_t<M>>) {
             if (member) f(name, *member);
         } else {
             f(name, member);

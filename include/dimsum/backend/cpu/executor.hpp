@@ -55,8 +55,7 @@ public:
     // `destination`: where the plan's destination layout starts, of T, or of bf16 where the
     // plan rounds into it (plan::destination_type); `others`: the other roots' (of T).
     executor(state<T>& s, void* destination, std::span<const evaluation::strided<T>> others = {}) : s_(s), memory_(s.memory) {
-        memory_.destinations.assign(1, reinterpret_cast<std::uintptr_t>(destination));
-        for (const evaluation::strided<T>& other : others) memory_.destinations.push_back(reinterpret_cast<std::uintptr_t>(other.data));
+        memory_.bind_destinations(reinterpret_cast<std::uintptr_t>(destination), others);
     }
 
     void run() {

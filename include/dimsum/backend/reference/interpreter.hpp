@@ -33,8 +33,7 @@ public:
     interpreter(const evaluation::program& p, const std::vector<evaluation::binding>& bindings,
                 const evaluation::plan& pl, const strided<T>& destination, std::span<const strided<T>> others = {})
         : program_(p), steps_(p.steps), bindings_(bindings), plan_(pl) {
-        memory_.destinations.assign(1, reinterpret_cast<std::uintptr_t>(destination.data));
-        for (const strided<T>& other : others) memory_.destinations.push_back(reinterpret_cast<std::uintptr_t>(other.data));
+        memory_.bind_destinations(reinterpret_cast<std::uintptr_t>(destination.data), others);
     }
 
     void run() {
