@@ -16,6 +16,7 @@ namespace dimsum::backend::cpu {
                                           std::span<const evaluation::strided<T>>);                                \
     template void gemm<T>(const gemm_problem<T>&, const gemm_epilogue&);                                           \
     template void attention<T>(const attention_problem<T>&);                                                       \
+    template void attention_gradient<T>(const attention_gradient_problem<T>&);                                     \
     template void run_fused<T>(const fused_program<T>&, const strided<T>&, bool, const box*,              \
                                const rounded_memory<T>&);                                                          \
     template void prepare_fused<T>(const fused_program<T>&);                                                       \

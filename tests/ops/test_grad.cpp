@@ -332,3 +332,106 @@ TEST_CASE("grad's errors: a tensor the formula does not read, and one plan for t
     INFO(plan);
     CHECK(plan.find("1 entry") != std::string::npos);
 }
+
+namespace {
+
+using KvHeads = ds::axis<"kv_heads">;
+using Group = ds::axis<"group">;
+using Query = ds::axis<"query">;
+using Key = ds::axis<"key">;
+using Head = ds::axis<"head">;
+
+// Grouped-query attention's operands: 3 query heads per key/value head, keys and values
+// broadcast over the group; `w` weighs the output into a loss.
+template <class T>
+struct attention_operands {
+    ds::tensor<T, Batch, KvHeads, Group, Query, Head> q, w;
+    ds::tensor<T, Batch, KvHeads, Group, Key, Head> k, v;
+    attention_operands(std::size_t queries, std::size_t keys, std::size_t head, std::uint64_t seed)
+        : q(random_tensor<T>(seed, -1.0, 1.0, Batch{2}, KvHeads{2}, Group{3}, Query{queries}, Head{head})),
+          w(random_tensor<T>(seed + 1, -1.0, 1.0, Batch{2}, KvHeads{2}, Group{3}, Query{queries}, Head{head})),
+          k(random_tensor<T>(seed + 2, -1.0, 1.0, Batch{2}, KvHeads{2}, Group{1}, Key{keys}, Head{head})),
+          v(random_tensor<T>(seed + 3, -1.0, 1.0, Batch{2}, KvHeads{2}, Group{1}, Key{keys}, Head{head})) {}
+};
+
+template <class F>
+auto total5(const F& f) {
+    return ds::sum<Batch>(ds::sum<KvHeads>(ds::sum<Group>(ds::sum<Query>(ds::sum<Head>(f)))));
+}
+
+// The gradients of `loss` for Q, K and V on the CPU backend, by the fused backward (1 and 2
+// threads), against the step-by-step gradients: the CPU backend's without fusion, and in
+// double the reference backend's. `fused`: whether the plan has the fused backward.
+template <class T, class Loss>
+void check_attention_gradients(attention_operands<T>& a, const Loss& loss, bool fused, double rtol, double atol) {
+    const std::string plan = ds::backend::cpu::evaluator{}.explain(ds::grad(loss, a.k));
+    INFO(plan);
+    CHECK((plan.find("attention_backward") != std::string::npos) == fused);
+    const ds::backend::cpu::evaluator step_by_step{.fuse_attention = false};
+    auto check = [&](auto& x) {
+        xt::xarray<double> want = test::to_xt(ds::eval(ds::grad(loss, x), step_by_step));
+        if constexpr (std::is_same_v<T, double>) {
+            test::require_close(ds::eval(ds::grad(loss, x), reference), want, 1e-12, 1e-13);
+        }
+        for (int threads : {1, 2}) {
+            INFO("threads=" << threads);
+            ds::set_num_threads(threads);
+            test::require_close(ds::eval(ds::grad(loss, x)), want, rtol, atol);
+        }
+    };
+    check(a.q);
+    check(a.k);
+    check(a.v);
+}
+
+}  // namespace
+
+TEST_CASE("the fused attention backward is the step-by-step gradient: odd lengths, causal, padded, grouped heads") {
+    constexpr float infinity = std::numeric_limits<float>::infinity();
+    const std::pair<std::size_t, std::size_t> lengths[] = {{1, 1}, {7, 7}, {33, 33}, {257, 257}, {7, 33}, {33, 7}, {100, 257}};
+    for (const auto& [queries, keys] : lengths) {
+        for (std::size_t head : {8, 17}) {
+            INFO("queries=" << queries << " keys=" << keys << " head=" << head);
+            attention_operands<float> a(queries, keys, head, queries * 100 + keys + head);
+            // padding: batch item 1 does not see its last key
+            ds::tensor<float, Batch, KvHeads, Group, Query, Key> padding(Batch{2}, KvHeads{1}, Group{1}, Query{1}, Key{keys});
+            padding.fill(0);
+            if (keys > 1) padding(1, 0, 0, 0, keys - 1) = -infinity;
+            auto scores = ds::matmul(a.q, ds::transpose(a.k)) / std::sqrt(float(head));
+            auto causal = ds::masked_fill(scores, ds::causal_mask(Query{queries}, Key{keys}), -infinity);
+            check_attention_gradients(a, total5(ds::matmul(ds::softmax(causal), a.v) * a.w), true, 1e-5, 2e-6);
+            check_attention_gradients(a, total5(ds::matmul(ds::softmax(scores * 2.0f + padding), a.v) * a.w), true, 1e-5, 2e-6);
+        }
+    }
+    // in double, against the reference backend too
+    for (std::size_t length : {1, 7, 33}) {
+        INFO("double, length=" << length);
+        attention_operands<double> a(length, length, 8, length);
+        auto scores = ds::matmul(a.q, ds::transpose(a.k)) * 0.3;
+        auto causal = ds::masked_fill(scores, ds::causal_mask(Query{length}, Key{length}), -std::numeric_limits<double>::infinity());
+        check_attention_gradients(a, total5(ds::matmul(ds::softmax(causal), a.v) * a.w), true, 1e-12, 1e-13);
+    }
+}
+
+TEST_CASE("the fused attention backward with NaN and infinity in every lane and tail of a query, and where it does not apply") {
+    for (std::size_t head : {16, 17}) {
+        for (std::size_t at = 0; at < head; ++at) {
+            for (float value : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+                INFO("head=" << head << " at=" << at << " value=" << value);
+                attention_operands<float> a(9, 9, head, at);
+                a.q(1, 0, 2, 4, at) = value;
+                auto scores = ds::matmul(a.q, ds::transpose(a.k)) * 0.25f;
+                check_attention_gradients(a, total5(ds::matmul(ds::softmax(scores), a.v) * a.w), true, 1e-5, 2e-6);
+            }
+        }
+    }
+    // Score functions whose derivative is not a number where a score has weight (a soft cap),
+    // and weights read by something else too: the gradients step by step, as differentiated.
+    attention_operands<float> a(7, 11, 8, 5);
+    auto scores = ds::matmul(a.q, ds::transpose(a.k)) * 0.25f;
+    check_attention_gradients(a, total5(ds::matmul(ds::softmax(ds::tanh(scores) * 3.0f), a.v) * a.w), false, 1e-5, 2e-6);
+    auto weights = ds::softmax(scores);
+    check_attention_gradients(a, total5(ds::matmul(weights, a.v) * a.w) + ds::sum<Batch>(ds::sum<KvHeads>(ds::sum<Group>(
+                                                                           ds::sum<Query>(ds::sum<Key>(weights * weights))))),
+                              false, 1e-5, 2e-6);
+}

@@ -18,11 +18,14 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <numbers>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <vector>
 
+#include "dimsum/evaluation/attention_pattern.hpp"
 #include "dimsum/evaluation/program.hpp"
 
 namespace dimsum::evaluation {
@@ -450,12 +453,113 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
             const std::size_t share = b.divide(g, b.reduce(step_kind::sum, holds, s.axis));
             return b.apply(op_code::where, holds, b.unreduce(share, operand, s.axis), b.number(0), &operand);
         }
-        case step_kind::attention:
+        case step_kind::attention: case step_kind::attention_gradient:
             throw std::logic_error("dimsum: differentiate: attention steps come from a pass, after differentiation");
         case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
             break;  // no operands
     }
     throw std::logic_error("dimsum: differentiate: a step without operands has no contribution");
+}
+
+
+// Whether the elementwise formula rooted at `id` reads step `target`.
+inline bool reads(const std::vector<step>& steps, std::size_t id, std::size_t target) {
+    if (id == target) return true;
+    const step& s = steps[id];
+    if (s.kind != step_kind::elementwise) return false;
+    for (std::size_t o = 0; o < s.operand_count; ++o) {
+        if (reads(steps, s.operands[o], target)) return true;
+    }
+    return false;
+}
+
+// The derivative of the score function f (the formula rooted at `f`) with respect to the
+// scores, where the softmax gives a score weight, if it is one number there: f is a path of
+// steps from its root to the scores, each read by nothing else (`readers`), through
+//     a + b, a - b      the other operand reading no score;
+//     a * c, a / c      c a number;
+//     where(m, x, -infinity), where(m, -infinity, x)   a mask: weight 0 where it takes -infinity;
+// and its other operands carry no gradient (`depends`), so that only Q, K and V have one.
+inline std::optional<double> score_slope(const std::vector<step>& steps, std::size_t f, std::size_t scores,
+                                         const std::vector<std::size_t>& readers, const std::vector<char>& depends) {
+    double slope = 1;
+    auto off_path = [&](std::size_t operand) { return !depends[operand] && !reads(steps, operand, scores); };
+    auto minus_infinity = [&](std::size_t operand) {
+        return steps[operand].kind == step_kind::number && steps[operand].number == -std::numeric_limits<double>::infinity();
+    };
+    for (std::size_t at = f; at != scores;) {
+        const step& s = steps[at];
+        if (s.kind != step_kind::elementwise || readers[at] != 1) return std::nullopt;
+        const std::size_t a = s.operands[0], b = s.operands[1];
+        switch (s.op) {
+            case op_code::add:
+                if (off_path(b)) at = a;
+                else if (off_path(a)) at = b;
+                else return std::nullopt;
+                break;
+            case op_code::subtract:
+                if (!off_path(b)) return std::nullopt;
+                at = a;
+                break;
+            case op_code::multiply:
+                if (steps[b].kind == step_kind::number) { slope *= steps[b].number; at = a; }
+                else if (steps[a].kind == step_kind::number) { slope *= steps[a].number; at = b; }
+                else return std::nullopt;
+                break;
+            case op_code::divide:
+                if (steps[b].kind != step_kind::number) return std::nullopt;
+                slope /= steps[b].number;
+                at = a;
+                break;
+            case op_code::where: {
+                const std::size_t x = s.operands[1], y = s.operands[2];
+                if (!off_path(a)) return std::nullopt;
+                if (minus_infinity(x)) at = y;
+                else if (minus_infinity(y)) at = x;
+                else return std::nullopt;
+                break;
+            }
+            default: return std::nullopt;
+        }
+    }
+    if (readers[scores] != 1) return std::nullopt;
+    return slope;
+}
+
+// The record of the attention whose value is matmul step `id` (attention_backward), if it
+// is one in the form a fused backward computes and nothing else reads its weights or scores;
+// its gradient products are filled in as the sweep makes them.
+inline std::optional<attention_backward> attention_backward_at(const program& p, std::size_t id, std::size_t cotangent,
+                                                              const std::vector<std::size_t>& readers,
+                                                              const std::vector<char>& depends) {
+    const std::optional<attention_match> match = match_attention(p.steps, id);
+    if (!match) return std::nullopt;
+    const std::size_t weights = p.steps[id].operands[0];
+    if (readers[weights] != 1 || match->values == weights) return std::nullopt;
+    const std::optional<double> slope = score_slope(p.steps, p.steps[weights].operands[0], match->scores, readers, depends);
+    if (!slope) return std::nullopt;
+    attention_backward a;
+    a.forward = *match;
+    a.output = id;
+    a.cotangent = cotangent;
+    a.gradients = {no_step, no_step, no_step};
+    a.slope = *slope;
+    return a;
+}
+
+// Record a appended to p's, or merged with the record of the same attention and cotangent
+// that an earlier sweep left (whose products this sweep's merge with): its index.
+inline std::size_t add_record(program& p, const attention_backward& a) {
+    for (std::size_t r = 0; r < p.attention_backwards.size(); ++r) {
+        attention_backward& there = p.attention_backwards[r];
+        if (there.forward != a.forward || there.output != a.output || there.cotangent != a.cotangent) continue;
+        for (std::size_t g = 0; g < 3; ++g) {
+            if (there.gradients[g] == no_step) there.gradients[g] = a.gradients[g];
+        }
+        return r;
+    }
+    p.attention_backwards.push_back(a);
+    return p.attention_backwards.size() - 1;
 }
 
 }  // namespace differentiation
@@ -489,9 +593,15 @@ inline void differentiate(program& p, std::size_t output, std::size_t cotangent,
         if (!live[id]) continue;
         for (std::size_t o = 0; o < p.steps[id].operand_count; ++o) live[p.steps[id].operands[o]] = 1;
     }
+    std::vector<std::size_t> readers(count, 0);  // operand slots of live steps that read each step
+    for (std::size_t id = 0; id < count; ++id) {
+        if (!live[id]) continue;
+        for (std::size_t o = 0; o < p.steps[id].operand_count; ++o) ++readers[p.steps[id].operands[o]];
+    }
     std::vector<std::size_t> adjoint(count, no_step);
     differentiation::builder b(p, p.steps[output].computes_in);
     adjoint[output] = cotangent;
+    std::vector<std::size_t> records;  // this sweep's attentions, in p.attention_backwards
     for (std::size_t id = count; id-- > 0;) {
         if (adjoint[id] == no_step || !depends[id]) continue;
         const step s = p.steps[id];  // a copy: the builder appends to p.steps
@@ -500,6 +610,21 @@ inline void differentiate(program& p, std::size_t output, std::size_t cotangent,
             if (!differentiation::carries_gradient(s, o) || !depends[x]) continue;
             const std::size_t c = differentiation::contribution(b, s, id, o, adjoint[id]);
             adjoint[x] = adjoint[x] == no_step ? c : b.plus(adjoint[x], c);
+        }
+        // An attention's gradient products, recorded for a fused backward (attention_backward).
+        // The builder merges a step equal to one there: each call below finds the product the
+        // matmul rule just made (dV = P^T dO at O; dQ = dS K and dK^T = Q^T dS at the scores).
+        if (s.kind != step_kind::matmul) continue;
+        if (auto a = differentiation::attention_backward_at(p, id, adjoint[id], readers, depends)) {
+            if (depends[s.operands[1]]) a->gradients[2] = b.matmul(b.transpose_last_two(s.operands[0]), adjoint[id]);
+            records.push_back(differentiation::add_record(p, *a));
+            continue;
+        }
+        for (const std::size_t r : records) {
+            attention_backward& a = p.attention_backwards[r];
+            if (a.forward.scores != id) continue;
+            if (depends[s.operands[0]]) a.gradients[0] = b.matmul(adjoint[id], b.transpose_last_two(s.operands[1]));
+            if (depends[s.operands[1]]) a.gradients[1] = b.matmul(b.transpose_last_two(s.operands[0]), adjoint[id]);
         }
     }
     // each leaf's: the sum of the adjoints of the tensor steps that read its binding

@@ -33,11 +33,17 @@ namespace explaining {
 class printer {
 public:
     printer(const program& p, const plan& pl, element_type computes_in)
-        : steps_(p.steps), plan_(pl), computes_in_(computes_in), number_(pl.temporaries.size(), no_step) {
+        : steps_(p.steps), backwards_(p.attention_backwards), plan_(pl), computes_in_(computes_in),
+          number_(pl.temporaries.size(), no_step) {
         // temporaries numbered in the order entries write them
         std::size_t next = 0;
         for (const entry& e : plan_.entries) {
             if (e.out.memory == memory_kind::temporary && number_[e.out.index] == no_step) number_[e.out.index] = next++;
+            const std::size_t also = e.kind == entry_kind::attention_backward ? 2 : e.with_lse ? 1 : 0;
+            for (std::size_t a = 0; a < also; ++a) {
+                const place& p = e.also_out[a];
+                if (p.memory == memory_kind::temporary && number_[p.index] == no_step) number_[p.index] = next++;
+            }
             if (e.rounded_into && e.rounded_into->memory == memory_kind::temporary && number_[e.rounded_into->index] == no_step) {
                 number_[e.rounded_into->index] = next++;
             }
@@ -156,6 +162,7 @@ private:
         switch (e.kind) {
             case entry_kind::gemm: kind = "gemm"; break;
             case entry_kind::attention: kind = "attention"; break;
+            case entry_kind::attention_backward: kind = "attention_backward"; break;
             case entry_kind::fused: kind = "fused"; break;
             case entry_kind::copy: kind = "copy"; break;
             case entry_kind::rowwise: kind = "rowwise"; break;
@@ -166,6 +173,11 @@ private:
             case entry_kind::scatter: kind = "scatter"; break;
         }
         out_ << kind << std::string(kind.size() < 11 ? 11 - kind.size() : 1, ' ');
+        if (e.kind == entry_kind::attention_backward) {
+            gradients_of_attention(e);
+            out_ << '\n';
+            return;
+        }
         memory(e.out);
         out_ << ' ';
         shape(s);
@@ -195,6 +207,7 @@ private:
                 attention(e);
                 rounded_mark(e);
                 break;
+            case entry_kind::attention_backward: break;  // written above
             case entry_kind::fused: formula(e.step); break;
             case entry_kind::copy: operand(e.step); break;  // a view, or a value computed before
             case entry_kind::rowwise:
@@ -279,6 +292,18 @@ private:
     }
 
     void attention(const entry& e) {
+        attention_formula(e);
+        const attention_match& m = e.attention;
+        out_ << "  [fused: no (queries, keys) matrix" << (m.causal ? ", tiles above the diagonal skipped" : "") << ']';
+        if (e.with_lse) {
+            out_ << "  [each query's log-sum-exp kept in ";
+            memory(e.also_out[0]);
+            out_ << ']';
+        }
+        stored_mark(e);
+    }
+    // softmax(scores) x V, as entry e reads them.
+    void attention_formula(const entry& e) {
         const attention_match& m = e.attention;
         out_ << "softmax(";
         std::ostringstream inner;
@@ -291,11 +316,29 @@ private:
         if (m.causal) out_ << ", causal";
         out_ << ") x ";
         stored_operand(e, 2, m.values);
-        out_ << "  [fused: no (queries, keys) matrix" << (m.causal ? ", tiles above the diagonal skipped" : "") << ']';
-        stored_mark(e);
+    }
+
+    // The gradients of an attention for the cotangent of its value:
+    //   `out, t4, t5 (unread) = dQ, dK^T, dV of softmax(...) x in2 for cotangent t1  [fused backward: ...]`
+    void gradients_of_attention(const entry& e) {
+        const place* outs[3] = {&e.out, &e.also_out[0], &e.also_out[1]};
+        const evaluation::attention_backward& a = backwards_[steps_[e.step].index];
+        for (std::size_t which = 0; which < 3; ++which) {
+            out_ << (which ? ", " : "");
+            memory(*outs[which]);
+            if (a.gradients[which] == no_step) out_ << " (unread)";
+        }
+        out_ << " = dQ, dK^T, dV of ";
+        attention_formula(e);
+        out_ << " for cotangent ";
+        operand(a.cotangent);
+        out_ << "  [fused backward: no (queries, keys) matrix, P recomputed from the log-sum-exps in ";
+        memory(e.operands[5]);
+        out_ << (e.attention.causal ? ", tiles above the diagonal skipped" : "") << ']';
     }
 
     const std::vector<step>& steps_;
+    const std::vector<evaluation::attention_backward>& backwards_;
     const plan& plan_;
     const element_type computes_in_;  // the program's type
     std::vector<std::size_t> number_;  // each temporary's number in the text

@@ -4,6 +4,10 @@
 // places the values in memory. A pass is a function of the program alone: it reads no memory
 // and no layout, so that it can be printed (to_text) and tested by itself
 // (tests/evaluation/test_plan.cpp). They run in the order of `program_passes`:
+//   recognise_attention_backward
+//                         the products dQ, dK^T and dV of an attention that differentiation
+//                         recorded (program::attention_backwards) -> attention_gradient steps,
+//                         which the planner computes as one fused backward;
 //   recognise_attention   matmul(softmax(f(matmul(Q, K^T))), V), softmax along the keys
 //                         -> one attention step (attention_pattern.hpp says what it matches);
 //   group_epilogues       an elementwise formula of a product of its own extents, which
@@ -32,6 +36,11 @@ struct planner_options {
     bool read_packed = false;    // a product's right operand packed once is read from its packing
     bool read_bf16 = false;      // an operand of bf16 of a product or of attention (a tensor, cast<bf16>
                                  // of a formula, or a view of either) is read as bf16, with no convert
+    // with fuse_attention, the gradients of an attention as one fused backward, which reads
+    // the log-sum-exps its forward's entry keeps (recognise_attention_backward), else the
+    // products and line kernels differentiation made: for a backend whose executor runs
+    // attention_backward entries
+    bool fuse_attention_backward = false;
 };
 
 // Each matmul that is the outer product of attention becomes an attention step, in place:
@@ -50,6 +59,28 @@ inline void recognise_attention(program& p) {
         s.operand_count = 3;
         s.index = p.attentions.size();
         p.attentions.push_back(*match);
+    }
+}
+
+// Each gradient product of an attention that differentiation recorded (attention_backward)
+// becomes an attention_gradient step, in place: operands Q, K^T and V, the record's index in
+// step::index, and which operand's gradient it is in step::axis. The record says what else
+// the backward reads (O, dO, the score function); the planner computes the three gradients
+// in one entry (plan.hpp: attend_backward), and the steps that computed P, dP and dS for the
+// products are dead unless something else reads them.
+inline void recognise_attention_backward(program& p) {
+    for (std::size_t r = 0; r < p.attention_backwards.size(); ++r) {
+        const attention_backward& a = p.attention_backwards[r];
+        const step& scores = p.steps[a.forward.scores];
+        for (std::size_t which = 0; which < 3; ++which) {
+            if (a.gradients[which] == no_step) continue;
+            step& s = p.steps[a.gradients[which]];
+            s.kind = step_kind::attention_gradient;
+            s.operands = {scores.operands[0], scores.operands[1], a.forward.values};
+            s.operand_count = 3;
+            s.index = r;
+            s.axis = which;
+        }
     }
 }
 
@@ -201,6 +232,8 @@ struct program_pass {
 };
 
 inline constexpr program_pass program_passes[] = {
+    {"recognise_attention_backward", [](const planner_options& o) { return o.fuse_attention_backward && o.fuse_attention; },
+     recognise_attention_backward},
     {"recognise_attention", [](const planner_options& o) { return o.fuse_attention; }, recognise_attention},
     {"group_epilogues", [](const planner_options& o) { return o.fuse_epilogues; }, group_epilogues},
     {"find_rounded_alone", [](const planner_options& o) { return o.read_bf16; }, find_rounded_alone},
@@ -232,6 +265,13 @@ inline std::vector<char> live_steps(const program& p) {
         if (s.kind == step_kind::attention) {
             live[p.attentions[s.index].scores] = 1;
             live[p.attentions[s.index].score_function] = 1;
+        }
+        if (s.kind == step_kind::attention_gradient) {
+            const attention_backward& a = p.attention_backwards[s.index];
+            live[a.forward.scores] = 1;
+            live[a.forward.score_function] = 1;
+            live[a.output] = 1;
+            live[a.cotangent] = 1;
         }
     }
     return live;
@@ -265,6 +305,13 @@ inline void parameters(std::ostream& out, const program& p, const step& s) {
                 out << " [scores s" << m.scores << ", score_function s" << m.score_function;
                 if (m.scale != 1 || m.divides) out << (m.divides ? ", divided by " : ", times ") << m.scale;
                 if (m.causal) out << ", causal";
+                out << ']';
+            }
+            if (s.kind == step_kind::attention_gradient) {
+                const attention_backward& a = p.attention_backwards[s.index];
+                out << " [d" << (s.axis == 0 ? "Q" : s.axis == 1 ? "K^T" : "V") << " of s" << a.output << ", cotangent s"
+                    << a.cotangent << ", score_function s" << a.forward.score_function << ", slope " << a.slope;
+                if (a.forward.causal) out << ", causal";
                 out << ']';
             }
             break;

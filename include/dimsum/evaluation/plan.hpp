@@ -4,6 +4,9 @@
 // runs is made here, once, for every backend:
 //   matmul(softmax(f(matmul(Q, K^T))), V)  -> one `attention` entry, from the attention step
 //                                             that a program pass made of it (passes.hpp);
+//   the gradients dQ, dK^T, dV of an attention -> one `attention_backward` entry writing all
+//                                             three, from the attention_gradient steps that a
+//                                             program pass made of them (passes.hpp);
 //   an elementwise formula that a program pass made the epilogue of a product (passes.hpp:
 //   group_epilogues)                       -> one `gemm` entry whose epilogue is that formula,
 //                                             applied to each block of the product in cache;
@@ -53,6 +56,7 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <string>
@@ -78,7 +82,8 @@ struct place {
 // The same memory seen through another layout (a view of the value there).
 inline place seen_as(const place& p, const layout& where) { return {p.memory, p.index, where, p.type}; }
 
-enum class entry_kind : std::uint8_t { gemm, attention, fused, copy, rowwise, indices, convert, narrow, gather, scatter };
+enum class entry_kind : std::uint8_t { gemm, attention, attention_backward, fused, copy, rowwise, indices, convert, narrow, gather,
+                                      scatter };
 
 // The kernel of a rowwise entry, along its axis.
 enum class line_op : std::uint8_t { softmax, layer_norm, sum, max, mean };
@@ -104,11 +109,18 @@ struct formula_node {
 
 struct entry {
     entry_kind kind;
-    // gemm, attention: the matmul step; fused, copy: the root of the pass; the others: the step
+    // gemm, attention: the matmul step; fused, copy: the root of the pass; attention_backward:
+    // the attention_gradient step it was planned for; the others: the step
     std::size_t step = 0;  // narrow: the step whose value it rounds
-    place out{};  // what the entry writes: the value of `step`, or of `epilogue` if there is one
+    place out{};  // what the entry writes: the value of `step`, or of `epilogue` if there is one;
+                  // attention_backward: dQ
+    std::array<place, 2> also_out{};  // attention_backward: dK^T and dV; attention, with_lse: the log-sum-exps
+    // attention: also writes each query's log-sum-exp (batch..., queries) into also_out[0], for
+    // a fused backward of it; attention_backward: reads them (operands[5])
+    bool with_lse = false;
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
-    attention_match attention{};     // attention: what the matcher found
+    attention_match attention{};     // attention, attention_backward: what the matcher found
+    double slope = 1;                // attention_backward: the score function's (attention_backward)
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
     // rowwise: its kernel, its axis and layer_norm's epsilon (number); gather, scatter: the table's axis;
     // indices: causal_mask (causal) or arange. Copied from the step, so that an executor reads
@@ -119,12 +131,14 @@ struct entry {
     bool causal = false;
     // What the kernel reads, each in its own type (a kernel that reads bf16 reads it where it
     // lies) and laid out with the entry's rank (broadcast): gemm: A and B (B's binding, where
-    // packed_right); attention: Q, K^T and V; rowwise: the lines; gather: the table and the
-    // ids (integers); scatter: the values and the ids; convert: the binding; narrow: the value it rounds.
-    std::array<place, 3> operands{};
+    // packed_right); attention: Q, K^T and V; attention_backward: Q, K^T, V, O, dO (and the
+    // log-sum-exps, with_lse); rowwise:
+    // the lines; gather: the table and the ids (integers); scatter: the values and the ids;
+    // convert: the binding; narrow: the value it rounds.
+    std::array<place, 6> operands{};
     std::size_t operand_count = 0;
-    // fused, copy: the formula the pass computes; gemm: its epilogue; attention: the rest of
-    // its score function: plan::nodes[first_node, first_node + node_count) (none: 0)
+    // fused, copy: the formula the pass computes; gemm: its epilogue; attention, attention_backward:
+    // the rest of its score function: plan::nodes[first_node, first_node + node_count) (none: 0)
     std::size_t first_node = 0;
     std::size_t node_count = 0;
     // gemm: where its epilogue is the product plus one vector along the product's columns for
@@ -200,7 +214,7 @@ public:
     // memory is read.
     planner(const program& p, const std::vector<binding>& bindings, const layout& destination, element_type destination_type,
             planner_options options, plan& out, std::span<const layout> other_destinations = {})
-        : steps_(p.steps), attentions_(p.attentions), bindings_(bindings), options_(options), plan_(out),
+        : steps_(p.steps), attentions_(p.attentions), backwards_(p.attention_backwards), bindings_(bindings), options_(options), plan_(out),
           computes_in_(p.steps.empty() ? destination_type : p.steps[p.root].computes_in) {
         plan_.clear(steps_.size());
         plan_.destination_type = destination_type;
@@ -447,6 +461,7 @@ private:
         switch (group_of(s.kind)) {
             case step_group::product:
                 if (s.kind == step_kind::attention) return attend(id, attentions_[s.index], dst);
+                if (s.kind == step_kind::attention_gradient) return attend_backward(id, dst);
                 add_product(id, dst, no_step, place_operands_of_product(id));
                 return;
             case step_group::line: {
@@ -471,9 +486,18 @@ private:
             case step_group::view:
                 // A permutation of a value still to be computed (attention's heads, merged back
                 // into rows): computed straight into dst seen through the inverse permutation,
-                // rather than into a temporary that is then copied.
-                if (s.kind == step_kind::permute && !is_view(steps_[s.operands[0]].kind)) {
-                    return write(s.operands[0], seen_as(dst, unpermute(dst.where, s.order)));
+                // rather than into a temporary that is then copied. In a temporary of its own,
+                // the value stays there for its later readers (a fused attention backward reads
+                // O), which would otherwise compute it again.
+                if (s.kind == step_kind::permute && !is_view(steps_[s.operands[0]].kind) && !plan_.placed[s.operands[0]]) {
+                    const std::size_t operand = s.operands[0];
+                    const place value = seen_as(dst, unpermute(dst.where, s.order));
+                    write(operand, value);
+                    if (dst.memory == memory_kind::temporary && dst.index != rounding_scratch_ && dst.type == computes_in_) {
+                        plan_.values[operand] = value;
+                        plan_.placed[operand] = 1;
+                    }
+                    return;
                 }
                 return write_fused(id, dst);  // a copy of the view
             case step_group::memory: case step_group::number: case step_group::elementwise:
@@ -626,17 +650,79 @@ private:
         const std::size_t inputs[3] = {scores.operands[0], scores.operands[1], match.values};  // Q, K^T, V
         std::array<place, 3> operands;
         for (std::size_t o = 0; o < 3; ++o) operands[o] = read_operand(inputs[o]);
-        if (match.score_function != match.scores) {
-            const std::size_t first_leaf = plan_.leaves.size();
-            find_leaves(steps_, match.score_function, plan_.leaves);
-            for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
-                if (plan_.leaves[i] != match.scores) read_leaf(plan_.leaves[i]);
-            }
-            plan_.leaves.resize(first_leaf);
-        }
+        read_score_function(match);
         entry& e = add(entry_kind::attention, id, dst, no_step, &match);
         set_broadcast_operands(e, dst.where.rank, operands[0], operands[1], operands[2]);
         if (match.score_function != match.scores) add_formula(e, match.score_function, match.scores);
+        // a fused backward of this attention reads each query's log-sum-exp: kept here
+        const bool differentiated = std::any_of(backwards_.begin(), backwards_.end(), [&](const attention_backward& a) {
+            return a.output == id && std::any_of(a.gradients.begin(), a.gradients.end(), [&](std::size_t g) {
+                       return g != no_step && steps_[g].kind == step_kind::attention_gradient;
+                   });
+        });
+        if (differentiated) {
+            const place lse = temporary(dst.where.rank - 1, dst.where.extents);  // (batch..., queries)
+            plan_.entries.back().with_lse = true;
+            plan_.entries.back().also_out[0] = lse;
+            log_sum_exps_.push_back({id, lse});
+        }
+    }
+    // The inputs of the rest of attention's score function, placed (or read as stored).
+    void read_score_function(const attention_match& match) {
+        if (match.score_function == match.scores) return;
+        const std::size_t first_leaf = plan_.leaves.size();
+        find_leaves(steps_, match.score_function, plan_.leaves);
+        for (std::size_t i = first_leaf; i < plan_.leaves.size(); ++i) {
+            if (plan_.leaves[i] != match.scores) read_leaf(plan_.leaves[i]);
+        }
+        plan_.leaves.resize(first_leaf);
+    }
+
+    // The fused backward of an attention (attention_backward), planned for its gradient step
+    // `id` into dst: one entry that writes dQ, dK^T and dV, each of the attention's batch
+    // (O's leading axes). Those of its other gradient steps go to temporaries, where they are
+    // placed; one that no step asked for (its operand carries no gradient) to a temporary
+    // nothing reads. Q, K^T, V, O and dO are read as values of the program's type.
+    void attend_backward(std::size_t id, const place& dst) {
+        const attention_backward& a = backwards_[steps_[id].index];
+        const step& scores = steps_[a.forward.scores];
+        const std::size_t inputs[5] = {scores.operands[0], scores.operands[1], a.forward.values, a.output, a.cotangent};
+        std::array<place, 5> operands;
+        for (std::size_t o = 0; o < 5; ++o) operands[o] = value(inputs[o]);
+        read_score_function(a.forward);
+        const step& o = steps_[a.output];  // (batch..., queries, dv)
+        const step& kt = steps_[scores.operands[1]];  // (..., d, keys)
+        const std::size_t r = o.rank, d = kt.extents[kt.rank - 2], keys = kt.extents[kt.rank - 1];
+        std::array<place, 3> outs;
+        for (std::size_t which = 0; which < 3; ++which) {
+            const std::size_t g = a.gradients[which];
+            if (g == id) {
+                outs[which] = dst;
+                continue;
+            }
+            extents_t extents = o.extents;  // dQ (..., queries, d), dK^T (..., d, keys), dV (..., keys, dv)
+            if (which == 0) extents[r - 1] = d;
+            if (which == 1) extents[r - 2] = d, extents[r - 1] = keys;
+            if (which == 2) extents[r - 2] = keys;
+            outs[which] = temporary(r, extents);
+            if (g != no_step && !plan_.placed[g]) {
+                plan_.values[g] = outs[which];
+                plan_.placed[g] = 1;
+            }
+        }
+        entry& e = add(entry_kind::attention_backward, id, outs[0], no_step, &a.forward);
+        e.also_out = {outs[1], outs[2]};
+        e.slope = a.slope;
+        set_broadcast_operands(e, r, operands[0], operands[1], operands[2], operands[3], operands[4]);
+        // the log-sum-exps the forward's entry kept (attend: O is an attention step, whose
+        // entry value(O) planned above; the last, where O was computed more than once)
+        for (auto kept = log_sum_exps_.rbegin(); kept != log_sum_exps_.rend() && !e.with_lse; ++kept) {
+            if (kept->first != a.output) continue;
+            e.with_lse = true;
+            e.operands[e.operand_count++] = kept->second;
+        }
+        if (!e.with_lse) throw std::logic_error("dimsum: planner: a fused attention backward whose forward is no attention entry");
+        if (a.forward.score_function != a.forward.scores) add_formula(e, a.forward.score_function, a.forward.scores);
     }
 
     // Whether reshape step s will need its operand copied into row-major order, known before
@@ -656,6 +742,9 @@ private:
 
     const std::vector<step>& steps_;
     const std::vector<attention_match>& attentions_;
+    const std::vector<attention_backward>& backwards_;
+    // the attention steps whose entries keep each query's log-sum-exp, and where (attend)
+    std::vector<std::pair<std::size_t, place>> log_sum_exps_;
     const std::vector<binding>& bindings_;
     planner_options options_;
     plan& plan_;

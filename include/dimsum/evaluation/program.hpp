@@ -22,7 +22,7 @@
 namespace dimsum::evaluation {
 
 enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute, reshape, select, slice, concat, gather,
-                       embed, scatter, matmul, attention, softmax, layer_norm, sum, max, mean };
+                       embed, scatter, matmul, attention, attention_gradient, softmax, layer_norm, sum, max, mean };
 
 // The kinds in groups that are planned alike, so that a switch over every kind lists groups:
 //   memory       a tensor: a binding's memory, as it lies;
@@ -34,7 +34,8 @@ enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute
 //                (differentiate.hpp makes the last two: embed, select's and slice's adjoint, its
 //                operand placed where the select or slice read, zeros elsewhere; scatter,
 //                gather's adjoint, its values added up at the ids, zeros elsewhere);
-//   product      matmul, and attention (a program pass finds it: passes.hpp);
+//   product      matmul, attention and attention_gradient (program passes find them in a
+//                program: passes.hpp);
 //   line         softmax, layer_norm, sum, max, mean: a kernel along one axis.
 enum class step_group { memory, number, indices, elementwise, view, join, product, line };
 
@@ -47,7 +48,7 @@ constexpr step_group group_of(step_kind kind) {
         case step_kind::permute: case step_kind::reshape: case step_kind::select: case step_kind::slice: return step_group::view;
         case step_kind::concat: case step_kind::gather: case step_kind::embed: case step_kind::scatter:
             return step_group::join;
-        case step_kind::matmul: case step_kind::attention: return step_group::product;
+        case step_kind::matmul: case step_kind::attention: case step_kind::attention_gradient: return step_group::product;
         case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max: case step_kind::mean:
             return step_group::line;
     }
@@ -92,9 +93,11 @@ struct step {
     double number = 0;         // number (exact for float and double); layer_norm: epsilon
     op_code op{};              // elementwise: which function of the operands
     order_t order{};           // permute: result axis i is operand axis order[i]
-    std::size_t axis = 0;      // select, slice, concat, gather, embed, scatter, softmax, layer_norm, reductions
+    std::size_t axis = 0;      // select, slice, concat, gather, embed, scatter, softmax, layer_norm, reductions;
+                               // attention_gradient: which operand's gradient (0: Q, 1: K^T, 2: V)
     std::size_t index = 0;     // select; slice, embed: the first position kept; map: which of the program's
-                               // functions; attention: which of the program's attentions
+                               // functions; attention: which of the program's attentions; attention_gradient:
+                               // which of its attention_backwards
     std::size_t spacing = 1;   // slice, embed: the distance between the positions kept
     // elementwise, once group_epilogues (passes.hpp) ran: the product whose gemm computes
     // this step's formula as its epilogue, wherever the planner writes the formula; else no_step
@@ -146,6 +149,25 @@ struct attention_match {
     bool operator==(const attention_match&) const = default;
 };
 
+// The backward of one attention that differentiation (differentiate.hpp) went through, found
+// in a form a fused kernel computes: the score function is, on the scores that the softmax
+// gives weight, the scores times a constant `slope` (masks of -infinity, additive masks and
+// a bias that need no gradient), so that the gradient of the scores is
+//     dS = scale slope P (dP - rowsum(dO O)),  dP = dO V^T,  P = softmax(f(Q K^T)),
+// and nothing but this attention reads P or the scores. `gradients` are the steps that
+// differentiation made for the products dQ = dS K, dK^T = Q^T dS and dV = P^T dO (no_step
+// for an operand that needed none); the pass recognise_attention_backward turns each into an
+// attention_gradient step that reads this record, and the planner makes one entry of the three.
+struct attention_backward {
+    attention_match forward;          // the attention, as match_attention found it
+    std::size_t output = 0;           // O: the step of its value (a matmul, or an attention step)
+    std::size_t cotangent = 0;        // dO: the step of O's adjoint
+    std::array<std::size_t, 3> gradients{};  // the products of dQ, dK^T and dV, or no_step
+    double slope = 1;                 // the score function's derivative where a score has weight
+
+    bool operator==(const attention_backward&) const = default;
+};
+
 struct program {
     std::vector<step> steps;
     std::size_t root = 0;           // the step whose value the program computes
@@ -155,6 +177,7 @@ struct program {
     std::size_t binding_count = 0;
     std::vector<host_function> functions;  // of its map steps
     std::vector<attention_match> attentions;  // of its attention steps
+    std::vector<attention_backward> attention_backwards;  // of its attention_gradient steps (and candidates)
     // whether it has a cast<bf16> step: known as it is lowered (at compile time), so that a
     // pass about them costs a formula without one nothing
     bool has_casts_to_bf16 = false;
@@ -176,6 +199,7 @@ struct program {
         binding_count = 0;
         functions.clear();
         attentions.clear();
+        attention_backwards.clear();
         has_casts_to_bf16 = false;
         differentiated.clear();
     }
@@ -224,6 +248,7 @@ constexpr std::string_view name_of(step_kind kind) {
         case step_kind::scatter: return "scatter_add";
         case step_kind::matmul: return "matmul";
         case step_kind::attention: return "attention";
+        case step_kind::attention_gradient: return "attention_gradient";
         case step_kind::softmax: return "softmax";
         case step_kind::layer_norm: return "layer_norm";
         case step_kind::sum: return "sum";

@@ -62,6 +62,8 @@ enum class scratch_use : std::size_t {
     attention,
     attention_keys,
     attention_partials,
+    attention_gradient,  // a task's tiles and copies (attention_gradient.hpp)
+    attention_rows,      // the log-sum-exp and D of every query, the partial dQs (attention_gradient.hpp)
     depth_sums,  // a few rows' products over groups of the depth, summed in order (gemm.hpp)
     product_block,  // a block of a product's sums that only its epilogue reads (bf16_gemm.hpp)
     count

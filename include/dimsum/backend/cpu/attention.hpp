@@ -338,6 +338,9 @@ void finish_block(const attention_problem<T>& p, std::size_t item, std::size_t f
     const std::size_t dv = p.v.cols;
     const matrix<T> o = sub(matrix<T>{p.o.data + p.batch.offsets(item)[o_operand], p.q.rows, dv, p.o.row_stride, p.o.col_stride},
                             first_query, 0);
+    if (p.lse) {  // log(l e^m): -infinity where every key is masked (l = 0)
+        for (std::size_t i = 0; i < queries; ++i) p.lse[item * p.q.rows + first_query + i] = row_max[i] + std::log(row_sum[i]);
+    }
     for (std::size_t i = 0; i < queries; ++i) {
         const T inverse = row_sum[i] == T(0) ? T(0) : T(1) / row_sum[i];  // 0: every key masked
         T* row = out + i * ld_out;
@@ -577,6 +580,7 @@ void merge_partials(const attention_problem<T>& p, std::size_t item, std::size_t
         T total = 0;
         for (std::size_t s = 0; s < splits; ++s) total += parts[s].max[i] == top ? parts[s].sum[i] : parts[s].sum[i] * std::exp(parts[s].max[i] - top);
         const T inverse = total == T(0) ? T(0) : T(1) / total;
+        if (p.lse) p.lse[item * p.q.rows + first_query + i] = top + std::log(total);
         T* merged = parts[0].out + i * ld;  // each column read by its own sum first
         for (std::size_t c = 0; c < dv; ++c) {
             T value = 0;

@@ -62,11 +62,16 @@ void collect_blocks([[maybe_unused]] const E& e, block_table<T>& table) {
 
 class evaluator {
 public:
-    // Whether attention formulas run fused (attention.hpp) or step by step, as written.
+    // Whether attention formulas run fused (attention.hpp), and their gradients by the fused
+    // backward (attention_gradient.hpp), or step by step, as written and as differentiated.
     bool fuse_attention = true;
 
     evaluation::planner_options planning() const {
-        return {.fuse_attention = fuse_attention, .fuse_epilogues = true, .read_packed = true, .read_bf16 = true};
+        return {.fuse_attention = fuse_attention,
+                .fuse_epilogues = true,
+                .read_packed = true,
+                .read_bf16 = true,
+                .fuse_attention_backward = fuse_attention};
     }
 
     // Writes the value of e into dst, a view of e's shape that e does not read. A formula of

@@ -6,6 +6,7 @@
 //                 memory of a narrower type (bf16);
 //   attention  -> the fused attention kernel (attention.hpp), the rest of the score function
 //                 a fused pass over each tile of scores;
+//   attention_backward -> its fused backward (attention_gradient.hpp), the same;
 //   fused, copy -> one fused elementwise pass (fused.hpp), which rounds a result stored
 //                 narrower block by block;
 //   rowwise    -> the line kernels (rowwise.hpp), the same line by line;
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "dimsum/backend/cpu/attention.hpp"
+#include "dimsum/backend/cpu/attention_gradient.hpp"
 #include "dimsum/backend/cpu/elementwise.hpp"
 #include "dimsum/backend/cpu/fused.hpp"
 #include "dimsum/backend/cpu/gather.hpp"
@@ -83,6 +85,7 @@ private:
         switch (e.kind) {
             case entry_kind::gemm: return multiply(e, dst);
             case entry_kind::attention: return attend(e, dst);
+            case entry_kind::attention_backward: return attend_backward(e, dst);
             case entry_kind::fused: case entry_kind::copy:
                 build_fused(e, dst);
                 return run_fused<T>(s_.fused, dst, true, nullptr, rounded);
@@ -187,7 +190,6 @@ private:
     // dst = the attention the entry describes (evaluation/attention_pattern.hpp), by the fused kernel.
     void attend(const entry& e, const strided<T>& dst) {
         const evaluation::attention_match& match = e.attention;
-        const std::size_t r = dst.where.rank;
         attention_problem<T> problem;
         const source_array<T> q = input(e.operands[0]);   // (..., queries, d)
         const source_array<T> kt = input(e.operands[1]);  // (..., d, keys)
@@ -203,15 +205,53 @@ private:
             problem.o_rounded = rounded_into(e, dst);
             problem.o_unread = e.out_unread;
         }
-        // the tiles of scores: O's batch, (queries, keys)
-        region_program<T> score_function{&s_.fused, no_input, {nullptr, r, dst.where.extents, {}}};
-        score_function.result.where.extents[r - 1] = kt.where.extents[r - 1];
-        if (e.node_count != 0) {  // the rest of the score function, on each tile
-            build_fused(e, score_function.result);
-            score_function.own = s_.in_place_input;
-            problem.scores = score_epilogue_of(score_function);
-        }
+        if (e.with_lse) problem.lse = at(e.also_out[0]).data;
+        region_program<T> score_function;
+        problem.scores = score_function_of(e, dst, kt, score_function);
         attention<T>(problem);
+    }
+
+    // The rest of attention entry e's score function (if any) as the epilogue of each tile of
+    // scores: O's batch (that of `shape`, of O's or dQ's extents), (queries, keys). `program`
+    // must outlive the kernel's call.
+    score_epilogue<T> score_function_of(const entry& e, const strided<T>& shape, const source_array<T>& kt,
+                                        region_program<T>& program) {
+        if (e.node_count == 0) return {};
+        const std::size_t r = shape.where.rank;
+        program = {&s_.fused, no_input, {nullptr, r, shape.where.extents, {}}};
+        program.result.where.extents[r - 1] = kt.where.extents[r - 1];
+        build_fused(e, program.result);
+        program.own = s_.in_place_input;
+        return score_epilogue_of(program);
+    }
+
+    // dQ (dq), dK^T and dV = the gradients of the attention entry e describes, by the fused
+    // backward (attention_gradient.hpp). Every operand is of T (the planner reads them so).
+    void attend_backward(const entry& e, const strided<T>& dq) {
+        const strided<T> dkt = at(e.also_out[0]), dv = at(e.also_out[1]);
+        const source_array<T> q = input(e.operands[0]), kt = input(e.operands[1]), v = input(e.operands[2]);
+        const source_array<T> o = input(e.operands[3]), d_o = input(e.operands[4]);
+        auto own = [](const source_array<T>& x) {
+            if (!x.holds_own()) throw std::logic_error("dimsum: a plan has the attention backward read another type than its own");
+            return last_two_axes(x).own();
+        };
+        attention_gradient_problem<T> problem;
+        problem.q = own(q);
+        problem.k = transposed(own(kt));
+        problem.v = own(v);
+        problem.o = own(o);
+        problem.d_o = own(d_o);
+        problem.dq = last_two_axes(dq);
+        problem.dk = transposed(last_two_axes(dkt));
+        problem.dv = last_two_axes(dv);
+        problem.batch = leading_axes(dq, q, kt, v, o, d_o, dq, dkt, dv);
+        problem.scale = evaluation::scale_of<T>(e.attention);
+        problem.slope = static_cast<T>(e.slope);
+        problem.causal = e.attention.causal;
+        if (e.with_lse) problem.lse = read(e.operands[5]).data;
+        region_program<T> score_function;
+        problem.scores = score_function_of(e, dq, kt, score_function);
+        attention_gradient<T>(problem);
     }
 
     // The packing of the right operand of gemm entry e, which the plan reads from its binding

@@ -383,10 +383,44 @@ struct attention_problem {
     // With o_rounded: o's values of T are read by no one (a scratch), so only o_rounded is
     // written; o still gives the layout.
     bool o_unread = false;
+    // If set, each query's log-sum-exp of its weights, log sum_j e^(f(Q K^T))_ij (-infinity
+    // where every key is masked), is written at lse[item * queries + query]: what the fused
+    // backward (attention_gradient) recomputes the weights from.
+    T* lse = nullptr;
 };
 
 template <class T>
 void attention(const attention_problem<T>& problem);
+
+// ---- attention's backward (attention_gradient.hpp)
+
+// The gradients of O = softmax(f(Q K^T)) V (f: the scale, the score function `scores`, the
+// causal mask, as attention_problem has them) for the cotangent dO of O, written (not added)
+// for every item of the batch:
+//     dQ = dS K,  dK = dS^T Q,  dV = P^T dO,  dS = slope P (dP - rowsum(dO O)),  dP = dO V^T,
+// where `slope` is f's derivative where a score has weight (evaluation::attention_backward).
+// Operands hold item 0; the outputs overlap no operand and one another.
+template <class T>
+struct attention_gradient_problem {
+    matrix<const T> q;    // (queries, d)
+    matrix<const T> k;    // (keys, d)
+    matrix<const T> v;    // (keys, dv)
+    matrix<const T> o;    // (queries, dv): the forward's value
+    matrix<const T> d_o;  // (queries, dv)
+    matrix<T> dq;         // (queries, d)
+    matrix<T> dk;         // (keys, d)
+    matrix<T> dv;         // (keys, dv)
+    batch_layout<8> batch;  // q, k, v, o, d_o, dq, dk, dv (K and V may be shared by heads: stride 0)
+    T scale = 1;
+    T slope = 1;
+    bool causal = false;
+    score_epilogue<T> scores;
+    // The forward's log-sum-exp per query (attention_problem::lse), laid out alike.
+    const T* lse = nullptr;
+};
+
+template <class T>
+void attention_gradient(const attention_gradient_problem<T>& problem);
 
 // ---- the fused elementwise pass (fused.hpp) and its block functions (elementwise.hpp)
 

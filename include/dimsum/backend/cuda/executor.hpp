@@ -123,6 +123,8 @@ private:
                 throw std::invalid_argument("dimsum: cuda: the gradient of a gather's table (scatter_add) does not run on "
                                             "the GPU yet: evaluate it with the CPU backend");
             case entry_kind::narrow: break;  // planned only for kernels that read bf16 (read_bf16)
+            case entry_kind::attention_backward:  // planned only where asked for (fuse_attention_backward)
+                throw std::logic_error("dimsum: the CUDA backend runs attention's gradients step by step");
         }
         throw std::logic_error("dimsum: the CUDA backend runs plans that read no operand as bf16");
     }

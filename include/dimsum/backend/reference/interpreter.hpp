@@ -48,7 +48,8 @@ public:
 
 private:
     void run(const entry& e) {
-        if (e.kind == entry_kind::attention || e.kind == entry_kind::narrow || e.epilogue != evaluation::no_step) {
+        if (e.kind == entry_kind::attention || e.kind == entry_kind::attention_backward || e.kind == entry_kind::narrow ||
+            e.epilogue != evaluation::no_step) {
             throw std::logic_error("dimsum: the reference backend runs plans without fusion, reading no operand as bf16");
         }
         const strided<T> dst = at(e.out);
@@ -95,7 +96,7 @@ private:
                 });
                 return;
             }
-            case entry_kind::attention: case entry_kind::narrow: return;  // refused above
+            case entry_kind::attention: case entry_kind::attention_backward: case entry_kind::narrow: return;  // refused above
         }
     }
 
