@@ -4,7 +4,8 @@
 // threads (scripts/attention_torch.py, run by /usr/bin/python3). Each case also runs in bf16
 // (`bf16_attention_` rows: weights, input and KV cache in bf16, against the PyTorch module
 // moved to torch.bfloat16). Then the memory the layer and causal attention alone need,
-// against sequence length.
+// against sequence length. Then attention's fused backward: causal attention of given Q, K
+// and V, forward and backward, against PyTorch's autograd (scripts/attention_backward_torch.py).
 
 #include <unistd.h>
 
@@ -199,12 +200,70 @@ void reset_peak_memory() {
     std::ofstream("/proc/self/clear_refs") << "5";  // the peak (VmHWM) starts again from the current size
 }
 
+// Causal attention of given Q, K and V (batch 1, `heads` heads of 64, `seq` queries and keys)
+// and a cotangent of its output; run() computes the gradients of Q, K and V (ds::backward of
+// the attention weighed by the cotangent: the forward, then the backward, one program).
+struct attention_backward_problem {
+    using Heads = ds::axis<"heads">;
+    using Seq = ds::axis<"seq">;
+    using Head = ds::axis<"head">;
+    using tensor = ds::tensor<float, B, Heads, Seq, Head>;
+    tensor q, k, v, cotangent, dq, dk, dv;
+    attention_backward_problem(std::size_t seq, std::size_t heads)
+        : q(B{1}, Heads{heads}, Seq{seq}, Head{64}), k(q.shape()), v(q.shape()), cotangent(q.shape()), dq(q.shape()),
+          dk(q.shape()), dv(q.shape()) {
+        ds::fill_normal(q, 1);
+        ds::fill_normal(k, 2);
+        ds::fill_normal(v, 3);
+        ds::fill_normal(cotangent, 4);
+        dq.fill(0);
+        dk.fill(0);
+        dv.fill(0);
+    }
+    auto loss() const {
+        auto z = ds::nn::causal_attention(q, k, v);
+        return ds::sum<B>(ds::sum<Heads>(ds::sum<Seq>(ds::sum<Head>(z * cotangent))));
+    }
+    template <class Backend = ds::backend::cpu::evaluator>
+    void run(Backend backend = {}) {
+        ds::backward(loss(), std::tie(q, k, v), std::tie(dq, dk, dv), backend);
+    }
+    // The largest difference from the gradients computed step by step, over the largest gradient.
+    double error_against_step_by_step() {
+        run();
+        const tensor fused_q = dq, fused_k = dk, fused_v = dv;
+        run(ds::backend::cpu::evaluator{.fuse_attention = false});
+        double error = 0, largest = 0;
+        for (const auto& [fused, plain] : {std::pair{&fused_q, &dq}, std::pair{&fused_k, &dk}, std::pair{&fused_v, &dv}}) {
+            for (std::size_t i = 0; i < plain->size(); ++i) {
+                error = std::max(error, double(std::abs(fused->data()[i] - plain->data()[i])));
+                largest = std::max(largest, double(std::abs(plain->data()[i])));
+            }
+        }
+        return error / largest;
+    }
+};
+
 }  // namespace
+
+// --attention-memory=backward:SEQ: the memory attention's forward and backward (16 heads of
+// 64) needs beyond Q, K, V, the cotangent and the gradients, in MB.
+int measure_attention_backward_memory(const options& opt, const std::string& seq) {
+    ds::set_num_threads(opt.threads.back());
+    attention_backward_problem problem(std::stoul(seq), 16);
+    problem.run();  // the gradients' pages touched: what is measured next is beyond them
+    std::size_t before = resident_bytes("VmRSS:");
+    reset_peak_memory();
+    for (int call = 0; call < 2; ++call) problem.run();
+    std::printf("%.2f\n", double(resident_bytes("VmHWM:") - before) * 1e-6);
+    return 0;
+}
 
 // --attention-memory=[core:]SPEC (in a fresh process, see attention_memory_mb): the memory
 // one call of the layer (with core:, of causal attention alone) needs beyond its inputs,
 // weights and output, in MB.
 int measure_attention_memory(const options& opt, std::string spec) {
+    if (spec.starts_with("backward:")) return measure_attention_backward_memory(opt, spec.substr(9));
     const bool core = spec.starts_with("core:");  // the attention formula only, not the layer
     if (core) spec = spec.substr(5);
     std::optional<attention_case> c = parse_attention_case(spec);
@@ -239,15 +298,18 @@ namespace {
 
 // The extra memory of case c, measured in a fresh copy of this program (a process's peak
 // memory only grows, and this one has run other cases); NaN if that failed.
-double attention_memory_mb(const options& opt, const attention_case& c, bool core = false) {
+double attention_memory_mb_of(const options& opt, const std::string& spec) {
     std::string command = "'/proc/" + std::to_string(getpid()) + "/exe' --threads=" + std::to_string(opt.threads.back()) +
-                          " --attention-memory=" + (core ? "core:" : "") + c.spec();
+                          " --attention-memory=" + spec;
     std::FILE* child = popen(command.c_str(), "r");
     if (!child) return std::numeric_limits<double>::quiet_NaN();
     double mb = std::numeric_limits<double>::quiet_NaN();
     if (std::fscanf(child, "%lf", &mb) != 1) mb = std::numeric_limits<double>::quiet_NaN();
     if (pclose(child) != 0) mb = std::numeric_limits<double>::quiet_NaN();
     return mb;
+}
+double attention_memory_mb(const options& opt, const attention_case& c, bool core = false) {
+    return attention_memory_mb_of(opt, (core ? "core:" : "") + c.spec());
 }
 
 struct torch_result {
@@ -503,6 +565,80 @@ void bench_attention_memory(bench& s) {
         if (!(mb < 1e9) || !(core_mb < 1e9)) {  // NaN: a child failed
             s.out.check(c.name + ": memory measurement", std::numeric_limits<double>::infinity(), 0);
         }
+    }
+}
+
+}  // namespace dimsum_bench
+
+namespace dimsum_bench {
+
+// Attention's forward and backward (the gradients of Q, K and V of causal attention, model
+// 1024 in 16 heads), dimsum's fused backward against PyTorch's autograd at its best of 1 and 2
+// threads, with the peak memory of each. GFLOP/s count the products the algorithm needs: the
+// forward's two and the backward's five, each over the half of the (queries, keys) plane a
+// causal mask leaves (the fused backward does one more, for each query's log-sum-exp).
+void bench_attention_backward(bench& s) {
+    const std::vector<std::size_t> lengths = s.opt.small ? std::vector<std::size_t>{40} : std::vector<std::size_t>{2048, 4096};
+    bool header = false;
+    for (std::size_t seq : lengths) {
+        const std::string name = "attention_backward_causal_1024x16_seq" + std::to_string(seq);
+        if (!s.selected(name)) continue;
+        if (!header) {
+            std::fprintf(s.out.table, "\n%-40s %7s %9s %8s %6s  %9s %-12s %7s  %8s %8s\n", "attention forward and backward",
+                         "threads", "ms", "GFLOP/s", "peak", "torch ms", "torch ran as", "speedup", "MB", "torch MB");
+            header = true;
+        }
+        const double flops = 7.0 * 2.0 * double(seq) * double(seq) * 64.0 * 16.0 / 2.0;
+        attention_backward_problem problem(seq, 16);
+        s.out.check(name + ": against the gradients step by step", problem.error_against_step_by_step(), 1e-4);
+        const double mb = attention_memory_mb_of(s.opt, "backward:" + std::to_string(seq));
+        std::vector<double> seconds(s.opt.threads.size(), std::numeric_limits<double>::infinity());
+        std::string why = s.opt.small ? "--small" : "";
+        double torch_ms = NAN, torch_mb = NAN;
+        int torch_threads = 0;
+        for (int turn = 0; turn < rounds(s.opt); ++turn) {
+            for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
+                ds::set_num_threads(s.opt.threads[t]);
+                settle(s.opt);
+                seconds[t] = std::min(seconds[t], batch_seconds(s.opt, [&] { problem.run(); }));
+            }
+            if (s.opt.small || (turn > 0 && !(torch_ms > 0))) continue;
+            const std::string arguments = std::string("'" DIMSUM_ATTENTION_BACKWARD_TORCH_SCRIPT "' --rounds=1 --threads=") +
+                                          thread_list(s.opt) + (s.opt.quick ? " --quick" : "") + " --case " + name + ":1," +
+                                          std::to_string(seq) + ",16,64";
+            read_torch_script(arguments, "torch_attention_backward", why, [&](const char* line) {
+                char row[128];
+                int threads;
+                double ms, extra_mb;
+                if (std::sscanf(line, "torch_attention_backward_best,%127[^,],%d,%lf,%lf", row, &threads, &ms, &extra_mb) == 4 &&
+                    !(ms >= torch_ms)) {
+                    torch_ms = ms;
+                    torch_mb = extra_mb;
+                    torch_threads = threads;
+                }
+            });
+        }
+        if (!(torch_ms > 0)) std::fprintf(s.out.table, "skipped: pytorch: %s; %s is compared with the FMA peak only\n", why.c_str(), name.c_str());
+        const std::string how = "autograd on " + std::to_string(torch_threads) + (torch_threads == 1 ? " thread" : " threads");
+        for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
+            const double gflops = flops / seconds[t] * 1e-9;
+            std::fprintf(s.out.table, "%-40s %7d %9.2f %8.1f %5.0f%%  %9.2f %-12s %7.2f  %8.1f %8.1f\n", s.out.row_name(name).c_str(),
+                         s.opt.threads[t], seconds[t] * 1e3, gflops, 100.0 * gflops / s.limits.fma_peak[t], torch_ms,
+                         torch_ms > 0 ? std::to_string(torch_threads).c_str() : "-", torch_ms * 1e-3 / seconds[t], mb, torch_mb);
+            if (s.out.csv) {
+                auto csv_row = [&](const char* baseline, double mine, double theirs, const char* unit, const std::string& what) {
+                    std::fprintf(s.out.csv, "%s,%d,%.6g,%s,%.6g,%.6g,%s,%s\n", s.out.row_name(name).c_str(), s.opt.threads[t], mine,
+                                 baseline, theirs, mine / theirs, unit, what.c_str());
+                };
+                if (torch_ms > 0) csv_row("pytorch", gflops, flops / torch_ms * 1e-6, "GFLOP/s", how);
+                csv_row("fma_peak", gflops, s.limits.fma_peak[t], "GFLOP/s", "xsimd fma chains");
+                if (torch_ms > 0 && t == s.opt.threads.size() - 1) {
+                    csv_row("pytorch_memory", mb, torch_mb, "MB", "peak memory beyond Q K V and their gradients");
+                }
+            }
+        }
+        if (!(mb < 1e9)) s.out.check(name + ": memory measurement", std::numeric_limits<double>::infinity(), 0);
+        std::fflush(s.out.table);
     }
 }
 

@@ -332,6 +332,7 @@ void bench_gather(bench& s, std::size_t rows, std::size_t cols);
 
 void bench_attention(bench& s);
 void bench_attention_memory(bench& s);
+void bench_attention_backward(bench& s);
 void bench_bf16_kv_cache(bench& s);
 void bench_bf16_attention_core(bench& s);
 void bench_decoder(bench& s);

@@ -101,6 +101,7 @@ int run(const options& opt) {
     bench_gather(s, elements / 768, 768);
     bench_attention(s);
     bench_attention_memory(s);
+    bench_attention_backward(s);
     bench_bf16_kv_cache(s);
     bench_bf16_attention_core(s);
     bench_decoder(s);
