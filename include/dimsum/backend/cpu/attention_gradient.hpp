@@ -221,12 +221,13 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
     std::fill(dqt, dqt + size.d_rows * m_cols, T(0));
     alignas(64) T shift[tiling::queries], row_d[tiling::queries];
     for (std::size_t key = first_key; key < last_key; key += bk) {
-        const std::size_t cols = std::min(bk, last_key - key);
-        copy_padded(sub(in.k, key, 0, cols, d), cols, d, bk_rows, dp, k);
-        copy_padded(sub(in.v, key, 0, cols, dv), cols, dv, bk_rows, dvp, v);
+        // this block's keys, in whole row panels: a short sequence computes no more rows than it has
+        const std::size_t cols = std::min(bk, last_key - key), rows_k = round_up(cols, gemm_tiling<T>::mr);
+        copy_padded(sub(in.k, key, 0, cols, d), cols, d, rows_k, dp, k);
+        copy_padded(sub(in.v, key, 0, cols, dv), cols, dv, rows_k, dvp, v);
         copy_padded(transposed(sub(in.k, key, 0, cols, d)), d, cols, size.d_rows, bk, kt);
-        std::fill(dk, dk + bk_rows * dp, T(0));
-        std::fill(dv_sums, dv_sums + bk_rows * dvp, T(0));
+        std::fill(dk, dk + rows_k * dp, T(0));
+        std::fill(dv_sums, dv_sums + rows_k * dvp, T(0));
         // the first block of queries that sees a key of this block (a causal mask hides it from the earlier ones)
         std::size_t first = 0;
         if (p.causal) {
@@ -234,7 +235,7 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
         }
         for (; first < m; first += bq) {
             const std::size_t queries = std::min(bq, m - first), q_cols = round_up(queries, nr);
-            const matrix<T> s_t{st, bk_rows, q_cols, ld(bq), 1}, ds_t{dst, bk_rows, q_cols, ld(bq), 1};
+            const matrix<T> s_t{st, rows_k, q_cols, ld(bq), 1}, ds_t{dst, rows_k, q_cols, ld(bq), 1};
             // S^T = K Q^T, then P^T = e^(scale S^T - lse) (or of the score function's S^T), 0
             // where a key is masked, past the keys, and for a query that sees none
             macro_kernel<T>({.a = {.direct = k, .ld = ld(dp)}, .b = {.direct = qt + first, .ld = ld(m_cols)}, .depth = d, .c = s_t});
@@ -250,7 +251,7 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
                 shift[i] = sees ? lse[first + i] : infinity;
                 row_d[i] = i < queries ? rows_d[first + i] : T(0);
             }
-            for (std::size_t j = 0; j < bk_rows; ++j) {
+            for (std::size_t j = 0; j < rows_k; ++j) {
                 T* row = st + j * bq;
                 // the queries that see key + j: from the first whose visible keys (visible_keys) pass it
                 std::size_t from = j < cols ? 0 : q_cols;
@@ -269,7 +270,7 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
             // dP^T = V dO^T, then dS^T = slope P^T (dP^T - D)
             macro_kernel<T>({.a = {.direct = v, .ld = ld(dvp)}, .b = {.direct = d_ot + first, .ld = ld(m_cols)}, .depth = dv, .c = ds_t});
             const batch slope(p.slope);
-            for (std::size_t j = 0; j < bk_rows; ++j) {
+            for (std::size_t j = 0; j < rows_k; ++j) {
                 const T* weights = st + j * bq;
                 T* row = dst + j * bq;
                 for (std::size_t i = 0; i < q_cols; i += width) {
@@ -279,9 +280,9 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
             }
             // dV += P^T dO, dK += dS^T Q, dQ^T += K^T dS^T
             macro_kernel<T>({.a = {.direct = st, .ld = ld(bq)}, .b = {.direct = d_o + first * dvp, .ld = ld(dvp)}, .depth = queries,
-                             .c = matrix<T>{dv_sums, bk_rows, dvp, ld(dvp), 1}, .accumulate = true});
+                             .c = matrix<T>{dv_sums, rows_k, dvp, ld(dvp), 1}, .accumulate = true});
             macro_kernel<T>({.a = {.direct = dst, .ld = ld(bq)}, .b = {.direct = q + first * dp, .ld = ld(dp)}, .depth = queries,
-                             .c = matrix<T>{dk, bk_rows, dp, ld(dp), 1}, .accumulate = true});
+                             .c = matrix<T>{dk, rows_k, dp, ld(dp), 1}, .accumulate = true});
             macro_kernel<T>({.a = {.direct = kt, .ld = ld(bk)}, .b = {.direct = dst, .ld = ld(bq)}, .depth = cols,
                              .c = matrix<T>{dqt + first, size.d_rows, q_cols, ld(m_cols), 1}, .accumulate = true});
         }
