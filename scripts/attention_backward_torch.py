@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from attention_torch import openblas_core, peak_rss_bytes, reset_peak_rss, rss_bytes
+from attention_torch import best_environment, peak_rss_bytes, reset_peak_rss, rss_bytes
 from torch_timing import add_timing_options, best_seconds, parse_timing_options, torch_missing
 
 
@@ -68,12 +68,7 @@ def main():
         args.threads = int(args.threads)
         child(args)
         return 0
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.pop("OPENBLAS_CORETYPE", None)
-    core = openblas_core()
-    if core:
-        env["OPENBLAS_CORETYPE"] = core
+    env = best_environment()
     failed = False
     for case in args.case:
         results = []

@@ -210,6 +210,20 @@ def openblas_core():
     return core
 
 
+def best_environment():
+    """The environment a child process gets to run PyTorch at its best: OMP_WAIT_POLICY=PASSIVE,
+    huge-page malloc, and OpenBLAS's best kernels (openblas_core), whatever OPENBLAS_CORETYPE
+    the caller had set (a core type forced for another purpose can halve it)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    env.pop("OPENBLAS_CORETYPE", None)
+    core = openblas_core()
+    if core:
+        env["OPENBLAS_CORETYPE"] = core
+    return env
+
+
 def child(args):
     """Measure one (case, impl, threads); prints `ms,extra_mb` on stdout."""
     import torch
@@ -252,13 +266,7 @@ def main():
         child(args)
         return 0
 
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    env.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
-    env.pop("OPENBLAS_CORETYPE", None)  # a core type forced for another purpose can halve it
-    core = openblas_core()
-    if core:
-        env["OPENBLAS_CORETYPE"] = core
+    env = best_environment()
     threads = [int(t) for t in args.threads.split(",")]
     failed = False
     for case in args.case:

@@ -145,15 +145,9 @@ def main():
     torch.set_grad_enabled(False)
     if args.child is None:  # the parent: one child per thread count, each in torch's best environment
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from attention_torch import openblas_core
+        from attention_torch import best_environment
 
-        env = dict(os.environ)
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        env.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
-        env.pop("OPENBLAS_CORETYPE", None)
-        core = openblas_core()
-        if core:
-            env["OPENBLAS_CORETYPE"] = core
+        env = best_environment()
         failed = False
         for threads in args.threads.split(","):
             command = [sys.executable, os.path.abspath(__file__), "--child", threads, "--seconds", str(args.seconds)]
