@@ -8,6 +8,8 @@
 
 #include "counting_new.hpp"
 
+#include <limits>
+
 using counting_new::allocations;
 
 namespace ds = dimsum;
@@ -186,4 +188,71 @@ TEST_CASE("the workspace can be released, and grows again on demand") {
     ds::release_workspace();
     auto after = ds::eval(ds::matmul(a, b));
     REQUIRE(std::equal(before.data(), before.data() + before.size(), after.data()));
+}
+
+namespace {
+
+using TSeq = ds::axis<"seq">;
+using TKey = ds::axis<"key">;
+using TModel = ds::axis<"model", 12>;
+using THeads = ds::axis<"heads", 2>;
+using THead = ds::axis<"head", 6>;
+using TInner = ds::axis<"heads_head", 12>;
+using TVocab = ds::axis<"vocab", 7>;
+
+struct tiny_model {
+    BOOST_HANA_DEFINE_STRUCT(tiny_model,
+        (ds::tensor<float, TModel, TInner>, w_q),
+        (ds::tensor<float, TModel, TInner>, w_k),
+        (ds::tensor<float, TModel, TInner>, w_v),
+        (ds::tensor<float, TInner, TModel>, w_o),
+        (ds::tensor<float, TModel, TVocab>, w_out));
+};
+
+// (seq, heads_head) -> (heads, seq, head)
+auto heads_of(auto&& t) { return ds::transpose<TSeq, THeads>(ds::view<TSeq, THeads, THead>(std::forward<decltype(t)>(t))); }
+
+// A pre-norm block with causal attention and a cross-entropy over its vocabulary.
+auto tiny_loss(const tiny_model& w, const ds::tensor<float, TSeq, TModel>& x, const ds::tensor<std::int64_t, TSeq>& targets) {
+    const std::size_t seq = x.shape().extent(0);
+    auto h = ds::layer_norm(x);
+    auto q = heads_of(ds::matmul(h, w.w_q));
+    auto k = ds::rename<TSeq, TKey>(heads_of(ds::matmul(h, w.w_k)));
+    auto v = ds::rename<TSeq, TKey>(heads_of(ds::matmul(h, w.w_v)));
+    auto z = ds::matmul(ds::softmax(ds::masked_fill(ds::matmul(q, ds::transpose(k)) * 0.4f, ds::causal_mask(TSeq{seq}, TKey{seq}),
+                                                    -std::numeric_limits<float>::infinity())),
+                        v);
+    auto r = x + ds::matmul(ds::view<TSeq, TInner>(ds::transpose<THeads, TSeq>(z)), w.w_o);
+    return ds::nn::cross_entropy<TVocab>(ds::matmul(r, w.w_out), targets);
+}
+
+}  // namespace
+
+TEST_CASE("a training step allocates nothing after the first: the loss, its gradients through fused attention, clipping, AdamW") {
+    for (int threads : {1, 2}) {
+        INFO("threads: " << threads);
+        ds::set_num_threads(threads);
+        tiny_model m;
+        std::uint64_t seed = 1;
+        boost::hana::for_each(boost::hana::accessors<tiny_model>(), [&](auto accessor) { ds::fill_normal(boost::hana::second(accessor)(m), seed++, 0.0, 0.3); });
+        tiny_model g = m;
+        ds::tensor<float, TSeq, TModel> x(TSeq{19});
+        ds::fill_normal(x, 9);
+        ds::tensor<std::int64_t, TSeq> targets(TSeq{19});
+        for (std::size_t i = 0; i < 19; ++i) targets(i) = static_cast<std::int64_t>(i * 5 % 7);
+        ds::nn::adamw opt(m, {.learning_rate = 1e-2});
+        auto step = [&] {
+            const double loss = ds::backward(tiny_loss(m, x, targets), m, g);
+            ds::nn::clip_grad_norm(g, 1.0);
+            opt.step(m, g);
+            return loss;
+        };
+        const double first = step();  // the first step sizes the workspace
+        std::size_t before = allocations.load();
+        double last = first;
+        for (int repeat = 0; repeat < 3; ++repeat) last = step();
+        REQUIRE(allocations.load() - before == 0);
+        CHECK(last < first);  // and it learns
+    }
+    ds::set_num_threads(0);
 }

@@ -576,7 +576,8 @@ inline void differentiate(program& p, std::size_t output, std::size_t cotangent,
         return s.kind == step_kind::tensor && std::find(leaves.begin(), leaves.end(), s.binding) != leaves.end();
     };
     const std::size_t count = output + 1;  // the steps the output may read
-    std::vector<char> depends(count, 0);  // whether a step reads a leaf through steps that carry gradients
+    std::vector<char>& depends = p.sweep.depends;  // whether a step reads a leaf through steps that carry gradients
+    depends.assign(count, 0);
     for (std::size_t id = 0; id < count; ++id) {
         const step& s = p.steps[id];
         if (is_leaf(s)) {
@@ -587,21 +588,25 @@ inline void differentiate(program& p, std::size_t output, std::size_t cotangent,
             if (differentiation::carries_gradient(s, o)) depends[id] |= depends[s.operands[o]];
         }
     }
-    std::vector<char> live(count, 0);  // read by the output
+    std::vector<char>& live = p.sweep.live;  // read by the output
+    live.assign(count, 0);
     live[output] = 1;
     for (std::size_t id = count; id-- > 0;) {
         if (!live[id]) continue;
         for (std::size_t o = 0; o < p.steps[id].operand_count; ++o) live[p.steps[id].operands[o]] = 1;
     }
-    std::vector<std::size_t> readers(count, 0);  // operand slots of live steps that read each step
+    std::vector<std::size_t>& readers = p.sweep.readers;  // operand slots of live steps that read each step
+    readers.assign(count, 0);
     for (std::size_t id = 0; id < count; ++id) {
         if (!live[id]) continue;
         for (std::size_t o = 0; o < p.steps[id].operand_count; ++o) ++readers[p.steps[id].operands[o]];
     }
-    std::vector<std::size_t> adjoint(count, no_step);
+    std::vector<std::size_t>& adjoint = p.sweep.adjoint;
+    adjoint.assign(count, no_step);
     differentiation::builder b(p, p.steps[output].computes_in);
     adjoint[output] = cotangent;
-    std::vector<std::size_t> records;  // this sweep's attentions, in p.attention_backwards
+    std::vector<std::size_t>& records = p.sweep.records;  // this sweep's attentions, in p.attention_backwards
+    records.clear();
     for (std::size_t id = count; id-- > 0;) {
         if (adjoint[id] == no_step || !depends[id]) continue;
         const step s = p.steps[id];  // a copy: the builder appends to p.steps

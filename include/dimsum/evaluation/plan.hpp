@@ -178,6 +178,8 @@ struct plan {
     std::vector<std::size_t> leaves;
     std::vector<std::size_t> formula_steps;  // the step of each node of the formula being built
     std::vector<layout*> alongside_c;  // fold_product_batches: the layouts that fold with a product's C
+    // the attention steps whose entries keep each query's log-sum-exp, and where (attend)
+    std::vector<std::pair<std::size_t, place>> log_sum_exps;
 
     // Empty, for a program of `steps` steps. values keeps its elements: placed says which
     // are set, and a plan made in a loop then writes no more memory than it uses.
@@ -191,6 +193,7 @@ struct plan {
         if (stored_values.size() < steps) stored_values.resize(steps);
         stored_placed.assign(steps, 0);
         leaves.clear();
+        log_sum_exps.clear();
     }
 };
 
@@ -664,7 +667,7 @@ private:
             const place lse = temporary(dst.where.rank - 1, dst.where.extents);  // (batch..., queries)
             plan_.entries.back().with_lse = true;
             plan_.entries.back().also_out[0] = lse;
-            log_sum_exps_.push_back({id, lse});
+            plan_.log_sum_exps.push_back({id, lse});
         }
     }
     // The inputs of the rest of attention's score function, placed (or read as stored).
@@ -716,7 +719,7 @@ private:
         set_broadcast_operands(e, r, operands[0], operands[1], operands[2], operands[3], operands[4]);
         // the log-sum-exps the forward's entry kept (attend: O is an attention step, whose
         // entry value(O) planned above; the last, where O was computed more than once)
-        for (auto kept = log_sum_exps_.rbegin(); kept != log_sum_exps_.rend() && !e.with_lse; ++kept) {
+        for (auto kept = plan_.log_sum_exps.rbegin(); kept != plan_.log_sum_exps.rend() && !e.with_lse; ++kept) {
             if (kept->first != a.output) continue;
             e.with_lse = true;
             e.operands[e.operand_count++] = kept->second;
@@ -743,8 +746,6 @@ private:
     const std::vector<step>& steps_;
     const std::vector<attention_match>& attentions_;
     const std::vector<attention_backward>& backwards_;
-    // the attention steps whose entries keep each query's log-sum-exp, and where (attend)
-    std::vector<std::pair<std::size_t, place>> log_sum_exps_;
     const std::vector<binding>& bindings_;
     planner_options options_;
     plan& plan_;

@@ -191,6 +191,11 @@ struct program {
         std::vector<std::size_t> products, readers;
         std::vector<char> seen, written;
     } scratch;
+    // differentiate's (differentiate.hpp), likewise: a training step allocates nothing after its first
+    struct {
+        std::vector<char> depends, live;
+        std::vector<std::size_t> readers, adjoint, records;
+    } sweep;
 
     void clear() {
         steps.clear();

@@ -33,7 +33,9 @@ namespace detail {
 // A program's memory and steps for the gradients of a struct, kept for their capacity.
 template <class T>
 struct struct_gradients {
-    std::vector<std::vector<std::size_t>> extents;   // of each tensor differentiated
+    // the extents of each tensor differentiated, one after another (extent_ends[i]: where the
+    // i-th's end): flat, so that a training step allocates nothing after its first
+    std::vector<std::size_t> extents, extent_ends;
     std::vector<evaluation::strided<T>> destinations;  // each gradient's memory
     std::vector<std::size_t> leaf_steps, leaves, gradients;  // the parameters' steps and bindings, the gradients' steps
 };
@@ -63,17 +65,21 @@ void for_each_tensor(Leaves& leaves, F&& f) {
 template <class T, class Output, class Leaves, class Grads>
 void match_gradients(const Output& output, const Leaves& leaves, Grads& grads, struct_gradients<T>& state, const char* op) {
     state.extents.clear();
+    state.extent_ends.clear();
     state.destinations.clear();
     for_each_tensor(leaves, [&]<class M>(const std::string&, const M& leaf) {
         static_assert(std::is_same_v<std::remove_const_t<typename M::value_type>, T>,
                       "dimsum: backward: every tensor differentiated holds the formula's element type");
         auto e = leaf.shape().extents();
-        state.extents.emplace_back(e.begin(), e.end());
+        state.extents.insert(state.extents.end(), e.begin(), e.end());
+        state.extent_ends.push_back(state.extents.size());
     });
     for_each_tensor(grads, [&]<class M>(const std::string& name, M& gradient) {
         const std::size_t i = state.destinations.size();
         auto e = gradient.shape().extents();
-        if (i >= state.extents.size() || !std::equal(e.begin(), e.end(), state.extents[i].begin(), state.extents[i].end())) {
+        const auto first = state.extents.begin() + std::ptrdiff_t(i == 0 ? 0 : i < state.extent_ends.size() ? state.extent_ends[i - 1] : 0);
+        if (i >= state.extent_ends.size() ||
+            !std::equal(e.begin(), e.end(), first, state.extents.begin() + std::ptrdiff_t(state.extent_ends[i]))) {
             throw std::invalid_argument(std::string("dimsum: ") + op + ": the gradients' " + name +
                                         " does not match its parameter (ds::gradients makes a matching struct)");
         }
@@ -82,7 +88,7 @@ void match_gradients(const Output& output, const Leaves& leaves, Grads& grads, s
         }
         state.destinations.push_back(evaluation::to_strided(gradient.view()));
     });
-    if (state.destinations.size() != state.extents.size()) {
+    if (state.destinations.size() != state.extent_ends.size()) {
         throw std::invalid_argument(std::string("dimsum: ") + op + ": the gradients' struct does not hold a tensor for every parameter");
     }
 }

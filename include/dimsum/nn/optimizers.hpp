@@ -102,7 +102,7 @@ using element_of = decltype(first_element<Layer>());
 template <class Params>
 double clip_grad_norm(Params& grads, double max_norm) {
     using T = detail::element_of<Params>;
-    detail::flat_tensors<T> g;
+    thread_local detail::flat_tensors<T> g;  // kept for its capacity: a training step allocates nothing
     detail::collect(grads, g);
     double squares = 0;
     for (std::size_t t = 0; t < g.data.size(); ++t) {
