@@ -120,7 +120,7 @@ struct entry {
     bool with_lse = false;
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention, attention_backward: what the matcher found
-    double slope = 1;                // attention_backward: the score function's (attention_backward)
+    double slope = 1;                // attention_backward: the score function's slope (see attention_backward)
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
     // rowwise: its kernel, its axis and layer_norm's epsilon (number); gather, scatter: the table's axis;
     // indices: causal_mask (causal) or arange. Copied from the step, so that an executor reads
@@ -131,10 +131,9 @@ struct entry {
     bool causal = false;
     // What the kernel reads, each in its own type (a kernel that reads bf16 reads it where it
     // lies) and laid out with the entry's rank (broadcast): gemm: A and B (B's binding, where
-    // packed_right); attention: Q, K^T and V; attention_backward: Q, K^T, V, O, dO (and the
-    // log-sum-exps, with_lse); rowwise:
-    // the lines; gather: the table and the ids (integers); scatter: the values and the ids;
-    // convert: the binding; narrow: the value it rounds.
+    // packed_right); attention: Q, K^T and V; attention_backward: Q, K^T, V, O, dO and the
+    // log-sum-exps; rowwise: the lines; gather: the table and the ids (integers); scatter: the
+    // values and the ids; convert: the binding; narrow: the value it rounds.
     std::array<place, 6> operands{};
     std::size_t operand_count = 0;
     // fused, copy: the formula the pass computes; gemm: its epilogue; attention, attention_backward:
