@@ -461,7 +461,6 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
     throw std::logic_error("dimsum: differentiate: a step without operands has no contribution");
 }
 
-
 // Whether the elementwise formula rooted at `id` reads step `target`.
 inline bool reads(const std::vector<step>& steps, std::size_t id, std::size_t target) {
     if (id == target) return true;
