@@ -77,9 +77,12 @@ void match_gradients(const Output& output, const Leaves& leaves, Grads& grads, s
     for_each_tensor(grads, [&]<class M>(const std::string& name, M& gradient) {
         const std::size_t i = state.destinations.size();
         auto e = gradient.shape().extents();
-        const auto first = state.extents.begin() + std::ptrdiff_t(i == 0 ? 0 : i < state.extent_ends.size() ? state.extent_ends[i - 1] : 0);
-        if (i >= state.extent_ends.size() ||
-            !std::equal(e.begin(), e.end(), first, state.extents.begin() + std::ptrdiff_t(state.extent_ends[i]))) {
+        const bool matches = i < state.extent_ends.size() && [&] {  // the i-th leaf's extents, from where the one before ends
+            const auto kept = state.extents.begin();
+            const std::size_t begin = i == 0 ? 0 : state.extent_ends[i - 1];
+            return std::equal(e.begin(), e.end(), kept + std::ptrdiff_t(begin), kept + std::ptrdiff_t(state.extent_ends[i]));
+        }();
+        if (!matches) {
             throw std::invalid_argument(std::string("dimsum: ") + op + ": the gradients' " + name +
                                         " does not match its parameter (ds::gradients makes a matching struct)");
         }

@@ -104,25 +104,15 @@ item_view<T> item_of(const attention_gradient_problem<T>& p, std::size_t item) {
 }
 
 // A tile of scores S (queries x cols of the block of keys from `key`, row-major, `ld`
-// apart) made the softmax's input as the forward makes it: scaled, the rest of the score
-// function applied, and -infinity past the keys each query sees (and past `cols`, up to
-// `cols_pad`).
+// apart) scaled, then the rest of the score function applied, as the forward does before its
+// causal mask (which key_range applies to P).
 template <class T>
-void prepare_scores(const attention_gradient_problem<T>& p, std::size_t item, std::size_t first_query, std::size_t queries,
-                    std::size_t key, std::size_t cols, std::size_t cols_pad, T* scores, std::size_t ld) {
-    const std::size_t m = p.q.rows, n = p.k.rows;
+void apply_score_function(const attention_gradient_problem<T>& p, std::size_t item, std::size_t first_query,
+                          std::size_t queries, std::size_t key, std::size_t cols, T* scores, std::size_t ld) {
     if (p.scale != T(1)) {
         for (std::size_t i = 0; i < queries; ++i) scale_line(scores + i * ld, cols, p.scale);
     }
-    if (p.scores.apply) p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, ld);
-    for (std::size_t i = 0; i < queries; ++i) {
-        std::size_t live = cols;
-        if (p.causal) {
-            const std::size_t visible = visible_keys(first_query + i, m, n);
-            live = visible <= key ? 0 : std::min(cols, visible - key);
-        }
-        std::fill(scores + i * ld + live, scores + i * ld + cols_pad, -std::numeric_limits<T>::infinity());
-    }
+    p.scores.apply(p.scores.context, item, first_query, key, queries, cols, scores, ld);
 }
 
 // The sizes of a task's copies and tiles (key_range), padded to the micro-kernel's panels:
@@ -136,15 +126,14 @@ struct task_sizes {
     std::size_t bk;      // keys per block, in column panels (K^T)
     std::size_t bk_rows;  // keys per block in row panels (K, V, the tiles, dK, dV)
     std::size_t m;       // queries
-    // phase 2: the item's Q (m, dp), dO (m, dvp), Q^T (dp, m_cols), dO^T (dvp, m_cols) and dQ^T
+    // the item's Q (m, dp), dO (m, dvp), Q^T (dp, m_cols), dO^T (dvp, m_cols) and dQ^T
     // (d_rows, m_cols); a block of keys' K (bk_rows, dp), V (bk_rows, dvp), K^T (d_rows, bk),
     // dK (bk_rows, dp) and dV (bk_rows, dvp); two tiles (bk_rows, bq) and a row-major one
     // (bq, bk) for the score function.
-    std::size_t keys() const {
+    std::size_t total() const {
         return up(m * dp) + up(m * dvp) + up(dp * m_cols) + up(dvp * m_cols) + up(d_rows * m_cols) + up(bk_rows * dp) * 2 +
                up(bk_rows * dvp) * 2 + up(d_rows * bk) + up(bk_rows * bq) * 2 + up(bq * bk);
     }
-    std::size_t total() const { return keys(); }
     static std::size_t up(std::size_t x) { return round_up(x, 16); }  // a cache line of float
 };
 template <class T>
@@ -240,9 +229,9 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
             // where a key is masked, past the keys, and for a query that sees none
             macro_kernel<T>({.a = {.direct = k, .ld = ld(dp)}, .b = {.direct = qt + first, .ld = ld(m_cols)}, .depth = d, .c = s_t});
             T scale = p.scale;
-            if (p.scores.apply) {  // the score function reads S row-major: through s, scaled and masked there
+            if (p.scores.apply) {  // the score function reads S row-major: through s, scaled there
                 transpose_tile(st, bq, cols, queries, s, bk);
-                prepare_scores(p, item, first, queries, key, cols, bk, s, bk);
+                apply_score_function(p, item, first, queries, key, cols, s, bk);
                 transpose_tile(s, bk, queries, cols, st, bq);
                 scale = T(1);
             }
@@ -304,6 +293,7 @@ void attention_gradient(const attention_gradient_problem<T>& p) {
     using tiling = attention_gradient_tiling<T>;
     const std::size_t m = p.q.rows, n = p.k.rows, d = p.q.cols, dv = p.v.cols, items = p.batch.count();
     if (items == 0) return;
+    if (!p.lse) throw std::logic_error("dimsum: attention_gradient: the forward's log-sum-exps are missing");
     if (m == 0 || n == 0) {  // no queries or no keys: no weights, every gradient 0
         auto zero = [](const matrix<T>& x) {
             for (std::size_t i = 0; i < x.rows; ++i) {
@@ -331,7 +321,6 @@ void attention_gradient(const attention_gradient_problem<T>& p) {
     splits = (key_blocks + blocks_per_split - 1) / blocks_per_split;  // none empty
     const std::size_t partial_size = splits > 1 ? m * d : 0;  // per task
 
-    if (!p.lse) throw std::logic_error("dimsum: attention_gradient: the forward's log-sum-exps are missing");
     // The caller's scratch, shared by the team: D per query, the partial dQs.
     T* rows_d = scratch<T>(scratch_use::attention_rows, items * m + items * splits * partial_size);
     T* partials = rows_d + items * m;
