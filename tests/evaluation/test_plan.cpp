@@ -4,6 +4,7 @@
 // what the pass makes of a program alone. And explain()'s text for the README's attention.
 #include "support.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -766,6 +767,40 @@ TEST_CASE("plans run by both backends agree with each other on odd sizes") {
         auto slow = ds::eval(f, ds::backend::reference::evaluator{});
         test::require_close(fast, test::to_xt(slow), 1e-5, 1e-5);
     }
+}
+
+TEST_CASE("a gradient's plan computes each product once, and a shared weight's gradient in one product") {
+    ds::tensor<float, Batch, Query, Head> x(Batch{2}, Query{5}), target(Batch{2}, Query{5});
+    ds::tensor<float, Head, Model> w_1;
+    ds::tensor<float, Model> b_1;
+    ds::tensor<float, Model, Head> w_2;
+    ds::fill_uniform(x, 1);
+    ds::fill_uniform(target, 2);
+    ds::fill_uniform(w_1, 3);
+    ds::fill_uniform(b_1, 4);
+    ds::fill_uniform(w_2, 5);
+    auto check = [&](const auto& loss) {
+        const auto gradient = ds::grad(loss, w_1);
+        const planned p = plan_of(gradient);
+        std::vector<std::size_t> products;
+        for (const ev::entry& e : p.plan.entries) {
+            if (e.kind != ev::entry_kind::gemm) continue;
+            INFO(ev::explain(p.program, p.plan, "cpu"));
+            CHECK(std::find(products.begin(), products.end(), e.step) == products.end());
+            products.push_back(e.step);
+        }
+        // dW_1 = x^T dU over the rows of both batches: one product, no sum over the batch after it
+        CHECK(p.plan.entries.back().kind == ev::entry_kind::gemm);
+        CHECK(p.plan.entries.back().out.where.rank == 2);
+        test::require_close(ds::eval(gradient), test::to_xt(ds::eval(gradient, ds::backend::reference::evaluator{})), 1e-5, 1e-5);
+    };
+    // gelu(x W_1 + b_1) in the forward, gelu' of the same sum in the backward: the sum is
+    // read by two formulas, so neither gemm takes the product x W_1 as its epilogue's, and it
+    // is computed once
+    check(ds::nn::mean_squared_error(ds::matmul(ds::gelu(ds::matmul(x, w_1) + b_1), w_2), target));
+    // layer_norm(x W_1 + b_1): the backward reads the sum's mean and (sum - mean)^2, formulas
+    // that read the sum where the forward's gemm wrote it, not a product of their own
+    check(ds::nn::mean_squared_error(ds::matmul(ds::layer_norm(ds::matmul(x, w_1) + b_1, 1e-5), w_2), target));
 }
 
 // The README shows this plan: the test keeps the two the same.

@@ -88,14 +88,47 @@ inline void recognise_attention_backward(program& p) {
 // is neither elementwise nor a number, in evaluation order (a step read twice appears twice),
 // appended to `leaves`. The planner writes a formula's leaves in this order. With `computed`
 // (the planner's): an elementwise step whose value an entry computed already is a leaf too,
-// read rather than computed again (a forward value that a gradient's formula reads).
+// read rather than computed again (a forward value that a gradient's formula reads); with
+// `own` (mark_own_values'), so is one below id that is a value of its own.
 inline void find_leaves(const std::vector<step>& steps, std::size_t id, std::vector<std::size_t>& leaves,
-                        const std::vector<char>* computed = nullptr) {
-    const step& s = steps[id];
-    if (s.kind == step_kind::elementwise && !(computed && (*computed)[id])) {
-        for (std::size_t o = 0; o < s.operand_count; ++o) find_leaves(steps, s.operands[o], leaves, computed);
-    } else if (s.kind != step_kind::number) {
-        leaves.push_back(id);
+                        const std::vector<char>* computed = nullptr, const std::vector<char>* own = nullptr) {
+    auto walk = [&](auto& self, std::size_t at) -> void {
+        const step& s = steps[at];
+        const bool read = (computed && (*computed)[at]) || (own && at != id && (*own)[at]);
+        if (s.kind == step_kind::elementwise && !read) {
+            for (std::size_t o = 0; o < s.operand_count; ++o) self(self, s.operands[o]);
+        } else if (s.kind != step_kind::number) {
+            leaves.push_back(at);
+        }
+    };
+    walk(walk, id);
+}
+
+// own[id] := whether step id's value is memory of its own (or a root's) that the formulas
+// reading it read: the roots, and the operands of the live steps that are not elementwise
+// (kernels, views, joins). A formula that reads one reads its memory rather than computing it
+// again inside its own. (Neither a cast<bf16> nor its operand is one: the cast rounds its
+// operand as it is computed, and a kernel reads its bf16 value, which the planner places
+// apart: a formula computes the float cast again.) `live`: scratch.
+inline void mark_own_values(const program& p, std::vector<char>& own, std::vector<char>& live) {
+    own.assign(p.steps.size(), 0);
+    live.assign(p.steps.size(), 0);
+    if (p.steps.empty()) return;
+    own[p.root] = live[p.root] = 1;
+    for (const std::size_t root : p.other_roots) own[root] = live[root] = 1;
+    for (std::size_t id = p.steps.size(); id-- > 0;) {  // operands come before their readers
+        if (!live[id]) continue;
+        const step& s = p.steps[id];
+        for (std::size_t o = 0; o < s.operand_count; ++o) {
+            live[s.operands[o]] = 1;
+            if (s.kind != step_kind::elementwise && !rounds_to_bf16(p.steps[s.operands[o]])) own[s.operands[o]] = 1;
+        }
+        if (s.kind == step_kind::attention) {
+            live[p.attentions[s.index].scores] = live[p.attentions[s.index].score_function] = 1;
+        } else if (s.kind == step_kind::attention_gradient) {
+            const attention_backward& a = p.attention_backwards[s.index];
+            live[a.forward.scores] = live[a.forward.score_function] = live[a.output] = live[a.cotangent] = 1;
+        }
     }
 }
 
@@ -142,17 +175,16 @@ inline void group_epilogues(program& p) {
     std::vector<std::size_t>& readers = p.scratch.readers;
     count_readers(p.steps, readers);
     for (const attention_match& a : p.attentions) readers[a.scores] = no_step;  // never an epilogue's product
-    // The formulas the planner writes whole: the root's, and those of the operands of steps
-    // that are not elementwise (kernels, views, joins) or that round to bf16 (cast<bf16>, whose
-    // operand is computed, then rounded). A formula inside another is computed inside it: only
-    // the outer one is looked at, so that a chain of elementwise steps is walked once.
+    // The formulas the planner writes whole: the values of their own (mark_own_values) and
+    // the operands of casts to bf16 (computed, then rounded). A formula inside another is
+    // computed inside it: only the outer one is looked at, so that a chain of elementwise steps
+    // is walked once; the walks stop at values of their own, which a formula reads.
+    std::vector<char>& own = p.scratch.own;
+    mark_own_values(p, own, p.scratch.seen);
     std::vector<char>& written = p.scratch.written;
-    written.assign(p.steps.size(), 0);
-    written[p.root] = 1;
-    for (const std::size_t root : p.other_roots) written[root] = 1;
+    written = own;
     for (const step& s : p.steps) {
-        if (s.kind == step_kind::elementwise && !rounds_to_bf16(s)) continue;
-        for (std::size_t o = 0; o < s.operand_count; ++o) written[s.operands[o]] = 1;
+        if (rounds_to_bf16(s)) written[s.operands[0]] = 1;
     }
     p.scratch.seen.assign(p.steps.size(), 0);
     for (std::size_t id = 0; id < p.steps.size(); ++id) {
@@ -165,6 +197,7 @@ inline void group_epilogues(program& p) {
         // the leaves in find_leaves' order, up to the first that qualifies
         auto first_product = [&](auto& self, std::size_t at) -> bool {
             const step& here = p.steps[at];
+            if (at != id && own[at]) return false;  // a value of its own: read from its memory
             if (here.kind == step_kind::elementwise) {
                 for (std::size_t o = 0; o < here.operand_count; ++o) {
                     if (self(self, here.operands[o])) return true;
@@ -180,33 +213,38 @@ inline void group_epilogues(program& p) {
         };
         first_product(first_product, id);
     }
-    // A product that two written formulas take, neither inside the other (each reads it through
-    // steps of its own, as a forward value and a gradient that read the same difference do):
-    // neither keeps it, so that it is computed once, into a value both read, rather than once
-    // in each gemm. (One formula inside the other is planned first and read by the other.)
-    std::vector<std::size_t>& taker = p.scratch.readers;  // the formula that took each product
-    taker.assign(p.steps.size(), no_step);
-    std::vector<char> shared;
-    auto inside = [&](auto& self, std::size_t outer, std::size_t inner) -> bool {
-        if (outer == inner) return true;
-        const step& here = p.steps[outer];
-        if (here.kind != step_kind::elementwise) return false;
-        for (std::size_t o = 0; o < here.operand_count; ++o) {
-            if (self(self, here.operands[o], inner)) return true;
-        }
-        return false;
-    };
+    // A product that two written formulas read, each through steps of its own (as a forward
+    // value and a gradient that read the same sum do, gelu(x W + b) and gelu'(x W + b)), is kept
+    // by neither: it is computed once, into a value both read, rather than once in each gemm,
+    // or once in one's gemm and again for the other. A formula that reads another written
+    // whole reads its memory, or computes it inside its own (a cast of it): either way the
+    // product is that formula's, and the walk stops there.
+    std::vector<std::size_t>& reached_by = p.scratch.readers;  // the first formula that reads each product
+    reached_by.assign(p.steps.size(), no_step);
+    std::vector<char>& shared = p.scratch.seen;
+    shared.assign(p.steps.size(), 0);
+    std::vector<std::size_t>& walked = p.scratch.walked;  // the formula whose walk last passed each step
+    walked.assign(p.steps.size(), no_step);
+    bool any_shared = false;
     for (std::size_t id = 0; id < p.steps.size(); ++id) {
-        const std::size_t product = p.steps[id].kind == step_kind::elementwise ? p.steps[id].epilogue : no_step;
-        if (product == no_step) continue;
-        const std::size_t other = taker[product];
-        taker[product] = id;
-        if (other == no_step || inside(inside, id, other)) continue;  // formulas come after what they read
-        if (shared.empty()) shared.assign(p.steps.size(), 0);
-        shared[product] = 1;
+        if (p.steps[id].kind != step_kind::elementwise || !written[id]) continue;
+        auto walk = [&](auto& self, std::size_t at) -> void {
+            if (walked[at] == id || (at != id && written[at])) return;  // another formula's, counted there
+            walked[at] = id;
+            const step& here = p.steps[at];
+            if (is_product(here)) {
+                if (reached_by[at] == no_step) reached_by[at] = id;
+                else if (reached_by[at] != id) shared[at] = any_shared = true;
+                return;
+            }
+            if (here.kind != step_kind::elementwise) return;
+            for (std::size_t o = 0; o < here.operand_count; ++o) self(self, here.operands[o]);
+        };
+        walk(walk, id);
     }
+    if (!any_shared) return;
     for (step& s : p.steps) {
-        if (!shared.empty() && s.kind == step_kind::elementwise && s.epilogue != no_step && shared[s.epilogue]) s.epilogue = no_step;
+        if (s.kind == step_kind::elementwise && s.epilogue != no_step && shared[s.epilogue]) s.epilogue = no_step;
     }
 }
 

@@ -175,6 +175,7 @@ struct plan {
     std::vector<char> stored_placed;       // whether stored_values[step] is set
     // the planner's scratch, kept for its capacity
     std::vector<std::size_t> leaves;
+    std::vector<char> own_values, live;  // mark_own_values'
     std::vector<std::size_t> formula_steps;  // the step of each node of the formula being built
     std::vector<layout*> alongside_c;  // fold_product_batches: the layouts that fold with a product's C
     // the attention steps whose entries keep each query's log-sum-exp, and where (attend)
@@ -220,6 +221,7 @@ public:
           computes_in_(p.steps.empty() ? destination_type : p.steps[p.root].computes_in) {
         plan_.clear(steps_.size());
         plan_.destination_type = destination_type;
+        mark_own_values(p, plan_.own_values, plan_.live);
         const place out_to{memory_kind::destination, 0, destination, destination_type};
         if (other_destinations.size() != p.other_roots.size() || (!p.other_roots.empty() && destination_type != computes_in_)) {
             throw std::logic_error("dimsum: planner: the destinations do not match the program's roots");
@@ -558,7 +560,7 @@ private:
         std::size_t product = steps_[id].epilogue;
         if (product != no_step && (plan_.placed[product] || (bf16_dst && !is_dense(dst.where)))) product = no_step;
         const std::size_t first_leaf = plan_.leaves.size();
-        find_leaves(steps_, id, plan_.leaves, &plan_.placed);
+        find_leaves(steps_, id, plan_.leaves, &plan_.placed, &plan_.own_values);
         if (product != no_step && std::find(plan_.leaves.begin() + first_leaf, plan_.leaves.end(), product) == plan_.leaves.end()) {
             product = no_step;  // a value computed already stands between the formula and its product
         }

@@ -188,8 +188,8 @@ struct program {
     // the passes' scratch, kept for its capacity: a program lowered and planned in a loop
     // allocates nothing after the first time
     struct {
-        std::vector<std::size_t> products, readers;
-        std::vector<char> seen, written;
+        std::vector<std::size_t> products, readers, walked;
+        std::vector<char> seen, written, own;
     } scratch;
     // differentiate's (differentiate.hpp), likewise: a training step allocates nothing after its first
     struct {
