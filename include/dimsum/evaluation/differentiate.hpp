@@ -108,6 +108,9 @@ public:
     // v as the extents of `like`, which have as many elements (row-major order).
     std::size_t reshape(std::size_t v, const step& like) {
         if (same_extents(at(v), like)) return v;
+        // a constant broadcast (a mean's adjoint, 1 / count everywhere): the same constant
+        // at the new extents, inside its reader's formula, rather than memory to view
+        if (at(v).kind == step_kind::elementwise && all_numbers(at(v))) return expand(fold(at(v)), like);
         step s{step_kind::reshape};
         shape_like(s, like);
         s.operands[s.operand_count++] = v;
@@ -123,6 +126,16 @@ public:
         kept.extents[axis] = 1;
         kept.axes = nullptr;
         return reshape(v, kept);
+    }
+    // v (..., m, n) as a matrix (rows, n): its leading axes and m merged into rows.
+    std::size_t rows_of(std::size_t v) {
+        const step& from = at(v);
+        step matrix{step_kind::reshape};
+        matrix.rank = 2;
+        matrix.extents[0] = 1;
+        for (std::size_t i = 0; i + 1 < from.rank; ++i) matrix.extents[0] *= from.extents[i];
+        matrix.extents[1] = from.extents[from.rank - 1];
+        return reshape(v, matrix);
     }
     // v broadcast to like's extents.
     std::size_t expand(std::size_t v, const step& like) {
@@ -428,6 +441,12 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
         case step_kind::gather: return b.regather(s.kind, g, s.operands[1], operand, s.axis);
         case step_kind::scatter: return b.regather(s.kind, g, s.operands[1], operand, s.axis);
         case step_kind::matmul: {  // dA = dC B^T, dB = A^T dC, each summed over the batch axes it was broadcast along
+            if (o == 1 && operand.rank == 2 && s.rank > 2 && b.at(s.operands[0]).rank == s.rank) {
+                // a matrix B that every batch shares (a weight): one product over the rows of
+                // every batch, the batch axes folded into A's and dC's rows, rather than a
+                // product per batch and their sum
+                return b.matmul(b.transpose_last_two(b.rows_of(s.operands[0])), b.rows_of(g));
+            }
             const std::size_t product = o == 0 ? b.matmul(g, b.transpose_last_two(s.operands[1]))
                                                : b.matmul(b.transpose_last_two(s.operands[0]), g);
             return b.sum_to(product, operand);
