@@ -3,12 +3,14 @@
 
 #include <xtensor/xmath.hpp>
 #include <xtensor/xmanipulation.hpp>
+#include <xtensor/xview.hpp>
 
 #include <dimsum/backend/cpu/simd.hpp>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -144,6 +146,37 @@ TEST_CASE("reductions of transposed and strided operands, and of formulas") {
     test::require_close(ds::eval(ds::sum<Cols>(ds::transpose(t))), xt::sum(xt_t, {1}), 1e-13, 1e-13);
     test::require_close(ds::eval(ds::max<Rows>(ds::transpose(t))), xt::amax(xt_t, {0}), 0, 0);
     test::require_close(ds::eval(ds::mean<Rows>(t * t)), xt::mean(xt_t * xt_t, {0}), 1e-13, 1e-13);
+}
+
+TEST_CASE("sums and means along a leading axis, whole rows of columns at a time, with NaN and infinity in every lane") {
+    // columns across the vector widths and the 64-column tasks, rows across the 256-row blocks
+    for (std::size_t cols : {1, 7, 16, 17, 63, 64, 65, 100}) {
+        for (std::size_t rows : {1, 3, 257, 600}) {
+            ds::tensor<float, Batch, Rows, Cols> x(Batch{2}, Rows{rows}, Cols{cols});
+            ds::fill_uniform(x, rows * cols, -10, 10);
+            // a NaN or an infinity in a different column of each batch: every lane, the tails too
+            x(0, rows / 2, (rows + 3) % cols) = std::numeric_limits<float>::quiet_NaN();
+            x(1, rows - 1, (rows + 5) % cols) = std::numeric_limits<float>::infinity();
+            const xt::xarray<double> wide = xt::cast<double>(test::to_xt(x));
+            INFO("rows " << rows << ", cols " << cols);
+            // a few units of float's rounding of the sum of magnitudes (at most 10 a value)
+            const double tol = 4 * std::numeric_limits<float>::epsilon() * 10 * double(rows);
+            test::require_close(ds::eval(ds::sum<Rows>(x)), xt::sum(wide, {1}), 1e-6, tol);
+            test::require_close(ds::eval(ds::mean<Rows>(x)), xt::mean(wide, {1}), 1e-6, tol / double(rows));
+            test::require_close(ds::eval(ds::sum<Batch>(x)), xt::sum(wide, {0}), 1e-6, 1e-4);
+            // the columns strided (every other one): along lines instead, the same sums
+            auto every_other = ds::slice<Cols>(x, 0, cols, 2);
+            const xt::xarray<double> wide_other = xt::view(wide, xt::all(), xt::all(), xt::range(0, cols, 2));
+            test::require_close(ds::eval(ds::sum<Rows>(every_other)), xt::sum(wide_other, {1}), 1e-6, tol);
+            // on one thread and on two: the same bits
+            ds::set_num_threads(2);
+            const auto on_two = ds::eval(ds::sum<Rows>(x));
+            ds::set_num_threads(1);
+            const auto on_one = ds::eval(ds::sum<Rows>(x));
+            ds::set_num_threads(0);
+            CHECK(std::memcmp(on_one.data(), on_two.data(), on_one.size() * sizeof(float)) == 0);
+        }
+    }
 }
 
 TEST_CASE("a backend can be asked for by name") {

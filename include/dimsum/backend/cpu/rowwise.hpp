@@ -372,11 +372,102 @@ void layer_norm(const source_array<T>& x, const strided<T>& out, std::size_t axi
     });
 }
 
+namespace detail {
+
+// The columns a task of reduce_columns sums: four vectors, four independent sums.
+template <class T>
+inline constexpr std::size_t column_chunk = 4 * simd<T>::size;
+
+// The rows sum_columns adds in T before adding their sum in the wider type: as short a chain
+// as blocked_sums gives each lane of a line (256 values over 8 or 16 lanes).
+inline constexpr std::size_t column_block = 32;
+
+// out[j] := the sum of x[i * step + j] over i in [0, n), for j in [0, count), count at most
+// column_chunk: rows of a vector of columns added as they are read, in blocks of column_block
+// rows whose sums are added in the wider type.
+template <class T>
+void sum_columns(const T* x, std::ptrdiff_t step, std::size_t n, std::size_t count, T* out) {
+    using batch = simd<T>;
+    constexpr std::size_t width = batch::size, vectors = column_chunk<T> / width;
+    std::array<wide_t<T>, column_chunk<T>> total{};
+    alignas(64) std::array<T, column_chunk<T>> block;
+    for (std::size_t begin = 0; begin < n; begin += column_block) {
+        const std::size_t end = std::min(n, begin + column_block);
+        std::size_t j = 0;
+        if (count == column_chunk<T>) {
+            std::array<batch, vectors> part;
+            part.fill(batch(T(0)));
+            for (std::size_t i = begin; i < end; ++i) {
+                const T* row = x + static_cast<std::ptrdiff_t>(i) * step;
+                for (std::size_t v = 0; v < vectors; ++v) part[v] += batch::load_unaligned(row + v * width);
+            }
+            for (std::size_t v = 0; v < vectors; ++v) part[v].store_aligned(block.data() + v * width);
+            j = column_chunk<T>;
+        }
+        for (; j + width <= count; j += width) {
+            batch part(T(0));
+            for (std::size_t i = begin; i < end; ++i) part += batch::load_unaligned(x + static_cast<std::ptrdiff_t>(i) * step + j);
+            part.store_aligned(block.data() + j);
+        }
+        for (; j < count; ++j) {
+            T part = 0;
+            for (std::size_t i = begin; i < end; ++i) part += x[static_cast<std::ptrdiff_t>(i) * step + j];
+            block[j] = part;
+        }
+        for (j = 0; j < count; ++j) total[j] += block[j];
+    }
+    for (std::size_t j = 0; j < count; ++j) out[j] = static_cast<T>(total[j]);
+}
+
+// A sum or mean along an axis that is not x's last, where x's last axis is contiguous in x
+// and in out (`lines`, out at x's rank): the sum over the rows of a bias's gradient, (rows,
+// columns) -> (columns). Each task adds whole rows of a few columns (sum_columns), rather than
+// gathering each strided column into a line first. False, with nothing done, where it does
+// not apply (a maximum, a result rounded, a bf16 x, nothing to sum).
+template <class Reduction, class T>
+bool reduce_columns(const source_array<T>& x, const strided<T>& lines, std::size_t axis, const rounded_memory<T>& rounded) {
+    const std::size_t rank = x.where.rank, last = rank - 1;
+    if (std::is_same_v<Reduction, fn::max> || rank < 2 || axis == last || !x.holds_own() || rounded ||
+        x.where.strides[last] != 1 || lines.where.strides[last] != 1) {
+        return false;
+    }
+    const std::size_t n = x.where.extents[axis], columns = x.where.extents[last];
+    std::size_t outer = 1;  // the lines of columns: every index but axis's and the last's
+    for (std::size_t i = 0; i < last; ++i) outer *= i == axis ? 1 : x.where.extents[i];
+    if (n == 0 || columns == 0 || outer == 0) return false;
+    const std::size_t chunks = (columns + column_chunk<T> - 1) / column_chunk<T>;
+    const T* data = static_cast<const T*>(x.data);
+    auto sweep = [&](std::size_t first, std::size_t end) {
+        for (std::size_t item = first; item < end; ++item) {
+            std::ptrdiff_t x_at = 0, out_at = 0;
+            for (std::size_t i = last, rest = item / chunks; i-- > 0;) {
+                if (i == axis) continue;
+                const auto index = static_cast<std::ptrdiff_t>(rest % x.where.extents[i]);
+                rest /= x.where.extents[i];
+                x_at += index * x.where.strides[i];
+                out_at += index * lines.where.strides[i];
+            }
+            const std::size_t j = item % chunks * column_chunk<T>;
+            const std::size_t count = std::min(column_chunk<T>, columns - j);
+            T* y = lines.data + out_at + static_cast<std::ptrdiff_t>(j);
+            sum_columns(data + x_at + static_cast<std::ptrdiff_t>(j), x.where.strides[axis], n, count, y);
+            if constexpr (std::is_same_v<Reduction, fn::mean>) {
+                for (std::size_t k = 0; k < count; ++k) y[k] /= static_cast<T>(n);
+            }
+        }
+    };
+    split_range(outer * n * columns >= parallel_elements ? num_threads() : 1, outer * chunks, [] {}, sweep);
+    return true;
+}
+
+}  // namespace detail
+
 // (kernels.hpp)
 template <class Reduction, class T>
 void reduce(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded) {
     strided<T> lines{out.data, {x.where.rank, x.where.extents, {}, 0}};  // out seen at x's rank: stride 0 along axis
     for (std::size_t i = 0, k = 0; i < x.where.rank; ++i) lines.where.strides[i] = i == axis ? 0 : out.where.strides[k++];
+    if (detail::reduce_columns<Reduction>(x, lines, axis, rounded)) return;
     detail::for_each_line<T>(x, lines, axis, rounded, [](const T* in, T* y, std::size_t n, T*, const T*, bool) {
         if constexpr (std::is_same_v<Reduction, fn::max>) *y = detail::line_max(in, n);
         else if constexpr (std::is_same_v<Reduction, fn::mean>) *y = detail::line_sum(in, n) / static_cast<T>(n);
