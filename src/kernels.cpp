@@ -27,7 +27,8 @@ namespace dimsum::backend::cpu {
     template void reduce<fn::mean, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \
     template void gather<T>(const strided<const T>&, std::size_t, const evaluation::integers&, const strided<T>&); \
     template void scatter_add<T>(const strided<const T>&, std::size_t, const evaluation::integers&, const strided<T>&); \
-    template block_table<T> every_block<T>();
+    template block_table<T> every_block<T>();                                                                     \
+    template void adamw_update<T>(T*, const T*, T*, T*, std::size_t, std::size_t, const adamw_step<T>&);
 
 template const char* instruction_set<void>();
 template std::size_t packed_elements<float>(std::size_t, std::size_t);

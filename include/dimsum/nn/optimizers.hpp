@@ -26,10 +26,16 @@
 #include <boost/hana/front.hpp>
 #include <boost/hana/second.hpp>
 
+#include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/threads.hpp"
 #include "dimsum/nn/parameter_struct.hpp"
 #include "dimsum/runtime/threads.hpp"
 #include "dimsum/tensor/tensor.hpp"
+
+// The updates' definitions, unless they come compiled from dimsum::kernels.
+#ifndef DIMSUM_PRECOMPILED_KERNELS
+#include "dimsum/backend/cpu/optimizer.hpp"
+#endif
 
 namespace dimsum::nn {
 
@@ -54,13 +60,17 @@ void collect(Layer& layer, flat_tensors<T>& out) {
     });
 }
 
-// f(i) for every i in [0, n), on the team's threads where n is large.
+// f(first, last) for ranges that cover [0, n), on the team's threads where n is large.
+template <class F>
+void for_each_range(std::size_t n, F&& f) {
+    backend::cpu::split_range(n >= backend::cpu::parallel_elements ? ::dimsum::num_threads() : 1, n, [] {}, f);
+}
+// f(i) for every i in [0, n), likewise.
 template <class F>
 void for_each_element(std::size_t n, F&& f) {
-    backend::cpu::split_range(n >= backend::cpu::parallel_elements ? ::dimsum::num_threads() : 1, n, [] {},
-                              [&](std::size_t first, std::size_t last) {
-                                  for (std::size_t i = first; i < last; ++i) f(i);
-                              });
+    for_each_range(n, [&](std::size_t first, std::size_t last) {
+        for (std::size_t i = first; i < last; ++i) f(i);
+    });
 }
 
 // Whether two structs' tensors match one for one in number and size.
@@ -213,16 +223,14 @@ public:
         const T decay = static_cast<T>(1 - options.learning_rate * options.weight_decay);
         const T step_size = static_cast<T>(options.learning_rate / (1 - std::pow(options.beta1, t)));
         const T correction2 = static_cast<T>(std::sqrt(1 - std::pow(options.beta2, t)));
+        const backend::cpu::adamw_step<T> constants{decay, b1, b2, step_size, correction2, eps};
         for (std::size_t k = 0; k < p_.data.size(); ++k) {
             T* p = p_.data[k];
             const T* g = g_.data[k];
             T* m = m_.data[k];
             T* v = v_.data[k];
-            detail::for_each_element(p_.sizes[k], [&](std::size_t i) {
-                p[i] *= decay;
-                m[i] = b1 * m[i] + (T(1) - b1) * g[i];
-                v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
-                p[i] -= step_size * m[i] / (std::sqrt(v[i]) / correction2 + eps);
+            detail::for_each_range(p_.sizes[k], [&](std::size_t first, std::size_t last) {
+                backend::cpu::adamw_update(p, g, m, v, first, last, constants);
             });
         }
         state.steps.data()[0] = t;

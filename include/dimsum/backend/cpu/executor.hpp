@@ -38,6 +38,7 @@
 #include "dimsum/backend/cpu/gather.hpp"
 #include "dimsum/backend/cpu/gemm.hpp"
 #include "dimsum/backend/cpu/kernels.hpp"
+#include "dimsum/backend/cpu/optimizer.hpp"
 #include "dimsum/backend/cpu/rowwise.hpp"
 #include "dimsum/backend/cpu/workspace.hpp"
 #include "dimsum/evaluation/convert.hpp"

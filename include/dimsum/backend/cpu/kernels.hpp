@@ -514,6 +514,19 @@ void gather(const strided<const T>& table, std::size_t axis, const evaluation::i
 template <class T>
 void scatter_add(const strided<const T>& values, std::size_t axis, const evaluation::integers& ids, const strided<T>& out);
 
+// ---- optimizers' updates (optimizer.hpp), for nn/optimizers.hpp
+
+// AdamW's constants for one step (torch.optim.AdamW).
+template <class T>
+struct adamw_step {
+    T decay, beta1, beta2, step_size, correction2, epsilon;
+};
+
+// For i in [first, last): p *= decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+// p -= step_size m / (sqrt(v) / correction2 + epsilon). p, g, m and v do not overlap.
+template <class T>
+void adamw_update(T* p, const T* g, T* m, T* v, std::size_t first, std::size_t last, const adamw_step<T>& c);
+
 // ---- the executor (executor.hpp)
 
 namespace detail {
