@@ -12,12 +12,10 @@ Prints, per case:
 or torch_attention_backward_unavailable,<why> without torch.
 """
 import argparse
-import os
-import subprocess
 import sys
 
 from attention_torch import best_environment, peak_rss_bytes, reset_peak_rss, rss_bytes
-from torch_timing import add_timing_options, best_seconds, parse_timing_options, torch_missing
+from torch_timing import add_timing_options, best_seconds, measure_in_children, parse_timing_options, torch_missing
 
 
 def parse_case(text):
@@ -68,27 +66,7 @@ def main():
         args.threads = int(args.threads)
         child(args)
         return 0
-    env = best_environment()
-    failed = False
-    for case in args.case:
-        results = []
-        for t in (int(v) for v in args.threads.split(",")):
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", "--case", case["spec"], "--threads", str(t),
-                   "--rounds", str(args.rounds), "--min-time", str(args.min_time)]
-            p = subprocess.run(cmd, env=dict(env, OPENBLAS_NUM_THREADS=str(t)), stdout=subprocess.PIPE, text=True)
-            try:
-                ms, mb = (float(v) for v in p.stdout.strip().splitlines()[-1].split(","))
-                assert p.returncode == 0
-            except Exception:
-                print(f"warning: {case['name']} threads={t} failed (rc {p.returncode})", file=sys.stderr)
-                failed = True
-                continue
-            results.append((ms, t, mb))
-            print(f"torch_attention_backward,{case['name']},{t},{ms:.4f},{mb:.2f}", flush=True)
-        if results:
-            ms, t, mb = min(results)
-            print(f"torch_attention_backward_best,{case['name']},{t},{ms:.4f},{mb:.2f}", flush=True)
-    return 1 if failed else 0
+    return measure_in_children(__file__, args, "torch_attention_backward", best_environment())
 
 
 if __name__ == "__main__":

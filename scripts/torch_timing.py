@@ -2,6 +2,9 @@
 a call is timed, and how a missing torch is reported."""
 import argparse
 import math
+import os
+import subprocess
+import sys
 import time
 
 
@@ -49,3 +52,33 @@ def torch_missing():
     except Exception as e:  # ImportError, or a broken install raising something else
         return str(e).replace(",", ";").replace("\n", " ") or type(e).__name__
     return None
+
+
+def measure_in_children(script, args, tag, env):
+    """For each of args.case (dicts with "name" and "spec") and each thread count of
+    args.threads, runs `script --child --case SPEC --threads T` in a fresh process and prints
+    `TAG,NAME,T,FIELDS`, FIELDS the comma-separated numbers of the child's last line (the first
+    a time in ms); then `TAG_best,NAME,T,FIELDS` for the fastest of each case. Returns 1 if a
+    child failed, else 0."""
+    failed = False
+    for case in args.case:
+        results = []
+        for t in (int(v) for v in args.threads.split(",")):
+            cmd = [sys.executable, os.path.abspath(script), "--child", "--case", case["spec"], "--threads", str(t),
+                   "--rounds", str(args.rounds), "--min-time", str(args.min_time)]
+            # OpenBLAS has its own thread pool, which torch.set_num_threads does not size
+            p = subprocess.run(cmd, env=dict(env, OPENBLAS_NUM_THREADS=str(t)), stdout=subprocess.PIPE, text=True)
+            try:
+                fields = p.stdout.strip().splitlines()[-1]
+                ms = float(fields.split(",")[0])
+                assert p.returncode == 0
+            except Exception:
+                print(f"warning: {case['name']} threads={t} failed (rc {p.returncode})", file=sys.stderr)
+                failed = True
+                continue
+            results.append((ms, t, fields))
+            print(f"{tag},{case['name']},{t},{fields}", flush=True)
+        if results:
+            ms, t, fields = min(results)
+            print(f"{tag}_best,{case['name']},{t},{fields}", flush=True)
+    return 1 if failed else 0

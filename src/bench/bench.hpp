@@ -6,6 +6,8 @@
 //   gemm.cpp       the matrix product cases
 //   streaming.cpp  the memory-bound cases: softmax, layer_norm, an elementwise epilogue
 //   attention.cpp  the attention layer cases, their memory, and the PyTorch side
+//   decoder.cpp    a decoding step of examples/decoder.hpp's decoder
+//   training.cpp   a training step of the BERT-base layer
 //   main.cpp       the run
 // Everything here is internal to the tool; what a single file needs stays in that file.
 
@@ -336,6 +338,7 @@ void bench_attention_backward(bench& s);
 void bench_bf16_kv_cache(bench& s);
 void bench_bf16_attention_core(bench& s);
 void bench_decoder(bench& s);
+void bench_training_step(bench& s);
 // --attention-memory=[core:]SPEC: run in a fresh process by bench_attention's cases.
 int measure_attention_memory(const options& opt, std::string spec);
 

@@ -105,6 +105,7 @@ int run(const options& opt) {
     bench_bf16_kv_cache(s);
     bench_bf16_attention_core(s);
     bench_decoder(s);
+    bench_training_step(s);
     return out.failed ? 1 : 0;
 }
 
