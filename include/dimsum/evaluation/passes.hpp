@@ -104,30 +104,44 @@ inline void find_leaves(const std::vector<step>& steps, std::size_t id, std::vec
     walk(walk, id);
 }
 
-// own[id] := whether step id's value is memory of its own (or a root's) that the formulas
-// reading it read: the roots, and the operands of the live steps that are not elementwise
-// (kernels, views, joins). A formula that reads one reads its memory rather than computing it
-// again inside its own. (Neither a cast<bf16> nor its operand is one: the cast rounds its
-// operand as it is computed, and a kernel reads its bf16 value, which the planner places
-// apart: a formula computes the float cast again.) `live`: scratch.
-inline void mark_own_values(const program& p, std::vector<char>& own, std::vector<char>& live) {
-    own.assign(p.steps.size(), 0);
+// live[id] := whether step id is read by a root, directly or through others (attention's
+// scores and score function through program::attentions, its backward's inputs through
+// program::attention_backwards).
+inline void mark_live(const program& p, std::vector<char>& live) {
     live.assign(p.steps.size(), 0);
     if (p.steps.empty()) return;
-    own[p.root] = live[p.root] = 1;
-    for (const std::size_t root : p.other_roots) own[root] = live[root] = 1;
+    live[p.root] = 1;
+    for (const std::size_t root : p.other_roots) live[root] = 1;
     for (std::size_t id = p.steps.size(); id-- > 0;) {  // operands come before their readers
         if (!live[id]) continue;
         const step& s = p.steps[id];
-        for (std::size_t o = 0; o < s.operand_count; ++o) {
-            live[s.operands[o]] = 1;
-            if (s.kind != step_kind::elementwise && !rounds_to_bf16(p.steps[s.operands[o]])) own[s.operands[o]] = 1;
-        }
+        for (std::size_t o = 0; o < s.operand_count; ++o) live[s.operands[o]] = 1;
         if (s.kind == step_kind::attention) {
             live[p.attentions[s.index].scores] = live[p.attentions[s.index].score_function] = 1;
         } else if (s.kind == step_kind::attention_gradient) {
             const attention_backward& a = p.attention_backwards[s.index];
             live[a.forward.scores] = live[a.forward.score_function] = live[a.output] = live[a.cotangent] = 1;
+        }
+    }
+}
+
+// own[id] := whether step id's value is memory of its own (or a root's) that the formulas
+// reading it read: the roots, and the operands of the live steps that are not elementwise
+// (kernels, views, joins). A formula that reads one reads its memory rather than computing it
+// again inside its own. (Neither a cast<bf16> nor its operand is one: the cast rounds its
+// operand as it is computed, and a kernel reads its bf16 value, which the planner places
+// apart: a formula computes the float cast again.) `live`: mark_live's, scratch.
+inline void mark_own_values(const program& p, std::vector<char>& own, std::vector<char>& live) {
+    mark_live(p, live);
+    own.assign(p.steps.size(), 0);
+    if (p.steps.empty()) return;
+    own[p.root] = 1;
+    for (const std::size_t root : p.other_roots) own[root] = 1;
+    for (std::size_t id = 0; id < p.steps.size(); ++id) {
+        const step& s = p.steps[id];
+        if (!live[id] || s.kind == step_kind::elementwise) continue;
+        for (std::size_t o = 0; o < s.operand_count; ++o) {
+            if (!rounds_to_bf16(p.steps[s.operands[o]])) own[s.operands[o]] = 1;
         }
     }
 }
@@ -289,32 +303,6 @@ inline void shape(std::ostream& out, const step& s) {
     out << ')';
 }
 
-// Whether each step is read by a root, directly or through others (attention's scores and
-// score function through program::attentions).
-inline std::vector<char> live_steps(const program& p) {
-    std::vector<char> live(p.steps.size(), 0);
-    if (p.steps.empty()) return live;
-    live[p.root] = 1;
-    for (const std::size_t root : p.other_roots) live[root] = 1;
-    for (std::size_t id = p.steps.size(); id-- > 0;) {  // operands come before their readers
-        if (!live[id]) continue;
-        const step& s = p.steps[id];
-        for (std::size_t o = 0; o < s.operand_count; ++o) live[s.operands[o]] = 1;
-        if (s.kind == step_kind::attention) {
-            live[p.attentions[s.index].scores] = 1;
-            live[p.attentions[s.index].score_function] = 1;
-        }
-        if (s.kind == step_kind::attention_gradient) {
-            const attention_backward& a = p.attention_backwards[s.index];
-            live[a.forward.scores] = 1;
-            live[a.forward.score_function] = 1;
-            live[a.output] = 1;
-            live[a.cotangent] = 1;
-        }
-    }
-    return live;
-}
-
 // What step s computes from its operands, beyond its name: its axis, order, epsilon, ...
 inline void parameters(std::ostream& out, const program& p, const step& s) {
     switch (group_of(s.kind)) {
@@ -366,7 +354,8 @@ inline void parameters(std::ostream& out, const program& p, const step& s) {
 // ... at program::other_roots, whose destinations are 1, 2, ...).
 inline std::string to_text(const program& p) {
     std::ostringstream out;
-    const std::vector<char> live = printing::live_steps(p);
+    std::vector<char> live;
+    mark_live(p, live);
     for (std::size_t id = 0; id < p.steps.size(); ++id) {
         const step& s = p.steps[id];
         out << "  s" << id << " = ";
