@@ -28,6 +28,15 @@ namespace {
 using Batch = ds::axis<"batch">;
 using Seq = ds::axis<"seq">;
 
+// Each tensor of a layer's weights uniform in [-bound, bound], a seed each.
+template <class Weights>
+void fill_uniform_each(Weights& p, double bound) {
+    std::uint64_t seed = 1;
+    boost::hana::for_each(boost::hana::accessors<Weights>(), [&](auto member) {
+        ds::fill_uniform(boost::hana::second(member)(p), seed++, -bound, bound);
+    });
+}
+
 // BERT-base's encoder layer (torch.nn.TransformerEncoderLayer: post-norm, GELU).
 struct bert {
     using Model = ds::axis<"model", 768>;
@@ -75,14 +84,6 @@ struct bert {
     static double forward_flops(double batch, double seq) {
         return 2.0 * batch * seq * 768.0 * (4.0 * 768.0 + 2.0 * 3072.0) + 2.0 * 2.0 * batch * 12.0 * seq * seq * 64.0;
     }
-
-    template <class Weights>
-    static void fill_uniform_each(Weights& p, double bound) {
-        std::uint64_t seed = 1;
-        boost::hana::for_each(boost::hana::accessors<Weights>(), [&](auto member) {
-            ds::fill_uniform(boost::hana::second(member)(p), seed++, -bound, bound);
-        });
-    }
 };
 
 // A Llama-style decoder layer of dimsum_bench's `small` decoder (decoder.cpp): pre-norm,
@@ -116,7 +117,7 @@ struct decoder {
     explicit decoder(std::size_t seq) : rope(seq) {}
     weights new_weights() const {
         weights p;
-        bert::fill_uniform_each(p, 1.0 / std::sqrt(512.0));
+        fill_uniform_each(p, 1.0 / std::sqrt(512.0));
         p.attention_norm.fill(1);
         p.ffn_norm.fill(1);
         return p;
