@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from attention_torch import best_environment, peak_rss_bytes, reset_peak_rss, rss_bytes
-from torch_timing import add_timing_options, best_seconds, measure_in_children, parse_timing_options, torch_missing
+from torch_timing import baseline_main, best_seconds
 
 
 def parse_case(text):
@@ -56,17 +56,7 @@ def child(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", type=parse_case, action="append", required=True, help="NAME:batch,seq,heads,head (repeatable)")
-    add_timing_options(ap)
-    args = parse_timing_options(ap)
-    missing = torch_missing()
-    if missing:
-        print(f"torch_attention_backward_unavailable,{missing}")
-        return 0
-    if args.child:
-        args.threads = int(args.threads)
-        child(args)
-        return 0
-    return measure_in_children(__file__, args, "torch_attention_backward", best_environment())
+    return baseline_main(__file__, ap, "torch_attention_backward", child, best_environment)
 
 
 if __name__ == "__main__":

@@ -82,3 +82,20 @@ def measure_in_children(script, args, tag, env):
             ms, t, fields = min(results)
             print(f"{tag}_best,{case['name']},{t},{fields}", flush=True)
     return 1 if failed else 0
+
+
+def baseline_main(script, ap, tag, child, environment):
+    """The main of a baseline measured in fresh processes: parses ap (the timing options
+    added), prints `TAG_unavailable,WHY` without torch, runs child(args) in a child process,
+    else measure_in_children with environment(). Returns the exit status."""
+    add_timing_options(ap)
+    args = parse_timing_options(ap)
+    missing = torch_missing()
+    if missing:
+        print(f"{tag}_unavailable,{missing}")
+        return 0
+    if args.child:
+        args.threads = int(args.threads)
+        child(args)
+        return 0
+    return measure_in_children(script, args, tag, environment())
