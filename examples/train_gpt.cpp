@@ -1,9 +1,9 @@
 // A small decoder-only transformer trained from scratch: RMSNorm, rotary position embedding,
 // grouped-query attention and SwiGLU, two layers, each layer one formula. Its task is
 // made here and its answer known: read 8 random digits and a separator, then write the digits
-// reversed. The forward (each layer's input kept), the loss (cross-entropy on the reversed
-// digits) and its gradients, then each layer's backward (ds::backward_from: one program a
-// layer), clipping and AdamW make a training step; a line per step says
+// reversed. The forward through a tape (ds::tape: each layer's output kept, its formula
+// recorded), the loss (cross-entropy on the reversed digits) and every gradient (the tape's
+// backward: one program a layer), clipping and AdamW make a training step; a line per step says
 // the loss and the tokens per second. Training stops once 99% of the digits of held-out
 // sequences, generated one token at a time, are right, and saves the model (ds::save), which
 // `train_gpt --generate FILE` loads to reverse new sequences.
@@ -114,45 +114,32 @@ auto decoder_layer(const layer& p, const rope& rotary, auto&& x) {
     return r + ds::nn::swiglu(ds::nn::rms_norm(r, p.feed_forward_norm, 1e-5), p.w_1, p.w_3, p.w_2);
 }
 
-// The model's activations, kept from the forward for the backward: each layer's input, one
-// tensor each (the tape), and their gradients. Each layer's backward is one program
-// (ds::backward_from), from the gradient of what the layer computed; so no formula is larger
-// than a layer, and the compiler sees one layer's type at a time.
-struct tape {
-    ds::tensor<float, Batch, Seq, Model> x0, x1, x2, dx0, dx1, dx2;
-};
-
 auto embed(const gpt& m, const ds::tensor<std::int64_t, Batch, Seq>& tokens) { return ds::gather<Vocab>(m.embedding, tokens); }
 auto head(const gpt& m, const ds::tensor<float, Batch, Seq, Model>& x) {
     return ds::matmul(ds::nn::rms_norm(x, m.final_norm, 1e-5), m.w_out);
 }
 
-// The forward, each layer's input kept; the logits' formula over the last.
-void forward(const gpt& m, const rope& rotary, const ds::tensor<std::int64_t, Batch, Seq>& tokens, tape& t) {
-    ds::assign(t.x0, embed(m, tokens));
-    ds::assign(t.x1, decoder_layer(m.layer_0, rotary, t.x0));
-    ds::assign(t.x2, decoder_layer(m.layer_1, rotary, t.x1));
+// The forward, one formula a layer, through a tape: each layer's output is evaluated and its
+// formula recorded for the backward. Returns the last layer's output.
+const ds::tensor<float, Batch, Seq, Model>& forward(const gpt& m, const rope& rotary, const ds::tensor<std::int64_t, Batch, Seq>& tokens,
+                                                    ds::tape<float>& tape) {
+    const auto& x0 = tape.eval(embed(m, tokens));
+    const auto& x1 = tape.eval(decoder_layer(m.layer_0, rotary, x0));
+    return tape.eval(decoder_layer(m.layer_1, rotary, x1));
 }
 
 // The logits (batch, seq, vocab) of the next token after each of `tokens` (batch, seq).
 ds::tensor<float, Batch, Seq, Vocab> logits_of(const gpt& m, const rope& rotary, const ds::tensor<std::int64_t, Batch, Seq>& tokens) {
-    const std::size_t batch = tokens.shape().extent(0), seq = tokens.shape().extent(1);
-    tape t{ds::tensor<float, Batch, Seq, Model>(Batch{batch}, Seq{seq}), ds::tensor<float, Batch, Seq, Model>(Batch{batch}, Seq{seq}),
-           ds::tensor<float, Batch, Seq, Model>(Batch{batch}, Seq{seq}), {}, {}, {}};
-    forward(m, rotary, tokens, t);
-    return head(m, t.x2);
+    ds::tape<float> tape;  // no backward follows: dropped with its records
+    return ds::eval(head(m, forward(m, rotary, tokens, tape)));
 }
 
-// One training step's loss and gradients: the forward, then each layer's backward from the top.
+// One training step's loss and gradients: the forward, then the backward through the tape,
+// from the loss down to the embedding, one program a layer (ds::tape::backward).
 double loss_and_gradients(const gpt& m, const rope& rotary, const ds::tensor<std::int64_t, Batch, Seq>& tokens,
-                          const ds::tensor<std::int64_t, Batch, Seq>& targets, tape& t, gpt& g) {
-    forward(m, rotary, tokens, t);
-    const double loss = ds::backward(ds::nn::cross_entropy<Vocab>(head(m, t.x2), targets), std::tie(t.x2, m.final_norm, m.w_out),
-                                     std::tie(t.dx2, g.final_norm, g.w_out));
-    ds::backward_from(decoder_layer(m.layer_1, rotary, t.x1), t.dx2, std::tie(t.x1, m.layer_1), std::tie(t.dx1, g.layer_1));
-    ds::backward_from(decoder_layer(m.layer_0, rotary, t.x0), t.dx1, std::tie(t.x0, m.layer_0), std::tie(t.dx0, g.layer_0));
-    ds::backward_from(embed(m, tokens), t.dx0, m.embedding, g.embedding);
-    return loss;
+                          const ds::tensor<std::int64_t, Batch, Seq>& targets, ds::tape<float>& tape, gpt& g) {
+    const auto& top = forward(m, rotary, tokens, tape);
+    return tape.backward(ds::nn::cross_entropy<Vocab>(head(m, top), targets), m, g);
 }
 
 // `count` sequences: the tokens read (digits, separator, the answer but its last digit) and
@@ -240,16 +227,13 @@ int main(int argc, char** argv) {
     ds::nn::adamw optimizer(model, {.learning_rate = 3e-3, .weight_decay = 0.0});
     std::mt19937_64 random(2026), held_out_random(99);
     const sequences held_out = make_sequences(128, held_out_random);
-    tape activations;
-    for (auto* t : {&activations.x0, &activations.x1, &activations.x2, &activations.dx0, &activations.dx1, &activations.dx2}) {
-        *t = ds::tensor<float, Batch, Seq, Model>(Batch{batch}, Seq{length});
-    }
+    ds::tape<float> tape;  // its memory reused from one step to the next
     const auto start = clock::now();
     double first_loss = 0, loss = 0, accuracy = 0;
     for (std::size_t step = 1;; ++step) {
         const sequences s = make_sequences(batch, random);
         const auto before = clock::now();
-        loss = loss_and_gradients(model, rotary, s.tokens, s.targets, activations, grads);
+        loss = loss_and_gradients(model, rotary, s.tokens, s.targets, tape, grads);
         ds::nn::clip_grad_norm(grads, 1.0);
         optimizer.step(model, grads);
         const double took = std::chrono::duration<double>(clock::now() - before).count();

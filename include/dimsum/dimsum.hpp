@@ -29,5 +29,6 @@
 #include "dimsum/nn/layers.hpp"
 #include "dimsum/nn/kv_cache.hpp"
 #include "dimsum/nn/rotary.hpp"
+#include "dimsum/nn/tape.hpp"
 #include "dimsum/tensor/print.hpp"
 #include "dimsum/tensor/random.hpp"

@@ -3,8 +3,9 @@
 // differences: tests/ops/test_grad.cpp), on the reference and CPU backends; a parameter the
 // loss does not read, an absent optional one, a mismatched struct; that planning them
 // together computes the shared forward once; a transformer block's gradients and three AdamW
-// steps against PyTorch (tests/reference/generate_gradients.py); SGD, clipping, the losses,
-// and a resumed run continuing bit for bit.
+// steps against PyTorch (tests/reference/generate_gradients.py); a tape of several formulas
+// (ds::tape) against the one formula they make and against PyTorch; SGD, clipping, the
+// losses, and a resumed run continuing bit for bit.
 #include "support.hpp"
 
 #include <dimsum/interop/parameters.hpp>
@@ -179,7 +180,8 @@ block load_block(const std::string& prefix) {
 // (seq, heads_head) -> (heads, seq, head)
 auto split_heads(auto&& t) { return ds::transpose<Seq, Heads>(ds::view<Seq, Heads, Head>(std::forward<decltype(t)>(t))); }
 
-auto block_loss(const block& w, const ds::tensor<double, Seq, Model>& x, const ds::tensor<std::int64_t, Seq>& targets) {
+// the residual stream after the attention, then after the feed-forward, then the loss
+auto block_attention(const block& w, const ds::tensor<double, Seq, Model>& x) {
     const std::size_t seq = x.shape().extent(0);
     auto h = ds::layer_norm(x);
     auto q = split_heads(ds::matmul(h, w.w_q));
@@ -189,9 +191,30 @@ auto block_loss(const block& w, const ds::tensor<double, Seq, Model>& x, const d
     auto attended = ds::matmul(ds::softmax(ds::masked_fill(scores, ds::causal_mask(Seq{seq}, Key{seq}),
                                                            -std::numeric_limits<double>::infinity())),
                                v);
-    auto r = x + ds::matmul(ds::view<Seq, HeadsHead>(ds::transpose<Heads, Seq>(attended)), w.w_o);
-    auto m = r + ds::matmul(ds::gelu(ds::matmul(ds::layer_norm(r), w.w_1) + w.b_1), w.w_2);
-    return ds::nn::cross_entropy<Vocab>(ds::matmul(m, w.w_out), targets);
+    return x + ds::matmul(ds::view<Seq, HeadsHead>(ds::transpose<Heads, Seq>(attended)), w.w_o);
+}
+auto block_feed_forward(const block& w, const auto& r) {
+    return r + ds::matmul(ds::gelu(ds::matmul(ds::layer_norm(r), w.w_1) + w.b_1), w.w_2);
+}
+auto block_loss(const block& w, const ds::tensor<double, Seq, Model>& x, const ds::tensor<std::int64_t, Seq>& targets) {
+    return ds::nn::cross_entropy<Vocab>(ds::matmul(block_feed_forward(w, block_attention(w, x)), w.w_out), targets);
+}
+
+// The gradients of the block's loss are PyTorch's (generate_gradients.py's grad_ files).
+void require_pytorch_gradients(const block_and_input& g) {
+    const double tolerance = 1e-10;
+    auto require = [&]<class... A>(const ds::tensor<double, A...>& got, const std::string& name) {
+        test::require_close(got, test::to_xt(ds::load_npy<double, A...>(reference_file("grad_" + name))), tolerance, tolerance);
+    };
+    require(g.x, "x");
+    require(g.weights.w_q, "w_q");
+    require(g.weights.w_k, "w_k");
+    require(g.weights.w_v, "w_v");
+    require(g.weights.w_o, "w_o");
+    require(g.weights.w_1, "w_1");
+    require(g.weights.b_1, "b_1");
+    require(g.weights.w_2, "w_2");
+    require(g.weights.w_out, "w_out");
 }
 
 }  // namespace
@@ -209,18 +232,168 @@ TEST_CASE("the gradients of a transformer block and its cross-entropy (an ignore
             block_and_input g = p;
             const double value = on_reference ? ds::backward(loss, p, g, reference) : ds::backward(loss, p, g);
             CHECK(std::abs(value - want_loss) <= 1e-12);
-            const double tolerance = 1e-10;
-            test::require_close(g.x, test::to_xt(ds::load_npy<double, Seq, Model>(reference_file("grad_x"))), tolerance, tolerance);
-            test::require_close(g.weights.w_q, test::to_xt(ds::load_npy<double, Model, HeadsHead>(reference_file("grad_w_q"))), tolerance, tolerance);
-            test::require_close(g.weights.w_k, test::to_xt(ds::load_npy<double, Model, HeadsHead>(reference_file("grad_w_k"))), tolerance, tolerance);
-            test::require_close(g.weights.w_v, test::to_xt(ds::load_npy<double, Model, HeadsHead>(reference_file("grad_w_v"))), tolerance, tolerance);
-            test::require_close(g.weights.w_o, test::to_xt(ds::load_npy<double, HeadsHead, Model>(reference_file("grad_w_o"))), tolerance, tolerance);
-            test::require_close(g.weights.w_1, test::to_xt(ds::load_npy<double, Model, Hidden>(reference_file("grad_w_1"))), tolerance, tolerance);
-            test::require_close(g.weights.b_1, test::to_xt(ds::load_npy<double, Hidden>(reference_file("grad_b_1"))), tolerance, tolerance);
-            test::require_close(g.weights.w_2, test::to_xt(ds::load_npy<double, Hidden, Model>(reference_file("grad_w_2"))), tolerance, tolerance);
-            test::require_close(g.weights.w_out, test::to_xt(ds::load_npy<double, Model, Vocab>(reference_file("grad_w_out"))), tolerance, tolerance);
+            require_pytorch_gradients(g);
         }
     }
+}
+
+// check(tape) with a new tape on the CPU backend at 1 and 2 threads, then on the reference backend.
+template <class Check>
+void on_each_backend(Check check) {
+    for (int threads : {1, 2}) {
+        INFO("threads=" << threads);
+        ds::set_num_threads(threads);
+        ds::tape<double> on_cpu;
+        check(on_cpu);
+    }
+    ds::set_num_threads(0);
+    ds::tape<double, ds::backend::reference::evaluator> on_reference;
+    check(on_reference);
+}
+
+TEST_CASE("a tape through the block recorded in two formulas gives PyTorch autograd's gradients, float64") {
+    const block_and_input p{load_block(""), ds::load_npy<double, Seq, Model>(reference_file("x"))};
+    const auto targets = ds::load_npy<std::int64_t, Seq>(reference_file("targets"));
+    const double want_loss = ds::load_npy<double>(reference_file("loss")).data()[0];
+    auto check = [&](auto& tape) {
+        for (int step = 0; step < 2; ++step) {  // the second step on the first's memory
+            INFO("step " << step);
+            block_and_input g = p;
+            const auto& r = tape.eval(block_attention(p.weights, p.x));
+            const auto& m = tape.eval(block_feed_forward(p.weights, r));
+            REQUIRE(tape.size() == 2);
+            const double value = tape.backward(ds::nn::cross_entropy<Vocab>(ds::matmul(m, p.weights.w_out), targets), p, g);
+            CHECK(tape.size() == 0);
+            CHECK(std::abs(value - want_loss) <= 1e-12);
+            require_pytorch_gradients(g);
+        }
+    };
+    on_each_backend(check);
+}
+
+namespace {
+
+// A model of four recorded formulas: a residual stream read by three of them and the loss, a
+// weight shared by two, a formula nothing reads, and a parameter nothing reads.
+struct stack {
+    BOOST_HANA_DEFINE_STRUCT(stack,
+        (ds::tensor<double, In, Hidden>, w_in),
+        (ds::tensor<double, Hidden>, b_in),
+        (ds::tensor<double, Hidden, Hidden>, w_shared),
+        (ds::tensor<double, Hidden, Out>, w_out),
+        (ds::tensor<double, Out>, unused));
+};
+
+auto stack_input(const stack& p, const ds::tensor<double, Batch, In>& x) { return ds::tanh(ds::matmul(x, p.w_in) + p.b_in); }
+auto stack_middle(const stack& p, const auto& h1) { return h1 + ds::sigmoid(ds::matmul(h1, p.w_shared)); }
+auto stack_top(const stack& p, const auto& h2, const auto& h1) { return ds::silu(ds::matmul(h2, ds::transpose(p.w_shared))) + h1; }
+auto stack_loss(const stack& p, const auto& h3, const auto& h1, const ds::tensor<double, Batch, Out>& y) {
+    auto error = ds::matmul(h3, p.w_out) - y;
+    return ds::mean<Batch>(ds::sum<Out>(error * error)) + 0.01 * ds::sum<Batch>(ds::sum<Hidden>(h1 * h1));
+}
+
+stack make_stack(std::size_t in, std::size_t hidden, std::size_t out) {
+    stack p{ds::tensor<double, In, Hidden>(In{in}, Hidden{hidden}), ds::tensor<double, Hidden>(Hidden{hidden}),
+            ds::tensor<double, Hidden, Hidden>(Hidden{hidden}, Hidden{hidden}), ds::tensor<double, Hidden, Out>(Hidden{hidden}, Out{out}),
+            ds::tensor<double, Out>(Out{out})};
+    std::uint64_t seed = 1;
+    ds::detail::parameters::for_each_present(p, "", [&](const std::string&, auto& t) { ds::fill_uniform(t, seed++, -1.0, 1.0); });
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("a tape's gradients through several recorded formulas are those of the one formula they make") {
+    for (std::size_t batch : {1, 6, 19}) {
+        INFO("batch=" << batch);
+        stack p = make_stack(3, 9, 2);
+        ds::tensor<double, Batch, In> x(Batch{batch}, In{3}), dx(Batch{batch}, In{3});
+        ds::tensor<double, Batch, Out> y(Batch{batch}, Out{2});
+        ds::fill_uniform(x, 40 + batch, -1.0, 1.0);
+        ds::fill_uniform(y, 41 + batch, -1.0, 1.0);
+        // the one formula, differentiated in one program on the reference backend
+        auto h1 = stack_input(p, x);
+        auto h3 = stack_top(p, stack_middle(p, h1), h1);
+        ds::backend::reference::evaluator reference;
+        stack want = p;
+        ds::tensor<double, Batch, In> want_dx(Batch{batch}, In{3});
+        const double want_loss = ds::backward(stack_loss(p, h3, h1, y), std::tie(x, p), std::tie(want_dx, want), reference);
+        auto check = [&](auto& tape) {
+            for (int step = 0; step < 2; ++step) {
+                INFO("step " << step);
+                stack g = p;
+                g.unused.fill(std::numeric_limits<double>::quiet_NaN());  // overwritten with zeros
+                const auto& t1 = tape.eval(stack_input(p, x));
+                const auto& t2 = tape.eval(stack_middle(p, t1));
+                tape.eval(ds::exp(t1 * 0.5));  // read by nothing after it: no gradient flows through it
+                const auto& t3 = tape.eval(stack_top(p, t2, t1));
+                const double value = tape.backward(stack_loss(p, t3, t1, y), std::tie(x, p), std::tie(dx, g));
+                CHECK(std::abs(value - want_loss) <= 1e-13 * std::abs(want_loss));
+                test::require_close(dx, test::to_xt(want_dx), 1e-12, 1e-13);
+                test::require_close(g.w_in, test::to_xt(want.w_in), 1e-12, 1e-13);
+                test::require_close(g.b_in, test::to_xt(want.b_in), 1e-12, 1e-13);
+                test::require_close(g.w_shared, test::to_xt(want.w_shared), 1e-12, 1e-13);
+                test::require_close(g.w_out, test::to_xt(want.w_out), 1e-12, 1e-13);
+                for (std::size_t i = 0; i < 2; ++i) CHECK(g.unused(i) == 0);
+            }
+        };
+        on_each_backend(check);
+    }
+}
+
+TEST_CASE("backward_from chains the formulas by hand: the tape's gradients, each step its own program") {
+    stack p = make_stack(4, 6, 3);
+    ds::tensor<double, Batch, In> x(Batch{7}, In{4}), dx(Batch{7}, In{4}), tape_dx(Batch{7}, In{4});
+    ds::tensor<double, Batch, Out> y(Batch{7}, Out{3});
+    ds::fill_uniform(x, 1, -1.0, 1.0);
+    ds::fill_uniform(y, 2, -1.0, 1.0);
+    stack g = p, tape_g = p;
+    ds::tape<double> tape;
+    const auto& h1 = tape.eval(stack_input(p, x));
+    const auto& h2 = tape.eval(stack_middle(p, h1));
+    const double tape_loss = tape.backward(stack_loss(p, h2, h2, y), std::tie(x, p), std::tie(tape_dx, tape_g));
+    // the same by hand: each formula's value kept, then each backward from the top
+    ds::tensor<double, Batch, Hidden> t1 = stack_input(p, x), t2 = stack_middle(p, t1), d1(Batch{7}, Hidden{6}), d2(Batch{7}, Hidden{6});
+    const double loss = ds::backward(stack_loss(p, t2, t2, y), std::tie(t2, p.w_out), std::tie(d2, g.w_out));
+    ds::backward_from(stack_middle(p, t1), d2, std::tie(t1, p.w_shared), std::tie(d1, g.w_shared));
+    ds::backward_from(stack_input(p, x), d1, std::tie(x, p.w_in, p.b_in), std::tie(dx, g.w_in, g.b_in));
+    CHECK(loss == tape_loss);
+    test::require_same_bits(dx, tape_dx);
+    test::require_same_bits(g.w_in, tape_g.w_in);
+    test::require_same_bits(g.b_in, tape_g.b_in);
+    test::require_same_bits(g.w_shared, tape_g.w_shared);
+    test::require_same_bits(g.w_out, tape_g.w_out);
+    ds::tensor<double, Batch, Hidden> wrong(Batch{6}, Hidden{6});
+    CHECK(test::error_of([&] { ds::backward_from(stack_input(p, x), wrong, x, dx); }) ==
+          "dimsum: backward_from: the cotangent's extents are not the formula's");
+}
+
+TEST_CASE("a tape's errors end the step: a gradient that a recorded formula reads, a struct that does not match") {
+    stack p = make_stack(3, 4, 2);
+    ds::tensor<double, Batch, In> x(Batch{5}, In{3});
+    ds::tensor<double, Batch, Out> y(Batch{5}, Out{2});
+    ds::fill_uniform(x, 1, -1.0, 1.0);
+    ds::tape<double> tape;
+    stack g = p;
+    {
+        const auto& t1 = tape.eval(stack_input(p, x) + ds::sum<Out>(g.w_out));  // reads g's memory
+        CHECK(test::error_of([&] { tape.backward(stack_loss(p, t1, t1, y), p, g); }) ==
+              "dimsum: tape::backward: a gradient overlaps memory a recorded formula reads");
+        CHECK(tape.size() == 0);
+    }
+    {
+        tape.eval(stack_input(p, x));
+        stack wider = make_stack(3, 5, 2);
+        const auto& t1 = tape.eval(stack_input(p, x));
+        CHECK(test::error_of([&] { tape.backward(stack_loss(p, t1, t1, y), p, wider); }) ==
+              "dimsum: tape::backward: the gradients' w_in does not match its parameter (ds::gradients makes a matching struct)");
+        CHECK(tape.size() == 0);
+    }
+    // and the next step runs
+    const auto& t1 = tape.eval(stack_input(p, x));
+    const double value = tape.backward(stack_loss(p, t1, t1, y), p, g);
+    const double want = ds::backward(stack_loss(p, stack_input(p, x), stack_input(p, x), y), p, g);
+    CHECK(std::abs(value - want) <= 1e-13 * std::abs(want));
 }
 
 TEST_CASE("AdamW: three steps are torch.optim.AdamW's, and a run resumed from saved parameters and state continues bit for bit") {

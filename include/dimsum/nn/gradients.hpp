@@ -30,6 +30,24 @@ namespace dimsum {
 
 namespace detail {
 
+// A tensor differentiated with respect to, its type erased: how to lower its view into a
+// program, and the memory it reads. backward lists a parameter struct's tensors so; a tape
+// lists its own tensors too.
+struct differentiated {
+    const void* tensor;
+    std::size_t (*lower)(const void* tensor, evaluation::program&, std::vector<evaluation::binding>&);
+    evaluation::byte_range memory;
+};
+
+template <class T, class M>
+differentiated differentiated_of(const M& leaf) {
+    return {&leaf,
+            [](const void* tensor, evaluation::program& p, std::vector<evaluation::binding>& bindings) {
+                return evaluation::lower_step<T>(static_cast<const M*>(tensor)->view(), p, bindings);
+            },
+            evaluation::reach_of(leaf.view())};
+}
+
 // A program's memory and steps for the gradients of a struct, kept for their capacity.
 template <class T>
 struct struct_gradients {
@@ -37,6 +55,7 @@ struct struct_gradients {
     // i-th's end): flat, so that a training step allocates nothing after its first
     std::vector<std::size_t> extents, extent_ends;
     std::vector<evaluation::strided<T>> destinations;  // each gradient's memory
+    std::vector<differentiated> wrt;                   // the tensors differentiated, in the same order
     std::vector<std::size_t> leaf_steps, leaves, gradients;  // the parameters' steps and bindings, the gradients' steps
 };
 
@@ -67,9 +86,11 @@ void match_gradients(const Output& output, const Leaves& leaves, Grads& grads, s
     state.extents.clear();
     state.extent_ends.clear();
     state.destinations.clear();
+    state.wrt.clear();
     for_each_tensor(leaves, [&]<class M>(const std::string&, const M& leaf) {
         static_assert(std::is_same_v<std::remove_const_t<typename M::value_type>, T>,
                       "dimsum: backward: every tensor differentiated holds the formula's element type");
+        state.wrt.push_back(differentiated_of<T>(leaf));
         auto e = leaf.shape().extents();
         state.extents.insert(state.extents.end(), e.begin(), e.end());
         state.extent_ends.push_back(state.extents.size());
@@ -117,21 +138,21 @@ inline void check_not_read_through_a_view(const std::vector<evaluation::binding>
     }
 }
 
-// Lowers `output` into p, its tensors of `leaves` first (a view of one lowers to views of its
-// step), then `cotangent` and the reverse sweep: state.gradients, one step per leaf (zeros for
-// a leaf output does not read). Returns output's step.
-template <class T, class Output, class Cotangent, class Leaves>
+// Lowers `output` into p, the tensors of `wrt` first (a view of one lowers to views of its
+// step), then `cotangent` and the reverse sweep: state.gradients, one step per tensor of wrt
+// (zeros for one output does not read). Returns output's step.
+template <class T, class Output, class Cotangent>
 std::size_t lower_gradients(evaluation::program& p, std::vector<evaluation::binding>& bindings, const Output& output,
-                            const Cotangent& cotangent, const Leaves& leaves, struct_gradients<T>& state) {
+                            const Cotangent& cotangent, std::span<const differentiated> wrt, struct_gradients<T>& state) {
     p.clear();
     bindings.clear();
     state.leaf_steps.clear();
     state.leaves.clear();
-    for_each_tensor(leaves, [&](const std::string&, const auto& leaf) {
-        const std::size_t id = evaluation::lower_step<T>(leaf.view(), p, bindings);
+    for (const differentiated& leaf : wrt) {
+        const std::size_t id = leaf.lower(leaf.tensor, p, bindings);
         state.leaf_steps.push_back(id);
         state.leaves.push_back(p.steps[id].binding);
-    });
+    }
     p.differentiated = state.leaf_steps;
     const std::size_t root = evaluation::lower_step<T>(output, p, bindings);
     p.differentiated.clear();
@@ -165,7 +186,7 @@ auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend bac
     thread_local detail::struct_gradients<T> state;  // kept for its capacity
     detail::match_gradients(loss, params, grads, state, "backward");
     auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
-        p.root = detail::lower_gradients<T>(p, bindings, loss, expr::scalar<T>{1, {}}, params, state);
+        p.root = detail::lower_gradients<T>(p, bindings, loss, expr::scalar<T>{1, {}}, state.wrt, state);
         p.other_roots = state.gradients;
     };
     T value{};
@@ -191,7 +212,7 @@ void backward_from(const Output& output, const Cotangent& cotangent, const Leave
     detail::match_gradients(output, leaves, grads, state, "backward_from");
     if (state.destinations.empty()) return;
     auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
-        detail::lower_gradients<T>(p, bindings, output, cotangent, leaves, state);
+        detail::lower_gradients<T>(p, bindings, output, cotangent, state.wrt, state);
         p.root = state.gradients[0];
         p.other_roots.assign(state.gradients.begin() + 1, state.gradients.end());
     };
