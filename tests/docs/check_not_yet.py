@@ -37,7 +37,7 @@ ITEMS = {
     "bf16 kernels": None,  # how far the bf16 paths go: no absence to show, but fp16's, below
     "fp16": "ds::fp16 h{};",
     "A fast GPU backend": None,  # a speed, measured in performance.md
-    "A recorded tape, layers with a backward of their own": "ds::nn::tape t;",
+    "bf16 training, gradients on the GPU": "ds::tape<ds::bf16> t;",
 }
 # Results of integer formulas: "Integer tensors are inputs only", inside the boolean item.
 EXTRA = {"integer results": "ds::tensor<std::int64_t, A> r = ids + ids;"}

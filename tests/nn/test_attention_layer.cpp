@@ -1,7 +1,7 @@
 // nn::multi_head_attention against PyTorch's outputs (tests/reference/generate.py) and
 // against plain loops in double: self- and cross-attention, fused and separate projections,
 // biases, value heads of another width than key heads, causal and padding masks, and the
-// attention weights returned.
+// attention weights returned; the layers' formulas (for training) against their calls.
 #include "support.hpp"
 
 #include <dimsum/interop/parameters.hpp>
@@ -122,7 +122,7 @@ layer random_layer(bool biases) {
 
 }  // namespace
 
-TEST_CASE("cross-attention with biases and value heads narrower than key heads, every mask") {
+TEST_CASE("cross-attention with biases and value heads narrower than key heads, every mask, and as one formula") {
     const layer l = random_layer(true);
     for (auto [queries, keys] : {std::array<std::size_t, 2>{7, 13}, {1, 130}, {33, 5}}) {
         INFO("queries " << queries << " keys " << keys);
@@ -131,6 +131,9 @@ TEST_CASE("cross-attention with biases and value heads narrower than key heads, 
         ds::fill_normal(x, 10 + queries);
         ds::fill_normal(c, 20 + keys);
         std::vector<std::size_t> lengths{keys, keys / 2 + 1};
+        // the layer as one formula (to train it): the call's values, unmasked and causal
+        test::require_close(ds::eval(l.formula(x, c)), test::to_xt(l(x, c)), 1e-5, 1e-6);
+        test::require_close(ds::eval(l.formula(x, c, ds::nn::causal_scores)), test::to_xt(l(x, c, {.causal = true})), 1e-5, 1e-6);
         for (bool causal : {false, true}) {
             for (bool padded : {false, true}) {
                 INFO("causal " << causal << " padded " << padded);
@@ -141,6 +144,15 @@ TEST_CASE("cross-attention with biases and value heads narrower than key heads, 
             }
         }
     }
+}
+
+TEST_CASE("multi_head_attention::formula refuses a fused w_qkv, whose column blocks no view of it expresses") {
+    using self = ds::nn::multi_head_attention<float, Model, Heads, Head>;
+    self fused;
+    ds::fill_uniform(fused.w_qkv.emplace(), 1, -0.4, 0.4);
+    ds::tensor<float, Batch, Query, Model> x(Batch{1}, Query{3});
+    CHECK(test::error_of([&] { (void)fused.formula(x); }) ==
+          "dimsum: multi_head_attention::formula: needs w_q, w_k and w_v (a fused w_qkv: not yet)");
 }
 
 TEST_CASE("the attention weights, when asked for, are the softmax the output used") {
@@ -263,6 +275,16 @@ TEST_CASE("nn::encoder_layer is the post-norm layer written out, packed or not, 
             test::require_close(e(x, options), test::to_xt(want), 1e-13, 1e-13);
         }
     }
+    // the layer as one formula, which a tape records to train it (separate projections)
+    encoder separate = e;
+    separate.attention.w_qkv.reset();
+    separate.attention.b_qkv.reset();
+    ds::fill_uniform(separate.attention.w_q.emplace(), 13, -0.3, 0.3);
+    ds::fill_uniform(separate.attention.w_k.emplace(), 14, -0.3, 0.3);
+    ds::fill_uniform(separate.attention.w_v.emplace(), 15, -0.3, 0.3);
+    ds::fill_uniform(separate.attention.b_k.emplace(), 16);
+    test::require_close(ds::eval(separate.formula(x)), test::to_xt(separate(x)), 1e-13, 1e-13);
+    test::require_close(ds::eval(separate.formula(x, ds::nn::causal_scores)), test::to_xt(separate(x, {.causal = true})), 1e-13, 1e-13);
     // The same bits with the projections and W_1, W_2 packed once.
     const auto y = e(x);
     REQUIRE(e.packed_bytes() == 0);
@@ -377,6 +399,8 @@ TEST_CASE("nn::decoder_layer without a cache: whole sequences at once, as PyTorc
     ds::tensor<float, Batch, Seq, DModel> whole = ds::concat<Seq>(x0, x1, x2);
     ds::nn::rotary<float, Seq, DHead> rope(16);
     ds::tensor<float, Batch, Seq, DModel> y = layer(whole, rope);
+    // the layer as one formula, which a tape records to train it: the same values
+    test::require_close(ds::eval(layer.formula(whole, rope)), test::to_xt(y), 1e-6, 1e-7);
     std::size_t done = 0;
     double worst = 0;
     for (std::size_t s = 0; s < 3; ++s) {

@@ -396,6 +396,76 @@ TEST_CASE("a tape's errors end the step: a gradient that a recorded formula read
     CHECK(std::abs(value - want) <= 1e-13 * std::abs(want));
 }
 
+namespace {
+using LModel = ds::axis<"model", 16>;
+using LHeads = ds::axis<"heads", 4>;
+using LKvHeads = ds::axis<"kv_heads", 2>;
+using LHead = ds::axis<"head", 4>;
+using LHidden = ds::axis<"hidden", 24>;
+using encoder = ds::nn::encoder_layer<double, LModel, LHeads, LHead, LHidden>;
+using decoder = ds::nn::decoder_layer<double, LModel, LHeads, LKvHeads, LHead, LHidden>;
+}  // namespace
+
+TEST_CASE("a tape trains the nn layers through their formulas: an encoder layer, then a decoder layer, against finite differences") {
+    encoder e;
+    decoder d;
+    std::uint64_t seed = 1;
+    e.attention.w_q.emplace();
+    e.attention.w_k.emplace();
+    e.attention.w_v.emplace();
+    e.attention.b_q.emplace();  // two of the biases present, the others absent (zeros)
+    e.attention.b_o.emplace();
+    d.attention.w_q.emplace();
+    d.attention.w_k.emplace();
+    d.attention.w_v.emplace();
+    ds::detail::parameters::for_each_present(e, "", [&](const std::string&, auto& t) { ds::fill_uniform(t, seed++, -0.4, 0.4); });
+    ds::detail::parameters::for_each_present(d, "", [&](const std::string&, auto& t) { ds::fill_uniform(t, seed++, -0.4, 0.4); });
+    ds::tensor<double, Batch, Seq, LModel> x(Batch{2}, Seq{7}), target(Batch{2}, Seq{7}), dx(Batch{2}, Seq{7});
+    ds::fill_normal(x, 99);
+    ds::fill_normal(target, 98);
+    const ds::nn::rotary<double, Seq, LHead> rope(16);
+    // the loss of the two layers, each evaluated whole: what the finite differences step
+    auto loss = [&] {
+        const ds::tensor<double, Batch, Seq, LModel> h = e.formula(x, ds::nn::causal_scores);
+        return ds::eval(ds::nn::mean_squared_error(d.formula(h, rope), target)).data()[0];
+    };
+    encoder ge = e;
+    decoder gd = d;
+    ds::tape<double> tape;
+    const auto& h = tape.eval(e.formula(x, ds::nn::causal_scores));
+    const auto& y = tape.eval(d.formula(h, rope));
+    const double value = tape.backward(ds::nn::mean_squared_error(y, target), std::tie(x, e, d), std::tie(dx, ge, gd));
+    CHECK(std::abs(value - loss()) <= 1e-14);
+    // central differences at a few elements of every tensor: the input and each layer's weights
+    auto check = [&](const std::string& name, auto& w, const auto& g) {
+        INFO(name);
+        for (std::size_t i = 0; i < w.size(); i += 1 + w.size() / 4) {
+            const double keep = w.data()[i], step = 1e-6;
+            w.data()[i] = keep + step;
+            const double up = loss();
+            w.data()[i] = keep - step;
+            const double down = loss();
+            w.data()[i] = keep;
+            CHECK(std::abs((up - down) / (2 * step) - g.data()[i]) <= 1e-8);
+        }
+    };
+    check("x", x, dx);
+    ds::detail::parameters::for_each_present(e, "encoder.", [&](const std::string& name, auto& w) {
+        ds::detail::parameters::for_each_present(ge, "encoder.", [&](const std::string& other, const auto& g) {
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(w)>, std::remove_cvref_t<decltype(g)>>) {
+                if (name == other) check(name, w, g);
+            }
+        });
+    });
+    ds::detail::parameters::for_each_present(d, "decoder.", [&](const std::string& name, auto& w) {
+        ds::detail::parameters::for_each_present(gd, "decoder.", [&](const std::string& other, const auto& g) {
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(w)>, std::remove_cvref_t<decltype(g)>>) {
+                if (name == other) check(name, w, g);
+            }
+        });
+    });
+}
+
 TEST_CASE("AdamW: three steps are torch.optim.AdamW's, and a run resumed from saved parameters and state continues bit for bit") {
     const auto x = ds::load_npy<double, Seq, Model>(reference_file("x"));
     const auto targets = ds::load_npy<std::int64_t, Seq>(reference_file("targets"));

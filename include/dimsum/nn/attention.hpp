@@ -54,6 +54,22 @@ auto causal(S&& scores, call_site caller = call_site::current()) {
                        -std::numeric_limits<value_type_of<S>>::infinity());
 }
 
+// Score functions for multi_head_attention::formula: the scores as they are, or causal(scores).
+struct unmasked_t {
+    template <class S>
+    std::remove_cvref_t<S> operator()(S&& scores) const {
+        return std::forward<S>(scores);
+    }
+};
+inline constexpr unmasked_t unmasked{};
+struct causal_scores_t {
+    template <class S>
+    auto operator()(S&& scores) const {
+        return causal(std::forward<S>(scores));
+    }
+};
+inline constexpr causal_scores_t causal_scores{};
+
 // softmax(Q K^T / sqrt(d_k)) V, the softmax along the keys:
 // q (..., query, d_k), k (..., key, d_k), v (..., key, d_v) -> (..., query, d_v).
 template <class Q, class K, class V>
@@ -274,6 +290,50 @@ struct multi_head_attention {
         if (options.causal) return run([](auto&& s) { return causal(s); });
         if (padding) return run([&](auto&& s) { return s + *padding; });
         run([](auto&& s) { return s; });
+    }
+
+    // The layer as one formula, to train it (a ds::tape records it, ds::backward differentiates
+    // it): queries x (batch, query, model) attending to a context c (batch, key, source), both
+    // tensors, views or formulas; `mask` a function of the scores (batch, kv_heads, group,
+    // query, key), e.g. causal_scores or a lambda adding a padding mask; `rope` turning the
+    // queries and keys at positions 0, 1, ... (a rotary, or no_rotary). It reads the weights
+    // themselves, never prepack()'s packing, so that each weight's gradient reaches it; it needs
+    // the separate w_q, w_k and w_v (a shape_error with a fused w_qkv, whose column blocks no
+    // view of it expresses). The formula reads x, c (if tensors), the weights and the rotary's
+    // tables where they lie: they must outlive it.
+    template <class X, class C, class Mask = unmasked_t, class Rope = no_rotary_t>
+        requires rows_of_width<std::remove_cvref_t<X>, Model> && rows_of_width<std::remove_cvref_t<C>, Source>
+    auto formula(X&& x, C&& c, Mask mask = {}, const Rope& rope = no_rotary, call_site caller = call_site::current()) const {
+        ::dimsum::detail::operation_site site(caller);
+        static_assert(!detail::is_temporary_tensor<X> && !detail::is_temporary_tensor<C>,
+                      "dimsum: multi_head_attention::formula reads x and c where they lie: give it named tensors or formulas, "
+                      "not temporary tensors");
+        using Batch = batch_of<X>;
+        using Query = rows_of<X>;
+        using Key = rows_of<C>;
+        if (!w_q || !w_k || !w_v) {
+            throw shape_error("dimsum: multi_head_attention::formula: needs w_q, w_k and w_v (a fused w_qkv: not yet)");
+        }
+        auto q = permute<Batch, KvHeads, Group, Query, Head>(
+            view<Batch, Query, KvHeads, Group, Head>(cast<T>(matmul(x, *w_q) + bias_or_zero(b_q))));
+        auto k = permute<Batch, KvHeads, OneGroup, Key, Head>(
+            view<Batch, Key, KvHeads, OneGroup, Head>(cast<T>(matmul(c, *w_k) + bias_or_zero(b_k))));
+        auto v = permute<Batch, KvHeads, OneGroup, Key, ValueHead>(
+            view<Batch, Key, KvHeads, OneGroup, ValueHead>(cast<T>(matmul(c, *w_v) + bias_or_zero(b_v))));
+        auto z = matmul(softmax(mask(attention_scores(rope(q, 0), rope(k, 0)))), v);  // (batch, kv_heads, group, query, value_head)
+        return matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(cast<T>(z))), w_o) +
+               bias_or_zero(b_o, w_o.shape().extent(1));
+    }
+
+    // Self-attention as one formula: formula(x, x, mask, rope).
+    template <class X, class Mask = unmasked_t, class Rope = no_rotary_t>
+        requires rows_of_width<std::remove_cvref_t<X>, Model> && (!rows_of_width<std::remove_cvref_t<Mask>, Source>) &&
+                 std::is_same_v<Source, Model>
+    auto formula(X&& x, Mask mask = {}, const Rope& rope = no_rotary, call_site caller = call_site::current()) const {
+        static_assert(!detail::is_temporary_tensor<X>,
+                      "dimsum: multi_head_attention::formula reads x where it lies: give it a named tensor or a formula, "
+                      "not a temporary tensor");
+        return formula(x, x, mask, rope, caller);
     }
 
     // Self-attention of a step of new rows x (batch, seq=n, model) over a key/value cache:

@@ -113,6 +113,22 @@ struct decoder_layer {
         assign(y, h + swiglu(rms_norm(h, ffn_norm, epsilon), gate, up, down));
     }
 
+    // The layer as one formula of whole sequences x (batch, seq, model), a named tensor, a view
+    // or a formula, to train it (a ds::tape records it; ds::backward differentiates it): what a
+    // call without a cache computes (causal, keys and queries turned by `rope` at positions 0,
+    // 1, ...). It reads the weights themselves (never prepack()'s packing) and the attention's
+    // separate w_q, w_k and w_v (multi_head_attention::formula).
+    template <class X, class Rope = no_rotary_t>
+        requires rows_of_width<std::remove_cvref_t<X>, Model>
+    auto formula(X&& x, const Rope& rope = no_rotary, call_site caller = call_site::current()) const {
+        ::dimsum::detail::operation_site site(caller);
+        static_assert(!detail::is_temporary_tensor<X>,
+                      "dimsum: decoder_layer::formula reads x where it lies: give it a named tensor or a formula, not a temporary tensor");
+        auto normed = rms_norm(x, attention_norm, epsilon);
+        auto h = x + attention.formula(normed, normed, causal_scores, rope);
+        return h + swiglu(rms_norm(h, ffn_norm, epsilon), w_1, w_3, w_2);
+    }
+
 private:
     std::shared_ptr<const matrix_panels<compute_type_t<T>>> w_1_panels_, w_3_panels_, w_2_panels_;  // prepack()'s, or none
 };

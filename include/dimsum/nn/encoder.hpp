@@ -60,6 +60,21 @@ struct encoder_layer {
         return layer_norm(h + gelu_feed_forward(h, w_1, b_ff1, w_2, b_ff2), ln2_weight, ln2_bias, epsilon);
     }
 
+    // The layer as one formula of x (batch, seq, model), a named tensor, a view or a formula,
+    // to train it (a ds::tape records it; ds::backward differentiates it): what a call
+    // computes, `mask` applied to the attention's scores (unmasked, causal_scores, or a function
+    // of the scores of one's own). It reads the weights themselves (never prepack()'s packing)
+    // and the attention's separate w_q, w_k and w_v (multi_head_attention::formula).
+    template <class X, class Mask = unmasked_t>
+        requires rows_of_width<std::remove_cvref_t<X>, Model>
+    auto formula(X&& x, Mask mask = {}, call_site caller = call_site::current()) const {
+        ::dimsum::detail::operation_site site(caller);
+        static_assert(!detail::is_temporary_tensor<X>,
+                      "dimsum: encoder_layer::formula reads x where it lies: give it a named tensor or a formula, not a temporary tensor");
+        auto h = layer_norm(x + attention.formula(x, x, mask), ln1_weight, ln1_bias, epsilon);
+        return layer_norm(h + gelu_feed_forward(h, w_ff1, b_ff1, w_ff2, b_ff2), ln2_weight, ln2_bias, epsilon);
+    }
+
 private:
     std::shared_ptr<const matrix_panels<compute_type_t<T>>> w_ff1_panels_, w_ff2_panels_;  // prepack()'s, or none
 };
