@@ -2,6 +2,7 @@
 // The elementwise functions (core/functors.hpp) applied to blocks of values with xsimd. A
 // block function computes out[i] = f(in[0][i], ..., in[N-1][i]) for i < n; it is the only
 // code compiled per function, and the fused pass (fused.hpp) chains them block by block.
+// And the index arrays a formula reads (causal_mask, arange).
 
 #include <algorithm>
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include "dimsum/backend/cpu/kernels.hpp"
 #include "dimsum/backend/cpu/simd.hpp"
 #include "dimsum/core/functors.hpp"
+#include "dimsum/evaluation/codes.hpp"
 
 DIMSUM_SIMD_CODE_BEGIN
 
@@ -139,6 +141,23 @@ block_table<T> blocks_of(fn::function_list<F...>) {
 template <class T>
 block_table<T> every_block() {
     return detail::blocks_of<T>(fn::elementwise_functions{});
+}
+
+// dst = causal_mask (1 where a key lies in its query's future; dst (queries, keys)) or arange
+// (dst (n): 0, 1, ...): small, and read broadcast, so a plain loop.
+template <class T>
+void indices(bool causal, const strided<T>& dst) {
+    if (!causal) {
+        for (std::size_t i = 0; i < dst.where.extents[0]; ++i) dst.data[static_cast<std::ptrdiff_t>(i) * dst.where.strides[0]] = T(i);
+        return;
+    }
+    const std::size_t queries = dst.where.extents[0], keys = dst.where.extents[1];
+    for (std::size_t q = 0; q < queries; ++q) {
+        for (std::size_t k = 0; k < keys; ++k) {
+            const auto at = static_cast<std::ptrdiff_t>(q) * dst.where.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.where.strides[1];
+            dst.data[at] = evaluation::in_future(q, k, queries, keys) ? T(1) : T(0);
+        }
+    }
 }
 
 }  // namespace dimsum::backend::cpu

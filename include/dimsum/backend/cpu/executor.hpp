@@ -10,7 +10,7 @@
 //   fused, copy -> one fused elementwise pass (fused.hpp), which rounds a result stored
 //                 narrower block by block;
 //   rowwise    -> the line kernels (rowwise.hpp), the same line by line;
-//   indices    -> a loop (causal_mask, arange: small, read broadcast);
+//   indices    -> elementwise.hpp's loop (causal_mask, arange: small, read broadcast);
 //   convert    -> a loop (bf16 values, lengths and positions to the formula's type);
 //   narrow     -> a loop (a value rounded into a temporary of a narrower type, which products
 //                 read as stored, or into such a destination);
@@ -96,7 +96,7 @@ private:
                                              [](T value) { return stored_as<U>(value); });
                 });
             case entry_kind::rowwise: return rowwise(e, dst, rounded);
-            case entry_kind::indices: return indices(e.causal, dst);
+            case entry_kind::indices: return cpu::indices<T>(e.causal, dst);
             case entry_kind::convert: return evaluation::convert_binding<T>(s_.bindings[e.operands[0].index], dst);
             case entry_kind::gather:
                 return cpu::gather<T>(read(e.operands[0]), e.axis, evaluation::integers_of(s_.bindings[e.operands[1].index]), dst);
@@ -122,21 +122,6 @@ private:
             case evaluation::line_op::sum: return cpu::reduce<fn::sum, T>(x, dst, e.axis, rounded);
             case evaluation::line_op::max: return cpu::reduce<fn::max, T>(x, dst, e.axis, rounded);
             case evaluation::line_op::mean: return cpu::reduce<fn::mean, T>(x, dst, e.axis, rounded);
-        }
-    }
-
-    // dst = causal_mask (1 where a key is in a query's future) or arange.
-    static void indices(bool causal, const strided<T>& dst) {
-        if (!causal) {
-            for (std::size_t i = 0; i < dst.where.extents[0]; ++i) dst.data[static_cast<std::ptrdiff_t>(i) * dst.where.strides[0]] = T(i);
-            return;
-        }
-        const std::size_t queries = dst.where.extents[0], keys = dst.where.extents[1];
-        for (std::size_t q = 0; q < queries; ++q) {
-            for (std::size_t k = 0; k < keys; ++k) {
-                auto at = static_cast<std::ptrdiff_t>(q) * dst.where.strides[0] + static_cast<std::ptrdiff_t>(k) * dst.where.strides[1];
-                dst.data[at] = evaluation::in_future(q, k, queries, keys) ? T(1) : T(0);
-            }
         }
     }
 
@@ -172,7 +157,6 @@ private:
             s_.fused.nodes.push_back(node);
         }
     }
-
 
     // The leading axes of `shape` (all but the last two) and each operand's strides along them;
     // every operand has shape's rank.

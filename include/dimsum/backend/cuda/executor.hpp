@@ -89,16 +89,9 @@ private:
             case entry_kind::fused: case entry_kind::copy: return fuse(e, dst);
             case entry_kind::convert: return copy(read(e.operands[0]), dst);
             case entry_kind::rowwise: return rowwise(e, read(e.operands[0]), dst);
-            case entry_kind::indices: {
-                indices_pass pass;
-                pass.causal = e.causal;
-                pass.type = type_;
-                pass.rank = dst.where.rank;
-                pass.extents = dst.where.extents;
-                pass.out = dst.first_writable();
-                pass.out_strides = dst.where.strides;
-                return run_indices(c_, pass);
-            }
+            case entry_kind::indices:
+                return run_indices(c_, {.causal = e.causal, .type = type_, .rank = dst.where.rank, .extents = dst.where.extents,
+                                        .out = dst.first_writable(), .out_strides = dst.where.strides});
             case entry_kind::gather: {
                 const device_array table = read(e.operands[0]), ids = read(e.operands[1]);
                 gather_pass pass;

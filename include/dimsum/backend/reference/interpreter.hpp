@@ -1,8 +1,8 @@
 #pragma once
 // Runs a plan (evaluation/plan.hpp) made without fusion, with plain loops: each gemm,
-// rowwise and indices entry by a reference kernel (kernels.hpp), each fused or copy entry
-// element by element, reading the formula's steps; convert and gather element by element,
-// once every gather id has been checked.
+// rowwise, indices, gather and scatter entry by a reference kernel (kernels.hpp), once every
+// id has been checked; each fused or copy entry element by element, reading the formula's
+// steps; convert element by element.
 
 #include <cstdint>
 #include <memory>
@@ -22,7 +22,6 @@ namespace dimsum::backend::reference {
 
 using evaluation::entry;
 using evaluation::entry_kind;
-using evaluation::in_future;
 using evaluation::max_operands;
 using evaluation::step;
 using evaluation::step_kind;
@@ -57,45 +56,15 @@ private:
             case entry_kind::gemm:
                 return matmul<T>(read(e.operands[0]), read(e.operands[1]), dst);
             case entry_kind::rowwise: return rowwise(e, read(e.operands[0]), dst);
-            case entry_kind::indices:
-                for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) {
-                    if (!e.causal) dst.at(index) = static_cast<T>(index[0]);
-                    else dst.at(index) = in_future(index[0], index[1], dst.where.extents[0], dst.where.extents[1]) ? T(1) : T(0);
-                });
-                return;
+            case entry_kind::indices: return indices<T>(e.causal, dst);
             case entry_kind::fused: case entry_kind::copy:
                 for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) { dst.at(index) = read(e.step, index); });
                 return;
             case entry_kind::convert: return evaluation::convert_binding<T>(bindings_[e.operands[0].index], dst);
-            case entry_kind::gather: {
-                // out (before..., ids..., after...) = table (before..., ids[...], after...)
-                const strided<const T> table = read(e.operands[0]);
-                const evaluation::integers ids = evaluation::integers_of(bindings_[e.operands[1].index]);
-                const std::size_t count = ids.where().rank;
-                for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) {
-                    std::array<std::size_t, max_rank> at{};
-                    for (std::size_t i = 0; i < e.axis; ++i) at[i] = index[i];
-                    at[e.axis] = static_cast<std::size_t>(ids.at(index + e.axis));
-                    for (std::size_t i = e.axis + 1; i < table.where.rank; ++i) at[i] = index[i - 1 + count];
-                    dst.at(index) = table.at(at.data());
-                });
-                return;
-            }
-            case entry_kind::scatter: {
-                // out (before..., extent, after...) = 0; out (before..., ids[...], after...) += values (before..., ids..., after...)
-                const strided<const T> values = read(e.operands[0]);
-                const evaluation::integers ids = evaluation::integers_of(bindings_[e.operands[1].index]);
-                const std::size_t count = ids.where().rank;
-                for_each_index(dst.where.extents, dst.where.rank, [&](const std::size_t* index) { dst.at(index) = T(0); });
-                for_each_index(values.where.extents, values.where.rank, [&](const std::size_t* index) {
-                    std::array<std::size_t, max_rank> at{};
-                    for (std::size_t i = 0; i < e.axis; ++i) at[i] = index[i];
-                    at[e.axis] = static_cast<std::size_t>(ids.at(index + e.axis));
-                    for (std::size_t i = e.axis + 1; i < dst.where.rank; ++i) at[i] = index[i - 1 + count];
-                    dst.at(at.data()) += values.at(index);
-                });
-                return;
-            }
+            case entry_kind::gather:
+                return gather<T>(read(e.operands[0]), e.axis, evaluation::integers_of(bindings_[e.operands[1].index]), dst);
+            case entry_kind::scatter:
+                return scatter_add<T>(read(e.operands[0]), e.axis, evaluation::integers_of(bindings_[e.operands[1].index]), dst);
             case entry_kind::attention: case entry_kind::attention_backward: case entry_kind::narrow: return;  // refused above
         }
     }

@@ -7,8 +7,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "dimsum/evaluation/strided.hpp"
 #include "dimsum/core/functors.hpp"
+#include "dimsum/evaluation/codes.hpp"
+#include "dimsum/evaluation/strided.hpp"
 
 namespace dimsum::backend::reference {
 
@@ -18,7 +19,6 @@ using evaluation::for_each_index;
 using evaluation::max_rank;
 using evaluation::strided;
 using evaluation::to_strided;
-
 
 template <class T>
 using accumulator_t = std::conditional_t<std::is_same_v<T, float>, double, long double>;
@@ -133,6 +133,46 @@ void reduce(strided<const T> x, strided<T> out, std::size_t axis) {
         }
         if constexpr (std::is_same_v<Reduction, fn::mean>) result /= static_cast<acc>(n);
         out.at(kept.data()) = static_cast<T>(result);
+    });
+}
+
+// out = causal_mask (1 where a key lies in its query's future; out (queries, keys)) or arange
+// (out (n): 0, 1, ...).
+template <class T>
+void indices(bool causal, strided<T> out) {
+    for_each_index(out.where.extents, out.where.rank, [&](const std::size_t* index) {
+        if (!causal) out.at(index) = static_cast<T>(index[0]);
+        else out.at(index) = evaluation::in_future(index[0], index[1], out.where.extents[0], out.where.extents[1]) ? T(1) : T(0);
+    });
+}
+
+// Where the element of a table of rank `table_rank` lies for the element `index` of a gather's
+// result (before..., ids..., after...): table (before..., ids[...], after...), ids along `axis`.
+inline std::array<std::size_t, max_rank> table_index(const std::size_t* index, std::size_t axis, const evaluation::integers& ids,
+                                                     std::size_t table_rank) {
+    const std::size_t count = ids.where().rank;
+    std::array<std::size_t, max_rank> at{};
+    for (std::size_t i = 0; i < axis; ++i) at[i] = index[i];
+    at[axis] = static_cast<std::size_t>(ids.at(index + axis));
+    for (std::size_t i = axis + 1; i < table_rank; ++i) at[i] = index[i - 1 + count];
+    return at;
+}
+
+// out (before..., ids..., after...) = table (before..., ids[...], after...). The ids are checked.
+template <class T>
+void gather(strided<const T> table, std::size_t axis, const evaluation::integers& ids, strided<T> out) {
+    for_each_index(out.where.extents, out.where.rank, [&](const std::size_t* index) {
+        out.at(index) = table.at(table_index(index, axis, ids, table.where.rank).data());
+    });
+}
+
+// out (before..., extent, after...) = 0, then out (before..., ids[...], after...) += values
+// (before..., ids..., after...), in the order of the values. The ids are checked.
+template <class T>
+void scatter_add(strided<const T> values, std::size_t axis, const evaluation::integers& ids, strided<T> out) {
+    for_each_index(out.where.extents, out.where.rank, [&](const std::size_t* index) { out.at(index) = T(0); });
+    for_each_index(values.where.extents, values.where.rank, [&](const std::size_t* index) {
+        out.at(table_index(index, axis, ids, out.where.rank).data()) += values.at(index);
     });
 }
 
