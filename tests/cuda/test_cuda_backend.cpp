@@ -1,5 +1,6 @@
 // The CUDA backend against the reference backend: every kind of plan entry on odd sizes,
-// strided, transposed and broadcast operands, NaN and infinities, bf16 and integer inputs.
+// strided, transposed and broadcast operands, NaN and infinities, bf16 and integer inputs,
+// and the gradients of formulas (the reverse sweep's entries).
 // Built twice (tests/CMakeLists.txt): linked with the host stand-in of the device
 // (host_device.cpp), where it runs in every CI build, and linked with dimsum::cuda, where it
 // runs on a GPU and is skipped without one (gpu_main.cpp).
@@ -356,6 +357,41 @@ TEST_CASE("cuda: bf16 tensors read widened and written rounded, integer ids gath
     // an id out of range: the error before anything runs
     ids(1, 2) = 11;
     REQUIRE_THROWS_AS(ds::eval(ds::gather<Vocab>(table, ids), cuda::evaluator{}), ds::index_error);
+}
+
+TEMPLATE_TEST_CASE("cuda: gradients are the reference backend's: a weight shared by a batch, layer_norm, gelu, softmax, attention",
+                   "", float, double) {
+    const double t = std::is_same_v<TestType, float> ? 2e-4 : 1e-10;
+    ds::tensor<TestType, Batch, M, K> x(Batch{3}, M{13}, K{16});
+    ds::tensor<TestType, K, N> w(K{16}, N{9});
+    ds::tensor<TestType, N> b(N{9});
+    ds::tensor<TestType, Batch, M, N> r(Batch{3}, M{13}, N{9});
+    ds::fill_normal(x, 1);
+    ds::fill_normal(w, 2, 0.0, 0.3);
+    ds::fill_normal(b, 3);
+    ds::fill_normal(r, 4);
+    // products whose gradients read transposed operands, sums over the batch (w's and b's),
+    // and the line kernels' gradients
+    auto loss = ds::sum<Batch>(ds::sum<M>(ds::sum<N>(ds::gelu(ds::layer_norm(ds::matmul(x, w) + b)) * r +
+                                                     ds::softmax(ds::matmul(x, w)) * r)));
+    require_cuda_parity(ds::grad(loss, w), t, t);
+    require_cuda_parity(ds::grad(loss, b), t, t);
+    require_cuda_parity(ds::grad(loss, x), t, t);
+    // attention, causal, its gradients with respect to Q, K and V (step by step here)
+    ds::tensor<TestType, Batch, Heads, Query, D> q(Batch{2}, Heads{3}, Query{7}, D{8}), o(Batch{2}, Heads{3}, Query{7}, D{8});
+    ds::tensor<TestType, Batch, Heads, Key, D> k(Batch{2}, Heads{3}, Key{7}, D{8}), v(Batch{2}, Heads{3}, Key{7}, D{8});
+    ds::fill_normal(q, 5);
+    ds::fill_normal(k, 6);
+    ds::fill_normal(v, 7);
+    ds::fill_normal(o, 8);
+    auto scores = ds::matmul(q, ds::transpose<Key, D>(k)) * TestType(0.35);
+    auto attended = ds::matmul(ds::softmax<Key>(ds::masked_fill(scores, ds::causal_mask(Query{7}, Key{7}),
+                                                                -std::numeric_limits<TestType>::infinity())),
+                               v);
+    auto attention_loss = ds::sum<Batch>(ds::sum<Heads>(ds::sum<Query>(ds::sum<D>(attended * o))));
+    require_cuda_parity(ds::grad(attention_loss, q), t, t);
+    require_cuda_parity(ds::grad(attention_loss, k), t, t);
+    require_cuda_parity(ds::grad(attention_loss, v), t, t);
 }
 
 TEST_CASE("cuda: concat, slices and views are places in the plan, not copies") {
