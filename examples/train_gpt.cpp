@@ -115,16 +115,16 @@ auto decoder_layer(const layer& p, const rope& rotary, auto&& x) {
 }
 
 auto embed(const gpt& m, const ds::tensor<std::int64_t, Batch, Seq>& tokens) { return ds::gather<Vocab>(m.embedding, tokens); }
-auto head(const gpt& m, const ds::tensor<float, Batch, Seq, Model>& x) {
+auto head(const gpt& m, ds::tensor_view<const float, Batch, Seq, Model> x) {
     return ds::matmul(ds::nn::rms_norm(x, m.final_norm, 1e-5), m.w_out);
 }
 
 // The forward, one formula a layer, through a tape: each layer's output is evaluated and its
-// formula recorded for the backward. Returns the last layer's output.
-const ds::tensor<float, Batch, Seq, Model>& forward(const gpt& m, const rope& rotary, const ds::tensor<std::int64_t, Batch, Seq>& tokens,
-                                                    ds::tape<float>& tape) {
-    const auto& x0 = tape.eval(embed(m, tokens));
-    const auto& x1 = tape.eval(decoder_layer(m.layer_0, rotary, x0));
+// formula recorded for the backward. Returns the last layer's output (a view of the tape's).
+ds::tensor_view<const float, Batch, Seq, Model> forward(const gpt& m, const rope& rotary, const ds::tensor<std::int64_t, Batch, Seq>& tokens,
+                                                        ds::tape<float>& tape) {
+    const auto x0 = tape.eval(embed(m, tokens));
+    const auto x1 = tape.eval(decoder_layer(m.layer_0, rotary, x0));
     return tape.eval(decoder_layer(m.layer_1, rotary, x1));
 }
 
@@ -138,7 +138,7 @@ ds::tensor<float, Batch, Seq, Vocab> logits_of(const gpt& m, const rope& rotary,
 // from the loss down to the embedding, one program a layer (ds::tape::backward).
 double loss_and_gradients(const gpt& m, const rope& rotary, const ds::tensor<std::int64_t, Batch, Seq>& tokens,
                           const ds::tensor<std::int64_t, Batch, Seq>& targets, ds::tape<float>& tape, gpt& g) {
-    const auto& top = forward(m, rotary, tokens, tape);
+    const auto top = forward(m, rotary, tokens, tape);
     return tape.backward(ds::nn::cross_entropy<Vocab>(head(m, top), targets), m, g);
 }
 

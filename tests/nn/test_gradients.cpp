@@ -259,8 +259,8 @@ TEST_CASE("a tape through the block recorded in two formulas gives PyTorch autog
         for (int step = 0; step < 2; ++step) {  // the second step on the first's memory
             INFO("step " << step);
             block_and_input g = p;
-            const auto& r = tape.eval(block_attention(p.weights, p.x));
-            const auto& m = tape.eval(block_feed_forward(p.weights, r));
+            const auto r = tape.eval(block_attention(p.weights, p.x));
+            const auto m = tape.eval(block_feed_forward(p.weights, r));
             REQUIRE(tape.size() == 2);
             const double value = tape.backward(ds::nn::cross_entropy<Vocab>(ds::matmul(m, p.weights.w_out), targets), p, g);
             CHECK(tape.size() == 0);
@@ -323,10 +323,10 @@ TEST_CASE("a tape's gradients through several recorded formulas are those of the
                 INFO("step " << step);
                 stack g = p;
                 g.unused.fill(std::numeric_limits<double>::quiet_NaN());  // overwritten with zeros
-                const auto& t1 = tape.eval(stack_input(p, x));
-                const auto& t2 = tape.eval(stack_middle(p, t1));
+                const auto t1 = tape.eval(stack_input(p, x));
+                const auto t2 = tape.eval(stack_middle(p, t1));
                 tape.eval(ds::exp(t1 * 0.5));  // read by nothing after it: no gradient flows through it
-                const auto& t3 = tape.eval(stack_top(p, t2, t1));
+                const auto t3 = tape.eval(stack_top(p, t2, t1));
                 const double value = tape.backward(stack_loss(p, t3, t1, y), std::tie(x, p), std::tie(dx, g));
                 CHECK(std::abs(value - want_loss) <= 1e-13 * std::abs(want_loss));
                 test::require_close(dx, test::to_xt(want_dx), 1e-12, 1e-13);
@@ -349,8 +349,8 @@ TEST_CASE("backward_from chains the formulas by hand: the tape's gradients, each
     ds::fill_uniform(y, 2, -1.0, 1.0);
     stack g = p, tape_g = p;
     ds::tape<double> tape;
-    const auto& h1 = tape.eval(stack_input(p, x));
-    const auto& h2 = tape.eval(stack_middle(p, h1));
+    const auto h1 = tape.eval(stack_input(p, x));
+    const auto h2 = tape.eval(stack_middle(p, h1));
     const double tape_loss = tape.backward(stack_loss(p, h2, h2, y), std::tie(x, p), std::tie(tape_dx, tape_g));
     // the same by hand: each formula's value kept, then each backward from the top
     ds::tensor<double, Batch, Hidden> t1 = stack_input(p, x), t2 = stack_middle(p, t1), d1(Batch{7}, Hidden{6}), d2(Batch{7}, Hidden{6});
@@ -376,7 +376,7 @@ TEST_CASE("a tape's errors end the step: a gradient that a recorded formula read
     ds::tape<double> tape;
     stack g = p;
     {
-        const auto& t1 = tape.eval(stack_input(p, x) + ds::sum<Out>(g.w_out));  // reads g's memory
+        const auto t1 = tape.eval(stack_input(p, x) + ds::sum<Out>(g.w_out));  // reads g's memory
         CHECK(test::error_of([&] { tape.backward(stack_loss(p, t1, t1, y), p, g); }) ==
               "dimsum: tape::backward: a gradient overlaps memory a recorded formula reads");
         CHECK(tape.size() == 0);
@@ -384,13 +384,13 @@ TEST_CASE("a tape's errors end the step: a gradient that a recorded formula read
     {
         tape.eval(stack_input(p, x));
         stack wider = make_stack(3, 5, 2);
-        const auto& t1 = tape.eval(stack_input(p, x));
+        const auto t1 = tape.eval(stack_input(p, x));
         CHECK(test::error_of([&] { tape.backward(stack_loss(p, t1, t1, y), p, wider); }) ==
               "dimsum: tape::backward: the gradients' w_in does not match its parameter (ds::gradients makes a matching struct)");
         CHECK(tape.size() == 0);
     }
     // and the next step runs
-    const auto& t1 = tape.eval(stack_input(p, x));
+    const auto t1 = tape.eval(stack_input(p, x));
     const double value = tape.backward(stack_loss(p, t1, t1, y), p, g);
     const double want = ds::backward(stack_loss(p, stack_input(p, x), stack_input(p, x), y), p, g);
     CHECK(std::abs(value - want) <= 1e-13 * std::abs(want));
@@ -432,8 +432,8 @@ TEST_CASE("a tape trains the nn layers through their formulas: an encoder layer,
     encoder ge = e;
     decoder gd = d;
     ds::tape<double> tape;
-    const auto& h = tape.eval(e.formula(x, ds::nn::causal_scores));
-    const auto& y = tape.eval(d.formula(h, rope));
+    const auto h = tape.eval(e.formula(x, ds::nn::causal_scores));
+    const auto y = tape.eval(d.formula(h, rope));
     const double value = tape.backward(ds::nn::mean_squared_error(y, target), std::tie(x, e, d), std::tie(dx, ge, gd));
     CHECK(std::abs(value - loss()) <= 1e-14);
     // central differences at a few elements of every tensor: the input and each layer's weights

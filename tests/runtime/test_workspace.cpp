@@ -285,8 +285,8 @@ TEST_CASE("a training step allocates nothing after the first: the loss, its grad
 TEST_CASE("a training step through a tape allocates nothing after the first: its values, their gradients and its programs") {
     ds::tape<float> tape;
     require_steps_allocate_nothing_after_the_first([&](tiny_training& t) {
-        const auto& r = tape.eval(tiny_block(t.m, t.x));
-        const auto& s = tape.eval(r + ds::nn::gelu(r));
+        const auto r = tape.eval(tiny_block(t.m, t.x));
+        const auto s = tape.eval(r + ds::nn::gelu(r));
         const double loss = tape.backward(ds::nn::cross_entropy<TVocab>(ds::matmul(s, t.m.w_out), t.targets), t.m, t.g);
         t.opt.step(t.m, t.g);
         return loss;

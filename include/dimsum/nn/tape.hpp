@@ -3,8 +3,8 @@
 // call for the gradients of every parameter through all of them.
 //
 //   ds::tape<float> tape;
-//   const auto& x1 = tape.eval(layer(p.layer_0, x0));   // evaluated now, its formula recorded
-//   const auto& x2 = tape.eval(layer(p.layer_1, x1));   // reads the tape's x1
+//   auto x1 = tape.eval(layer(p.layer_0, x0));   // evaluated now, its formula recorded
+//   auto x2 = tape.eval(layer(p.layer_1, x1));   // reads the tape's x1 (a view of it)
 //   double loss = tape.backward(loss_of(p, x2), std::tie(x0, p), std::tie(dx0, g));
 //
 // backward differentiates the loss, then each recorded formula from the last, each from the
@@ -14,10 +14,10 @@
 // cost of a second forward. A tensor read by several formulas (a residual stream, a weight
 // shared by two layers) gets the sum of their gradients.
 //
-// The tape owns the tensors eval returns and their gradients; backward ends the step, and the
-// next step's evaluations reuse that memory (the same formulas in the same order allocate
-// nothing after the first step). A reference eval returned holds the next step's value once
-// that step evaluates it again.
+// The tape owns the tensors eval returns views of, and their gradients; backward ends the
+// step, and the next step's evaluations reuse that memory (the same formulas in the same order
+// allocate nothing after the first step). A view eval returned holds the next step's value
+// once that step evaluates it again.
 
 #include <algorithm>
 #include <cstddef>
@@ -48,10 +48,12 @@ public:
     tape& operator=(const tape&) = delete;
 
     // Evaluates `formula` (of T) into a tensor the tape owns, and records the formula for
-    // backward. The tensors it reads must keep their values until backward: the recorded
+    // backward; returns a view of that tensor, which later formulas read (a view, so that
+    // `auto x = tape.eval(f)` still reads the tape's memory: a copy would not lead back to f).
+    // The tensors the formula reads must keep their values until backward: the recorded
     // formula is evaluated again there.
     template <operand F>
-    const tensor_of_shape_t<T, shape_of<F>>& eval(F&& formula) {
+    view_of_shape_t<const T, shape_of<F>> eval(F&& formula) {
         static_assert(std::is_same_v<value_type_of<F>, T>, "dimsum: tape: a formula of the tape's element type");
         static_assert(!is_tensor<std::remove_cvref_t<F>>::value && !is_tensor_view<std::remove_cvref_t<F>>::value,
                       "dimsum: tape: record a formula; a tensor needs no evaluating (pass it to backward to get its gradient)");
@@ -69,7 +71,7 @@ public:
         }
         evaluation::assign_with(backend_, r->value.view(), *r->formula);
         ++count_;
-        return r->value;
+        return std::as_const(r->value).view();
     }
 
     // grads := the gradient of `loss` (a formula of no axes, of T, which may read the tensors
