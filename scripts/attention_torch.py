@@ -28,7 +28,7 @@ import resource
 import subprocess
 import sys
 
-from torch_timing import add_timing_options, best_seconds, parse_timing_options, torch_missing
+from torch_timing import best_seconds, parse_or_answer
 
 IMPLS = ("module", "manual")
 
@@ -250,21 +250,13 @@ def main():
                                  epilog="Case modes: full (default), causal, decode.")
     ap.add_argument("--case", type=parse_case, action="append", required=True,
                     help="NAME:batch,seq,model,heads[,causal|decode] (repeatable)")
-    add_timing_options(ap)
     ap.add_argument("--no-verify", action="store_true",
                     help="skip checking module against manual (a caller's later turns)")
     ap.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
-    args = parse_timing_options(ap)
-
-    missing = torch_missing()
-    if missing:
-        print(f"torch_attention_unavailable,{missing}")
+    args = parse_or_answer(ap, "torch_attention", child)
+    if args is None:
         return 0
     import torch
-    if args.child:
-        args.threads = int(args.threads)
-        child(args)
-        return 0
 
     env = best_environment()
     threads = [int(t) for t in args.threads.split(",")]

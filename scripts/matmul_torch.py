@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 
-from torch_timing import add_timing_options, best_seconds, parse_timing_options, torch_missing
+from torch_timing import best_seconds, parse_or_answer
 
 
 def child(args):
@@ -55,15 +55,9 @@ def shape(text):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", type=shape, required=True, help="m,k,n")
-    add_timing_options(ap)
-    args = parse_timing_options(ap)
-    missing = torch_missing()
-    if missing:
-        print(f"torch_matmul_unavailable,{missing}")
+    args = parse_or_answer(ap, "torch_matmul", child)
+    if args is None:
         return 0
-    if args.child:
-        args.threads = int(args.threads)
-        return child(args)
 
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")

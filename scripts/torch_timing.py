@@ -1,4 +1,4 @@
-"""What the PyTorch baselines of dimsum_bench (attention_torch.py, matmul_torch.py) share: how
+"""What the PyTorch baselines of dimsum_bench share: how
 a call is timed, and how a missing torch is reported."""
 import argparse
 import math
@@ -84,18 +84,25 @@ def measure_in_children(script, args, tag, env):
     return 1 if failed else 0
 
 
-def baseline_main(script, ap, tag, child, environment):
-    """The main of a baseline measured in fresh processes: parses ap (the timing options
-    added), prints `TAG_unavailable,WHY` without torch, runs child(args) in a child process,
-    else measure_in_children with environment(). Returns the exit status."""
+def parse_or_answer(ap, tag, child):
+    """ap's arguments (the timing options added), or None where this process has answered
+    already: `TAG_unavailable,WHY` printed without torch, or child(args) run in a child
+    process (--child)."""
     add_timing_options(ap)
     args = parse_timing_options(ap)
     missing = torch_missing()
     if missing:
         print(f"{tag}_unavailable,{missing}")
-        return 0
+        return None
     if args.child:
         args.threads = int(args.threads)
         child(args)
-        return 0
-    return measure_in_children(script, args, tag, environment())
+        return None
+    return args
+
+
+def baseline_main(script, ap, tag, child, environment):
+    """The main of a baseline measured in fresh processes: parse_or_answer, then
+    measure_in_children with environment(). Returns the exit status."""
+    args = parse_or_answer(ap, tag, child)
+    return 0 if args is None else measure_in_children(script, args, tag, environment())
