@@ -170,6 +170,27 @@ std::size_t lower_gradients(evaluation::program& p, std::vector<evaluation::bind
     return root;
 }
 
+// One program on `backend`: the vector-Jacobian products of `output` for `cotangent` with
+// respect to the tensors of `wrt`, into `gradients` (one each); with `value` (output then a
+// loss, of no axes), output's value there too, as the program's root.
+template <class T, class Backend, class Output, class Cotangent>
+void run_gradients(Backend& backend, const Output& output, const Cotangent& cotangent, std::span<const differentiated> wrt,
+                   std::span<const evaluation::strided<T>> gradients, struct_gradients<T>& state,
+                   const evaluation::strided<T>* value = nullptr) {
+    auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
+        const std::size_t root = lower_gradients<T>(p, bindings, output, cotangent, wrt, state);
+        if (value) {
+            p.root = root;
+            p.other_roots = state.gradients;
+        } else {
+            p.root = state.gradients[0];
+            p.other_roots.assign(state.gradients.begin() + 1, state.gradients.end());
+        }
+    };
+    if (value) backend.run_program(lower, *value, gradients);
+    else backend.run_program(lower, gradients[0], gradients.subspan(1));
+}
+
 }  // namespace detail
 
 // grads := the gradient of `loss` (a formula of no axes, of float or double) with respect to
@@ -185,13 +206,9 @@ auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend bac
     static_assert(floating_element<T>, "dimsum: backward: a loss of float or double (bf16 parameters: not yet)");
     thread_local detail::struct_gradients<T> state;  // kept for its capacity
     detail::match_gradients(loss, params, grads, state, "backward");
-    auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
-        p.root = detail::lower_gradients<T>(p, bindings, loss, expr::scalar<T>{1, {}}, state.wrt, state);
-        p.other_roots = state.gradients;
-    };
     T value{};
     const evaluation::strided<T> loss_value{&value, evaluation::row_major(0, {})};
-    backend.run_program(lower, loss_value, std::span<const evaluation::strided<T>>(state.destinations));
+    detail::run_gradients<T>(backend, loss, expr::scalar<T>{1, {}}, state.wrt, state.destinations, state, &loss_value);
     return value;
 }
 
@@ -211,13 +228,7 @@ void backward_from(const Output& output, const Cotangent& cotangent, const Leave
     thread_local detail::struct_gradients<T> state;
     detail::match_gradients(output, leaves, grads, state, "backward_from");
     if (state.destinations.empty()) return;
-    auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
-        detail::lower_gradients<T>(p, bindings, output, cotangent, state.wrt, state);
-        p.root = state.gradients[0];
-        p.other_roots.assign(state.gradients.begin() + 1, state.gradients.end());
-    };
-    backend.run_program(lower, state.destinations[0],
-                        std::span<const evaluation::strided<T>>(state.destinations).subspan(1));
+    detail::run_gradients<T>(backend, output, cotangent, state.wrt, state.destinations, state);
 }
 
 // The gradients of `loss` with respect to the tensors of `params`, as a new struct of the same

@@ -203,23 +203,9 @@ private:
             }
             destinations_.push_back(d);
         }
-        auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
-            const std::size_t root = detail::lower_gradients<T>(p, bindings, output, cotangent, leaves_, state_);
-            if (value != nullptr) {
-                p.root = root;
-                p.other_roots = state_.gradients;
-            } else {
-                p.root = state_.gradients[0];
-                p.other_roots.assign(state_.gradients.begin() + 1, state_.gradients.end());
-            }
-        };
-        if (value != nullptr) {
-            backend_.run_program(lower, evaluation::to_strided(loss_value_.view()),
-                                 std::span<const evaluation::strided<T>>(destinations_));
-            *value = loss_value_.data()[0];
-        } else {
-            backend_.run_program(lower, destinations_[0], std::span<const evaluation::strided<T>>(destinations_).subspan(1));
-        }
+        const evaluation::strided<T> loss_value = evaluation::to_strided(loss_value_.view());
+        detail::run_gradients<T>(backend_, output, cotangent, leaves_, destinations_, state_, value ? &loss_value : nullptr);
+        if (value) *value = loss_value_.data()[0];
         for (std::size_t i = 0; i < read_.size(); ++i) {
             wanted& w = wanted_[read_[i]];
             if (w.written) {
