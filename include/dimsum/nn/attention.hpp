@@ -287,9 +287,9 @@ struct multi_head_attention {
         auto padding = detail::padding_mask<T, Batch, Key, dim<1>, dim<1>, dim<1>>(x.shape().extent(0), c.shape().extent(1),
                                                                                options.key_lengths);
         if (options.causal && padding) return run([&](auto&& s) { return causal(s + *padding); });
-        if (options.causal) return run([](auto&& s) { return causal(s); });
+        if (options.causal) return run(causal_scores);
         if (padding) return run([&](auto&& s) { return s + *padding; });
-        run([](auto&& s) { return s; });
+        run(unmasked);
     }
 
     // The layer as one formula, to train it (a ds::tape records it, ds::backward differentiates
@@ -415,7 +415,7 @@ struct multi_head_attention {
                 // every sequence's rows at the same positions: the causal mask aligned at the ends
                 const std::size_t first = cache.size();
                 cache.append(rope(k, first), v);
-                return attend(rope(q, first), [](auto&& s) { return causal(s); });
+                return attend(rope(q, first), causal_scores);
             }
             // each sequence's rows at its own positions
             step_positions<Batch, Seq> at;
