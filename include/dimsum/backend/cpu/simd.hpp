@@ -79,6 +79,12 @@ simd<T> load_widened(const U* from) {
 // past float's range with no compare. x is first held to [-110, 89], past which e^x is 0 or
 // infinite in float anyway, so that k ln 2 stays finite; max and min with x second keep a
 // NaN. Within 2 ulp of e^x, denormal results within one of their ulp (test_softmax_reduce).
+// (g++ 12 at -O1 reports the undefined pass-through operand inside its own _mm512_max_ps and
+// _mm512_min_ps as used uninitialized, a fault of its intrinsics header that g++ 13 fixes.)
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 template <class T>
 simd<T> exponential(const simd<T>& x) {
 #if defined(__AVX512F__)
@@ -100,6 +106,9 @@ simd<T> exponential(const simd<T>& x) {
 #endif
     return xsimd::exp(x);
 }
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic pop
+#endif
 
 // Outputs larger than this go around the caches (non-temporal stores): a normal store first
 // reads the line it writes, which costs a third of the bandwidth of a copy, and a result this
