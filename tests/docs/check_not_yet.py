@@ -37,7 +37,9 @@ ITEMS = {
     "bf16 kernels": None,  # how far the bf16 paths go: no absence to show, but fp16's, below
     "fp16": "ds::fp16 h{};",
     "A fast GPU backend": None,  # a speed, measured in performance.md
-    "bf16 training, gradients on the GPU": "ds::tape<ds::bf16> t;",
+    # the GPU half: dimsum.hpp does not include the CUDA backend; the bf16 half:
+    "Gradients on the GPU, bf16 gradients in bf16":
+        "ds::tensor<ds::bf16, A> w(A{4}), g(A{4}); ds::backward(ds::sum<A>(ds::cast<float>(w)), w, g);",
 }
 # Results of integer formulas: "Integer tensors are inputs only", inside the boolean item.
 EXTRA = {"integer results": "ds::tensor<std::int64_t, A> r = ids + ids;"}

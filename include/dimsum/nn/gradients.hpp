@@ -88,14 +88,16 @@ void match_gradients(const Output& output, const Leaves& leaves, Grads& grads, s
     state.destinations.clear();
     state.wrt.clear();
     for_each_tensor(leaves, [&]<class M>(const std::string&, const M& leaf) {
-        static_assert(std::is_same_v<std::remove_const_t<typename M::value_type>, T>,
-                      "dimsum: backward: every tensor differentiated holds the formula's element type");
+        static_assert(std::is_same_v<compute_type_t<std::remove_const_t<typename M::value_type>>, T>,
+                      "dimsum: backward: every tensor differentiated holds the formula's element type (or bf16 in a formula that computes in float)");
         state.wrt.push_back(differentiated_of<T>(leaf));
         auto e = leaf.shape().extents();
         state.extents.insert(state.extents.end(), e.begin(), e.end());
         state.extent_ends.push_back(state.extents.size());
     });
     for_each_tensor(grads, [&]<class M>(const std::string& name, M& gradient) {
+        static_assert(std::is_same_v<typename M::value_type, T>,
+                      "dimsum: backward: gradients of the type the formula computes in (float for bf16 parameters)");
         const std::size_t i = state.destinations.size();
         auto e = gradient.shape().extents();
         const bool matches = i < state.extent_ends.size() && [&] {  // the i-th leaf's extents, from where the one before ends
@@ -201,9 +203,9 @@ void run_gradients(Backend& backend, const Output& output, const Cotangent& cota
 // backend): the loss is the program's root, each gradient another root, planned together.
 template <class Loss, class Params, class Grads, class Backend = default_backend>
 auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend backend = {}) {
-    using T = value_type_of<Loss>;
+    using T = compute_type_t<value_type_of<Loss>>;
     static_assert(shape_of<Loss>::rank == 0, "dimsum: backward: the loss must be a formula of no axes (a scalar): sum it");
-    static_assert(floating_element<T>, "dimsum: backward: a loss of float or double (bf16 parameters: not yet)");
+    static_assert(floating_element<T>, "dimsum: backward: a loss of float, double or bf16");
     thread_local detail::struct_gradients<T> state;  // kept for its capacity
     detail::match_gradients(loss, params, grads, state, "backward");
     T value{};
@@ -218,8 +220,8 @@ auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend bac
 // one program. E.g. backward_from(layer(x), dy, std::tie(x, params), std::tie(dx, grads)).
 template <class Output, class Cotangent, class Leaves, class Grads, class Backend = default_backend>
 void backward_from(const Output& output, const Cotangent& cotangent, const Leaves& leaves, Grads&& grads, Backend backend = {}) {
-    using T = value_type_of<Output>;
-    static_assert(floating_element<T>, "dimsum: backward_from: a formula of float or double (bf16: not yet)");
+    using T = compute_type_t<value_type_of<Output>>;
+    static_assert(floating_element<T>, "dimsum: backward_from: a formula of float, double or bf16");
     constexpr message shapes = ::dimsum::detail::conform_error<shape_of<Output>, shape_of<Cotangent>>("backward_from");
     static_assert(shapes.length == 0, "dimsum: backward_from: the cotangent has other axes than the formula");
     if (output.shape().extents() != cotangent.shape().extents()) {

@@ -74,10 +74,34 @@ void for_each_element(std::size_t n, F&& f) {
 }
 
 // Whether two structs' tensors match one for one in number and size.
-template <class T>
-void check_alike(const flat_tensors<T>& a, const flat_tensors<T>& b, const char* op, const char* what) {
+template <class T, class U>
+void check_alike(const flat_tensors<T>& a, const flat_tensors<U>& b, const char* op, const char* what) {
     if (a.sizes != b.sizes) throw std::invalid_argument(std::string("dimsum: ") + op + ": the " + what + " do not match the parameters");
 }
+
+// A mixed-precision model's working copy: the bf16 tensors of a struct like the parameters',
+// each element rounded from its float parameter after the update, in the same pass.
+struct no_working_copy {};
+struct working_copy {
+    flat_tensors<bf16> tensors;
+    bool used = false;
+
+    template <class T>
+    void collect_from(no_working_copy*, const flat_tensors<T>&, const char*) { used = false; }
+    template <class Working, class T>
+    void collect_from(Working* working, const flat_tensors<T>& params, const char* op) {
+        static_assert(std::is_same_v<T, float>, "dimsum: an optimizer's bf16 working copy rounds float parameters");
+        collect(*working, tensors);
+        check_alike(params, tensors, op, "working copy's tensors");
+        used = true;
+    }
+    // elements [first, last) of parameter tensor k, rounded into the copy
+    void round(std::size_t k, const float* p, std::size_t first, std::size_t last) const {
+        if (!used) return;
+        bf16* out = tensors.data[k];
+        for (std::size_t i = first; i < last; ++i) out[i] = bf16(p[i]);
+    }
+};
 
 // A struct like `like` (the same extents, optional members set alike), every element 0.
 template <class Params>
@@ -152,13 +176,23 @@ public:
 
     explicit sgd(const Params& params, sgd_options o = {}) : options(o), state{detail::zeros_like(params), tensor<double>()} {}
 
-    void step(Params& params, const Params& grads) {
+    void step(Params& params, const Params& grads) { update(params, grads, static_cast<detail::no_working_copy*>(nullptr)); }
+
+    // The same, and then `working` (a struct of the same tensors in bf16: a mixed-precision
+    // model computes with it, ds::tape<ds::bf16>) := the new parameters rounded, in the same pass.
+    template <class Working>
+    void step(Params& params, const Params& grads, Working& working) { update(params, grads, &working); }
+
+private:
+    template <class Working>
+    void update(Params& params, const Params& grads, Working* working) {
         using T = detail::element_of<Params>;
         detail::collect(params, p_);
         detail::collect(grads, g_);
         detail::collect(state.momentum, b_);
         detail::check_alike(p_, g_, "sgd", "gradients");
         detail::check_alike(p_, b_, "sgd", "momentum buffers");
+        w_.collect_from(working, p_, "sgd");
         const bool first = state.steps.data()[0] == 0;
         const T lr = static_cast<T>(options.learning_rate), mu = static_cast<T>(options.momentum),
                 decay = static_cast<T>(options.weight_decay);
@@ -167,20 +201,23 @@ public:
             T* p = p_.data[t];
             const T* g = g_.data[t];
             T* b = b_.data[t];
-            detail::for_each_element(p_.sizes[t], [&](std::size_t i) {
-                T d = decay != 0 ? g[i] + decay * p[i] : g[i];
-                if (momentum) {
-                    b[i] = first ? d : mu * b[i] + d;
-                    d = b[i];
+            detail::for_each_range(p_.sizes[t], [&](std::size_t from, std::size_t to) {
+                for (std::size_t i = from; i < to; ++i) {
+                    T d = decay != 0 ? g[i] + decay * p[i] : g[i];
+                    if (momentum) {
+                        b[i] = first ? d : mu * b[i] + d;
+                        d = b[i];
+                    }
+                    p[i] -= lr * d;
                 }
-                p[i] -= lr * d;
+                if constexpr (std::is_same_v<T, float>) w_.round(t, p, from, to);
             });
         }
         state.steps.data()[0] += 1;
     }
 
-private:
     detail::flat_tensors<detail::element_of<Params>> p_, g_, b_;
+    detail::working_copy w_;
 };
 
 struct adamw_options {
@@ -209,7 +246,16 @@ public:
     explicit adamw(const Params& params, adamw_options o = {})
         : options(o), state{detail::zeros_like(params), detail::zeros_like(params), tensor<double>()} {}
 
-    void step(Params& params, const Params& grads) {
+    void step(Params& params, const Params& grads) { update(params, grads, static_cast<detail::no_working_copy*>(nullptr)); }
+
+    // The same, and then `working` (a struct of the same tensors in bf16: a mixed-precision
+    // model computes with it, ds::tape<ds::bf16>) := the new parameters rounded, in the same pass.
+    template <class Working>
+    void step(Params& params, const Params& grads, Working& working) { update(params, grads, &working); }
+
+private:
+    template <class Working>
+    void update(Params& params, const Params& grads, Working* working) {
         using T = detail::element_of<Params>;
         detail::collect(params, p_);
         detail::collect(grads, g_);
@@ -218,6 +264,7 @@ public:
         detail::check_alike(p_, g_, "adamw", "gradients");
         detail::check_alike(p_, m_, "adamw", "first moments");
         detail::check_alike(p_, v_, "adamw", "second moments");
+        w_.collect_from(working, p_, "adamw");
         const double t = state.steps.data()[0] + 1;
         const T b1 = static_cast<T>(options.beta1), b2 = static_cast<T>(options.beta2), eps = static_cast<T>(options.epsilon);
         const T decay = static_cast<T>(1 - options.learning_rate * options.weight_decay);
@@ -231,13 +278,14 @@ public:
             T* v = v_.data[k];
             detail::for_each_range(p_.sizes[k], [&](std::size_t first, std::size_t last) {
                 backend::cpu::adamw_update(p, g, m, v, first, last, constants);
+                if constexpr (std::is_same_v<T, float>) w_.round(k, p, first, last);  // while the range is in cache
             });
         }
         state.steps.data()[0] = t;
     }
 
-private:
     detail::flat_tensors<detail::element_of<Params>> p_, g_, m_, v_;
+    detail::working_copy w_;
 };
 
 }  // namespace dimsum::nn

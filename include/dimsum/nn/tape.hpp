@@ -32,14 +32,18 @@
 
 #include "dimsum/backend/default.hpp"
 #include "dimsum/nn/gradients.hpp"
+#include "dimsum/ops/cast.hpp"
 
 namespace dimsum {
 
-// T: the element type of every formula recorded and every gradient (float or double). Backend:
-// what evaluates the formulas and their gradients (the CPU backend, or the reference backend).
+// T: the element type of every formula recorded (float, double or bf16); the gradients are of
+// the type the formulas compute in (float for bf16: a bf16 model's values are held in bf16 and
+// its gradients computed and kept in float). Backend: what evaluates the formulas and their
+// gradients (the CPU backend, or the reference backend).
 template <class T, class Backend = default_backend>
 class tape {
-    static_assert(floating_element<T>, "dimsum: tape: of float or double (bf16: not yet)");
+    static_assert(evaluable_element<T>, "dimsum: tape: of float, double or bf16");
+    using G = compute_type_t<T>;  // the gradients' element type
 
 public:
     tape() = default;
@@ -67,22 +71,24 @@ public:
         r->formula.emplace(std::forward<F>(formula));
         if (r->value.shape().extents() != r->formula->shape().extents()) {
             r->value = typename recorded::value_type(r->formula->shape());
-            r->gradient = typename recorded::value_type();  // of the new extents when backward needs it
+            r->gradient = typename recorded::gradient_type();  // of the new extents when backward needs it
         }
         evaluation::assign_with(backend_, r->value.view(), *r->formula);
         ++count_;
         return std::as_const(r->value).view();
     }
 
-    // grads := the gradient of `loss` (a formula of no axes, of T, which may read the tensors
-    // eval returned) with respect to each tensor of `params`, through every formula recorded
-    // since the last backward: a parameter struct, a tensor, or a std::tuple of them
-    // (std::tie(x0, params)), as for ds::backward; a parameter nothing reads gets zeros. Returns
-    // the loss's value and ends the step: the records are dropped, the memory kept.
+    // grads := the gradient of `loss` (a formula of no axes, of T or of the type T computes
+    // in, which may read the tensors eval returned) with respect to each tensor of `params`,
+    // through every formula recorded since the last backward: a parameter struct, a tensor, or
+    // a std::tuple of them (std::tie(x0, params)), as for ds::backward, the gradients of the
+    // type T computes in (a float struct for a bf16 model's); a parameter nothing reads gets
+    // zeros. Returns the loss's value and ends the step: the records are dropped, the memory kept.
     template <class Loss, class Params, class Grads>
-    T backward(const Loss& loss, const Params& params, Grads&& grads) {
+    G backward(const Loss& loss, const Params& params, Grads&& grads) {
         static_assert(shape_of<Loss>::rank == 0, "dimsum: tape::backward: the loss must be a formula of no axes (a scalar): sum it");
-        static_assert(std::is_same_v<value_type_of<Loss>, T>, "dimsum: tape::backward: a loss of the tape's element type");
+        static_assert(std::is_same_v<value_type_of<Loss>, T> || std::is_same_v<value_type_of<Loss>, G>,
+                      "dimsum: tape::backward: a loss of the tape's element type, or of the type it computes in");
         struct end_of_step {  // on success or an exception alike
             tape& t;
             ~end_of_step() { t.clear(); }
@@ -104,8 +110,8 @@ public:
                 }
             }
         }
-        T value{};
-        contribute(loss, expr::scalar<T>{1, {}}, parameters + count_, &value);
+        G value{};
+        contribute(loss, expr::scalar<G>{1, {}}, parameters + count_, &value);
         for (std::size_t i = count_; i-- > 0;) {
             // a value nothing after it read (its gradient never written) contributes nothing
             if (wanted_[parameters + i].written) records_[i]->backward(*this, parameters + i);
@@ -130,7 +136,7 @@ private:
     // A tensor differentiated with respect to: a parameter, or a value the tape recorded.
     struct wanted {
         detail::differentiated leaf;
-        evaluation::strided<T> destination;  // its gradient's memory, contiguous
+        evaluation::strided<G> destination;  // its gradient's memory, contiguous
         bool written;                        // whether a program has written its gradient yet
     };
 
@@ -146,33 +152,35 @@ private:
     template <class F>
     struct record final : record_base {
         using value_type = tensor_of_shape_t<T, shape_of<F>>;
+        using gradient_type = tensor_of_shape_t<G, shape_of<F>>;
         std::optional<F> formula;
-        value_type value, gradient;
+        value_type value;
+        gradient_type gradient;
 
         bool reads(const evaluation::byte_range& memory) const override { return evaluation::reads(*formula, memory); }
         void ready_gradient() override {
-            if (gradient.shape().extents() != value.shape().extents()) gradient = value_type(value.shape());
+            if (gradient.shape().extents() != value.shape().extents()) gradient = gradient_type(value.shape());
         }
-        wanted as_wanted() override { return {detail::differentiated_of<T>(value), evaluation::to_strided(gradient.view()), false}; }
+        wanted as_wanted() override { return {detail::differentiated_of<G>(value), evaluation::to_strided(gradient.view()), false}; }
         // the gradients its formula passes on, from the gradient of its value (the wanted
         // entries before `self`: the parameters and the values recorded before it)
         void backward(tape& t, std::size_t self) const override { t.contribute(*formula, gradient.view(), self, nullptr); }
         void drop_formula() override { formula.reset(); }
     };
 
-    static evaluation::byte_range memory_of(const evaluation::strided<T>& contiguous) {
+    static evaluation::byte_range memory_of(const evaluation::strided<G>& contiguous) {
         const auto first = reinterpret_cast<std::uintptr_t>(contiguous.data);
-        return {first, first + contiguous.size() * sizeof(T)};
+        return {first, first + contiguous.size() * sizeof(G)};
     }
 
-    static void fill_zeros(const evaluation::strided<T>& s) { std::fill_n(s.data, s.size(), T{}); }
+    static void fill_zeros(const evaluation::strided<G>& s) { std::fill_n(s.data, s.size(), G{}); }
 
     // One program: the vector-Jacobian products of `output` for `cotangent` with respect to
     // each of wanted_[0, candidates) that output reads, written into its gradient (the first
     // program to reach it) or added to it (a scratch, then a sum, in the order of the programs:
     // the same bits on any number of threads); and output's value into *value if given.
     template <class Output, class Cotangent>
-    void contribute(const Output& output, const Cotangent& cotangent, std::size_t candidates, T* value) {
+    void contribute(const Output& output, const Cotangent& cotangent, std::size_t candidates, G* value) {
         read_.clear();
         leaves_.clear();
         for (std::size_t w = 0; w < candidates; ++w) {
@@ -184,7 +192,8 @@ private:
         if (read_.empty()) {
             if constexpr (shape_of<Output>::rank == 0) {  // the loss reads nothing differentiated: its value alone
                 if (value != nullptr) {
-                    evaluation::assign_with(backend_, loss_value_.view(), output);
+                    if constexpr (std::is_same_v<value_type_of<Output>, G>) evaluation::assign_with(backend_, loss_value_.view(), output);
+                    else evaluation::assign_with(backend_, loss_value_.view(), cast<G>(output));
                     *value = loss_value_.data()[0];
                 }
             }
@@ -196,21 +205,21 @@ private:
         destinations_.clear();
         std::size_t at = 0;
         for (std::size_t w : read_) {
-            evaluation::strided<T> d = wanted_[w].destination;
+            evaluation::strided<G> d = wanted_[w].destination;
             if (wanted_[w].written) {
                 d.data = scratch_.data() + at;  // the same contiguous layout, in the scratch
                 at += d.size();
             }
             destinations_.push_back(d);
         }
-        const evaluation::strided<T> loss_value = evaluation::to_strided(loss_value_.view());
-        detail::run_gradients<T>(backend_, output, cotangent, leaves_, destinations_, state_, value ? &loss_value : nullptr);
+        const evaluation::strided<G> loss_value = evaluation::to_strided(loss_value_.view());
+        detail::run_gradients<G>(backend_, output, cotangent, leaves_, destinations_, state_, value ? &loss_value : nullptr);
         if (value) *value = loss_value_.data()[0];
         for (std::size_t i = 0; i < read_.size(); ++i) {
             wanted& w = wanted_[read_[i]];
             if (w.written) {
-                const T* add = destinations_[i].data;
-                T* sum = w.destination.data;
+                const G* add = destinations_[i].data;
+                G* sum = w.destination.data;
                 for (std::size_t e = 0, n = w.destination.size(); e < n; ++e) sum[e] += add[e];
             }
             w.written = true;
@@ -221,13 +230,13 @@ private:
     std::vector<std::unique_ptr<record_base>> records_;  // this step's first count_, then kept for their memory
     std::size_t count_ = 0;
     // backward's, kept for their capacity
-    detail::struct_gradients<T> state_;
+    detail::struct_gradients<G> state_;
     std::vector<wanted> wanted_;
     std::vector<std::size_t> read_;
     std::vector<detail::differentiated> leaves_;
-    std::vector<evaluation::strided<T>> destinations_;
-    std::vector<T> scratch_;
-    tensor<T> loss_value_;
+    std::vector<evaluation::strided<G>> destinations_;
+    std::vector<G> scratch_;
+    tensor<G> loss_value_;
 };
 
 }  // namespace dimsum
