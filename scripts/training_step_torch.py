@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch's side of dimsum_bench's training_step rows: one training step of a layer on a batch
 of sequences: the forward, the mean squared error against a target, the backward (the
-gradients of every weight and of the input) and one torch.optim.AdamW step, in float32. The
-layers:
+gradients of every weight and of the input) and one torch.optim.AdamW step, in float32, or
+with the forward under torch.autocast("cpu", dtype=torch.bfloat16) (a case ending ",bf16":
+mixed precision, the parameters and gradients float32, the products in bf16). The layers:
   bert_layer     torch.nn.TransformerEncoderLayer (model 768, 12 heads, feed-forward 3072,
                  GELU, post-norm, layer-norm epsilon 1e-12, no dropout);
   decoder_layer  a Llama-style layer as src/bench/training.cpp writes it (model 512; RMSNorm;
@@ -25,12 +26,15 @@ from torch_timing import baseline_main, best_seconds
 
 
 def parse_case(text):
-    """NAME:layer,batch,seq"""
+    """NAME:layer,batch,seq[,bf16]"""
     name, spec = text.split(":", 1)
-    layer, batch, seq = spec.split(",")
+    fields = spec.split(",")
+    layer, batch, seq = fields[:3]
     if layer not in ("bert_layer", "decoder_layer"):
         raise argparse.ArgumentTypeError(f"unknown layer {layer}")
-    return {"name": name, "spec": text, "layer": layer, "batch": int(batch), "seq": int(seq)}
+    if fields[3:] not in ([], ["bf16"]):
+        raise argparse.ArgumentTypeError(f"unknown type {fields[3:]}")
+    return {"name": name, "spec": text, "layer": layer, "batch": int(batch), "seq": int(seq), "bf16": fields[3:] == ["bf16"]}
 
 
 def decoder_layer(torch, seq):
@@ -95,7 +99,9 @@ def child(args):
     def step():
         optimizer.zero_grad(set_to_none=True)
         x.grad = None
-        torch.nn.functional.mse_loss(layer(x), target).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=case["bf16"]):
+            y = layer(x)
+        torch.nn.functional.mse_loss(y.float(), target).backward()
         optimizer.step()
 
     seconds = best_seconds(step, args.rounds, args.min_time)

@@ -2,7 +2,9 @@
 // (as torch.nn.TransformerEncoderLayer) and a Llama-style decoder layer: the forward, the mean
 // squared error against a target, the gradients of every weight and of the input
 // (ds::backward: one program), and an AdamW step, against the same step in PyTorch
-// (scripts/training_step_torch.py) at its best of 1 and 2 threads.
+// (scripts/training_step_torch.py) at its best of 1 and 2 threads. In float, and in mixed
+// precision (the bf16_ rows): the layer's weights and input in bf16, its gradients and AdamW's
+// parameters in float, against PyTorch's autocast to bf16 over float parameters.
 
 #include <dimsum/dimsum.hpp>
 
@@ -15,6 +17,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "bench.hpp"
@@ -37,7 +40,15 @@ void fill_uniform_each(Weights& p, double bound) {
     });
 }
 
-// BERT-base's encoder layer (torch.nn.TransformerEncoderLayer: post-norm, GELU).
+// The value of a layer's formula in float: as it is, or widened from bf16.
+template <class F>
+auto in_float(F&& f) {
+    if constexpr (std::is_same_v<ds::value_type_of<F>, float>) return std::forward<F>(f);
+    else return ds::cast<float>(std::forward<F>(f));
+}
+
+// BERT-base's encoder layer (torch.nn.TransformerEncoderLayer: post-norm, GELU), of T.
+template <class T>
 struct bert {
     using Model = ds::axis<"model", 768>;
     using Heads = ds::axis<"heads", 12>;
@@ -50,22 +61,22 @@ struct bert {
     // value blocks).
     struct weights {
         BOOST_HANA_DEFINE_STRUCT(weights,
-            (ds::tensor<float, Model, Inner>, w_q), (ds::tensor<float, Inner>, b_q),
-            (ds::tensor<float, Model, Inner>, w_k), (ds::tensor<float, Inner>, b_k),
-            (ds::tensor<float, Model, Inner>, w_v), (ds::tensor<float, Inner>, b_v),
-            (ds::tensor<float, Inner, Model>, w_o), (ds::tensor<float, Model>, b_o),
-            (ds::tensor<float, Model>, ln1_weight), (ds::tensor<float, Model>, ln1_bias),
-            (ds::tensor<float, Model, Hidden>, w_1), (ds::tensor<float, Hidden>, b_1),
-            (ds::tensor<float, Hidden, Model>, w_2), (ds::tensor<float, Model>, b_2),
-            (ds::tensor<float, Model>, ln2_weight), (ds::tensor<float, Model>, ln2_bias));
+            (ds::tensor<T, Model, Inner>, w_q), (ds::tensor<T, Inner>, b_q),
+            (ds::tensor<T, Model, Inner>, w_k), (ds::tensor<T, Inner>, b_k),
+            (ds::tensor<T, Model, Inner>, w_v), (ds::tensor<T, Inner>, b_v),
+            (ds::tensor<T, Inner, Model>, w_o), (ds::tensor<T, Model>, b_o),
+            (ds::tensor<T, Model>, ln1_weight), (ds::tensor<T, Model>, ln1_bias),
+            (ds::tensor<T, Model, Hidden>, w_1), (ds::tensor<T, Hidden>, b_1),
+            (ds::tensor<T, Hidden, Model>, w_2), (ds::tensor<T, Model>, b_2),
+            (ds::tensor<T, Model>, ln2_weight), (ds::tensor<T, Model>, ln2_bias));
     };
 
     explicit bert(std::size_t) {}
     weights new_weights() const {
         weights p;
         fill_uniform_each(p, 1.0 / std::sqrt(768.0));  // as torch.nn.Linear
-        for (auto* norm : {&p.ln1_weight, &p.ln2_weight}) norm->fill(1);
-        for (auto* norm : {&p.ln1_bias, &p.ln2_bias}) norm->fill(0);
+        for (auto* norm : {&p.ln1_weight, &p.ln2_weight}) norm->fill(T(1));
+        for (auto* norm : {&p.ln1_bias, &p.ln2_bias}) norm->fill(T(0));
         return p;
     }
     // (batch, seq, heads x head) -> (batch, heads, seq, head)
@@ -73,7 +84,7 @@ struct bert {
         return ds::permute<Batch, Heads, Seq, Head>(ds::view<Batch, Seq, Heads, Head>(std::forward<decltype(a)>(a)));
     }
     // h = layer_norm(x + attention(x)), then layer_norm(h + FFN(h)): one formula
-    auto formula(const weights& p, const ds::tensor<float, Batch, Seq, Model>& x) const {
+    auto formula(const weights& p, const ds::tensor<T, Batch, Seq, Model>& x) const {
         auto q = heads_of(ds::matmul(x, p.w_q) + p.b_q);
         auto k = heads_of(ds::matmul(x, p.w_k) + p.b_k);
         auto v = heads_of(ds::matmul(x, p.w_v) + p.b_v);
@@ -88,7 +99,8 @@ struct bert {
 
 // A Llama-style decoder layer of dimsum_bench's `small` decoder (decoder.cpp): pre-norm,
 // RMSNorm, rotary embedding (half split), grouped-query causal attention (8 query heads
-// over 2 key/value heads of 64), SwiGLU of 1408.
+// over 2 key/value heads of 64), SwiGLU of 1408; of T.
+template <class T>
 struct decoder {
     using Model = ds::axis<"model", 512>;
     using KvHeads = ds::axis<"kv_heads", 2>;
@@ -102,28 +114,28 @@ struct decoder {
 
     struct weights {
         BOOST_HANA_DEFINE_STRUCT(weights,
-            (ds::tensor<float, Model>, attention_norm),
-            (ds::tensor<float, Model, Inner>, w_q),
-            (ds::tensor<float, Model, KvInner>, w_k),
-            (ds::tensor<float, Model, KvInner>, w_v),
-            (ds::tensor<float, Inner, Model>, w_o),
-            (ds::tensor<float, Model>, ffn_norm),
-            (ds::tensor<float, Model, Hidden>, w_1),
-            (ds::tensor<float, Model, Hidden>, w_3),
-            (ds::tensor<float, Hidden, Model>, w_2));
+            (ds::tensor<T, Model>, attention_norm),
+            (ds::tensor<T, Model, Inner>, w_q),
+            (ds::tensor<T, Model, KvInner>, w_k),
+            (ds::tensor<T, Model, KvInner>, w_v),
+            (ds::tensor<T, Inner, Model>, w_o),
+            (ds::tensor<T, Model>, ffn_norm),
+            (ds::tensor<T, Model, Hidden>, w_1),
+            (ds::tensor<T, Model, Hidden>, w_3),
+            (ds::tensor<T, Hidden, Model>, w_2));
     };
 
-    ds::nn::rotary<float, Seq, Head> rope;
+    ds::nn::rotary<T, Seq, Head> rope;
     explicit decoder(std::size_t seq) : rope(seq) {}
     weights new_weights() const {
         weights p;
         fill_uniform_each(p, 1.0 / std::sqrt(512.0));
-        p.attention_norm.fill(1);
-        p.ffn_norm.fill(1);
+        p.attention_norm.fill(T(1));
+        p.ffn_norm.fill(T(1));
         return p;
     }
     // x + attention(rms_norm(x)), then + SwiGLU(rms_norm(.)): one formula
-    auto formula(const weights& p, const ds::tensor<float, Batch, Seq, Model>& x) const {
+    auto formula(const weights& p, const ds::tensor<T, Batch, Seq, Model>& x) const {
         auto h = ds::nn::rms_norm(x, p.attention_norm, 1e-5);
         auto q = rope(ds::permute<Batch, KvHeads, Group, Seq, Head>(ds::view<Batch, Seq, KvHeads, Group, Head>(ds::matmul(h, p.w_q))));
         auto k = rope(ds::permute<Batch, KvHeads, OneGroup, Seq, Head>(ds::view<Batch, Seq, KvHeads, OneGroup, Head>(ds::matmul(h, p.w_k))));
@@ -140,25 +152,38 @@ struct decoder {
 };
 
 // One layer's training problem: its weights, their gradients and AdamW's state, an input and
-// a target.
-template <class Layer>
+// a target. Of bf16 (Layer<ds::bf16>): the weights and the input in bf16, rounded from float
+// parameters (`master`) that AdamW steps; the gradients in float.
+template <template <class> class Layer, class T>
 struct training_problem {
-    Layer layer;
-    typename Layer::weights params, grads;
-    ds::tensor<float, Batch, Seq, typename Layer::Model> x, target, dx;
-    ds::nn::adamw<typename Layer::weights> optimizer;
+    static constexpr bool mixed = std::is_same_v<T, ds::bf16>;
+    using Model = typename Layer<T>::Model;
+    Layer<T> layer;
+    typename Layer<float>::weights master, grads;  // the float parameters (mixed only) and the gradients
+    typename Layer<T>::weights params;
+    ds::tensor<T, Batch, Seq, Model> x;
+    ds::tensor<float, Batch, Seq, Model> target, dx;
+    ds::nn::adamw<typename Layer<float>::weights> optimizer;
 
     training_problem(std::size_t batch, std::size_t seq)
-        : layer(seq), params(layer.new_weights()), grads(params), x(Batch{batch}, Seq{seq}), target(x.shape()), dx(x.shape()),
-          optimizer(params, {.learning_rate = 1e-4}) {
-        ds::fill_normal(x, 100);
+        : layer(seq), master(Layer<float>(seq).new_weights()), grads(master), params(layer.new_weights()), x(Batch{batch}, Seq{seq}),
+          target(Batch{batch}, Seq{seq}), dx(target.shape()), optimizer(master, {.learning_rate = 1e-4}) {
+        if constexpr (mixed) {
+            ds::nn::sgd<typename Layer<float>::weights>(master, {.learning_rate = 0}).step(master, grads, params);  // params := master rounded
+            ds::tensor<float, Batch, Seq, Model> x32(x.shape());
+            ds::fill_normal(x32, 100);
+            x = ds::cast<ds::bf16>(x32);
+        } else {
+            ds::fill_normal(x, 100);
+        }
         ds::fill_normal(target, 101);
     }
-    auto loss() const { return ds::nn::mean_squared_error(layer.formula(params, x), target); }
+    auto loss() const { return ds::nn::mean_squared_error(in_float(layer.formula(params, x)), target); }
     // one step: the loss, every gradient, and AdamW
     void step() {
         ds::backward(loss(), std::tie(x, params), std::tie(dx, grads));
-        optimizer.step(params, grads);
+        if constexpr (mixed) optimizer.step(master, grads, params);
+        else optimizer.step(params, grads);
     }
     // The largest difference between the gradients of the planned program and those of the
     // same program with attention step by step, relative to the largest gradient of all (one
@@ -166,7 +191,7 @@ struct training_problem {
     // added to every score of a query); the weights are not stepped.
     double error_against_unfused() {
         ds::backward(loss(), std::tie(x, params), std::tie(dx, grads));
-        const typename Layer::weights fused = grads;
+        const typename Layer<float>::weights fused = grads;
         const auto fused_dx = dx;
         ds::backward(loss(), std::tie(x, params), std::tie(dx, grads), ds::backend::cpu::evaluator{.fuse_attention = false});
         double error = 0, largest = 0;
@@ -178,7 +203,7 @@ struct training_problem {
             }
         };
         compare(fused_dx.data(), dx.data(), dx.size());
-        boost::hana::for_each(boost::hana::accessors<typename Layer::weights>(), [&](auto member) {
+        boost::hana::for_each(boost::hana::accessors<typename Layer<float>::weights>(), [&](auto member) {
             const auto& want = boost::hana::second(member)(grads);
             compare(boost::hana::second(member)(fused).data(), want.data(), want.size());
         });
@@ -206,15 +231,20 @@ double step_seconds(const options& opt, Problem& problem) {
 }
 
 // One training step of a layer, batch 8 x seq 128, against PyTorch. GFLOP/s count the products
-// a step needs: the forward's, and twice those for the backward.
-template <class Layer>
+// a step needs: the forward's, and twice those for the backward; the peak is the float FMA
+// peak in bf16 too (the bf16 products widen their operands where the CPU has no bf16 dot
+// product, and the backward's always do).
+template <template <class> class Layer, class T>
 void bench_training_step_of(bench& s) {
+    constexpr bool mixed = std::is_same_v<T, ds::bf16>;
     const std::size_t batch = s.opt.small ? 2 : 8, seq = s.opt.small ? 16 : 128;
-    const std::string name = std::string("training_step_") + Layer::name + "_" + std::to_string(batch) + "x" + std::to_string(seq);
+    const std::string name = std::string(mixed ? "bf16_" : "") + "training_step_" + Layer<T>::name + "_" + std::to_string(batch) + "x" +
+                             std::to_string(seq);
     if (!s.selected(name)) return;
-    const double flops = 3.0 * Layer::forward_flops(double(batch), double(seq));
-    training_problem<Layer> problem(batch, seq);
-    s.out.check(name + ": against the gradients unfused", problem.error_against_unfused(), 1e-4);
+    const double flops = 3.0 * Layer<T>::forward_flops(double(batch), double(seq));
+    training_problem<Layer, T> problem(batch, seq);
+    // in bf16, the fused and unfused attentions round different float sums to bf16
+    s.out.check(name + ": against the gradients unfused", problem.error_against_unfused(), mixed ? 1e-2 : 1e-4);
     std::vector<double> seconds(s.opt.threads.size(), std::numeric_limits<double>::infinity());
     std::string why = s.opt.small ? "--small" : "";
     double torch_ms = NAN;
@@ -227,8 +257,8 @@ void bench_training_step_of(bench& s) {
         }
         if (s.opt.small || (turn > 0 && !(torch_ms > 0))) continue;
         const std::string arguments = std::string("'" DIMSUM_TRAINING_STEP_TORCH_SCRIPT "' --rounds=3 --min-time=1 --threads=") + thread_list(s.opt) +
-                                      (s.opt.quick ? " --quick" : "") + " --case " + name + ":" + Layer::name + "," +
-                                      std::to_string(batch) + "," + std::to_string(seq);
+                                      (s.opt.quick ? " --quick" : "") + " --case " + name + ":" + Layer<T>::name + "," +
+                                      std::to_string(batch) + "," + std::to_string(seq) + (mixed ? ",bf16" : "");
         read_torch_script(arguments, "torch_training_step", why, [&](const char* line) {
             char row[128];
             int threads;
@@ -240,7 +270,8 @@ void bench_training_step_of(bench& s) {
         });
     }
     if (!(torch_ms > 0)) std::fprintf(s.out.table, "skipped: pytorch: %s; %s is compared with the FMA peak only\n", why.c_str(), name.c_str());
-    const std::string how = "autograd, AdamW on " + std::to_string(torch_threads) + (torch_threads == 1 ? " thread" : " threads");
+    const std::string how = std::string(mixed ? "autocast to bf16, " : "") + "autograd, AdamW on " + std::to_string(torch_threads) +
+                            (torch_threads == 1 ? " thread" : " threads");
     for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
         const double gflops = flops / seconds[t] * 1e-9;
         std::fprintf(s.out.table, "%-40s %7d %9.2f %8.1f %5.0f%%  %9.2f %-12s %7.2f\n", s.out.row_name(name).c_str(), s.opt.threads[t],
@@ -261,12 +292,14 @@ void bench_training_step_of(bench& s) {
 }  // namespace
 
 // One training step (forward, loss, backward, AdamW) of the BERT-base layer and of a decoder
-// layer.
+// layer, in float, then in mixed precision.
 void bench_training_step(bench& s) {
     std::fprintf(s.out.table, "\n%-40s %7s %9s %8s %6s  %9s %-12s %7s\n", "training step (forward, backward, AdamW)", "threads", "ms",
                  "GFLOP/s", "peak", "torch ms", "torch ran as", "speedup");
-    bench_training_step_of<bert>(s);
-    bench_training_step_of<decoder>(s);
+    bench_training_step_of<bert, float>(s);
+    bench_training_step_of<decoder, float>(s);
+    bench_training_step_of<bert, ds::bf16>(s);
+    bench_training_step_of<decoder, ds::bf16>(s);
 }
 
 }  // namespace dimsum_bench
