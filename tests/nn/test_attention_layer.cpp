@@ -146,13 +146,56 @@ TEST_CASE("cross-attention with biases and value heads narrower than key heads, 
     }
 }
 
-TEST_CASE("multi_head_attention::formula refuses a fused w_qkv, whose column blocks no view of it expresses") {
-    using self = ds::nn::multi_head_attention<float, Model, Heads, Head>;
+TEST_CASE("multi_head_attention::formula with a fused w_qkv: the call's values, and w_qkv's gradient the separate weights' side by side") {
+    using self = ds::nn::multi_head_attention<double, Model, Heads, Head>;
     self fused;
     ds::fill_uniform(fused.w_qkv.emplace(), 1, -0.4, 0.4);
-    ds::tensor<float, Batch, Query, Model> x(Batch{1}, Query{3});
-    CHECK(test::error_of([&] { (void)fused.formula(x); }) ==
-          "dimsum: multi_head_attention::formula: needs w_q, w_k and w_v (a fused w_qkv: not yet)");
+    ds::fill_uniform(fused.b_qkv.emplace(), 2, -0.4, 0.4);
+    ds::fill_uniform(fused.w_o, 3, -0.4, 0.4);
+    ds::tensor<double, Batch, Query, Model> x(Batch{2}, Query{5}), target(Batch{2}, Query{5});
+    ds::fill_uniform(x, 4);
+    ds::fill_uniform(target, 5);
+    test::require_close(ds::eval(fused.formula(x, ds::nn::causal_scores)), test::to_xt(fused(x, {.causal = true})), 1e-13, 1e-13);
+
+    // the same weights apart: w_qkv's column blocks and b_qkv's pieces
+    self separate;
+    separate.w_o = fused.w_o;
+    auto& w_q = separate.w_q.emplace();
+    auto& w_k = separate.w_k.emplace();
+    auto& w_v = separate.w_v.emplace();
+    auto& b_q = separate.b_q.emplace();
+    auto& b_k = separate.b_k.emplace();
+    auto& b_v = separate.b_v.emplace();
+    const std::size_t inner = Heads::static_extent * Head::static_extent;
+    for (std::size_t j = 0; j < inner; ++j) {
+        for (std::size_t m = 0; m < Model::static_extent; ++m) {
+            w_q(m, j) = (*fused.w_qkv)(m, j);
+            w_k(m, j) = (*fused.w_qkv)(m, inner + j);
+            w_v(m, j) = (*fused.w_qkv)(m, 2 * inner + j);
+        }
+        b_q(j) = (*fused.b_qkv)(j);
+        b_k(j) = (*fused.b_qkv)(inner + j);
+        b_v(j) = (*fused.b_qkv)(2 * inner + j);
+    }
+    auto loss = [&](const self& l) { return ds::nn::mean_squared_error(l.formula(x, ds::nn::causal_scores), target); };
+    self fused_gradients = fused, separate_gradients = separate;
+    const double fused_loss = ds::backward(loss(fused), fused, fused_gradients);
+    CHECK(std::abs(fused_loss - ds::backward(loss(separate), separate, separate_gradients)) <= 1e-14);
+    double worst = 0;
+    for (std::size_t j = 0; j < inner; ++j) {
+        for (std::size_t m = 0; m < Model::static_extent; ++m) {
+            const auto& g = *fused_gradients.w_qkv;
+            worst = std::max({worst, std::abs(g(m, j) - (*separate_gradients.w_q)(m, j)),
+                              std::abs(g(m, inner + j) - (*separate_gradients.w_k)(m, j)),
+                              std::abs(g(m, 2 * inner + j) - (*separate_gradients.w_v)(m, j))});
+        }
+        const auto& g = *fused_gradients.b_qkv;
+        worst = std::max({worst, std::abs(g(j) - (*separate_gradients.b_q)(j)), std::abs(g(inner + j) - (*separate_gradients.b_k)(j)),
+                          std::abs(g(2 * inner + j) - (*separate_gradients.b_v)(j))});
+    }
+    CHECK(worst <= 1e-14);
+    CHECK(std::abs((*fused_gradients.w_qkv)(3, 2)) > 1e-6);  // not zeros on both sides
+    test::require_close(fused_gradients.w_o, test::to_xt(separate_gradients.w_o), 1e-13, 1e-15);
 }
 
 TEST_CASE("the attention weights, when asked for, are the softmax the output used") {
@@ -320,7 +363,12 @@ using decoder_layer = ds::nn::decoder_layer<T, DModel, DHeads, DKvHeads, DHead, 
 template <class T>
 using cache = ds::nn::kv_cache<T, Batch, DKvHeads, Seq, DHead>;
 
-std::string path(const std::string& name) { return std::string(DIMSUM_TEST_DATA) + "/decoder_layer/" + name; }
+// (appended piece by piece: g++ 12's -Warray-bounds misreads a chain of + on a short string)
+std::string path(const std::string& name) {
+    std::string path(DIMSUM_TEST_DATA);
+    path.append("/decoder_layer/").append(name);
+    return path;
+}
 
 // The largest difference between y and PyTorch's rows, skipping padding rows (NaN there).
 template <class T>

@@ -297,10 +297,11 @@ struct multi_head_attention {
     // tensors, views or formulas; `mask` a function of the scores (batch, kv_heads, group,
     // query, key), e.g. causal_scores or a lambda adding a padding mask; `rope` turning the
     // queries and keys at positions 0, 1, ... (a rotary, or no_rotary). It reads the weights
-    // themselves, never prepack()'s packing, so that each weight's gradient reaches it; it needs
-    // the separate w_q, w_k and w_v (a shape_error with a fused w_qkv, whose column blocks no
-    // view of it expresses). The formula reads x, c (if tensors), the weights and the rotary's
-    // tables where they lie: they must outlive it.
+    // themselves, never prepack()'s packing, so that each weight's gradient reaches it: the
+    // separate w_q, w_k and w_v, or w_qkv's column blocks (strided views of it, which
+    // differentiation reads as slices of w_qkv, so that its gradient is one tensor too). The
+    // formula reads x, c (if tensors), the weights and the rotary's tables where they lie:
+    // they must outlive it.
     template <class X, class C, class Mask = unmasked_t, class Rope = no_rotary_t>
         requires rows_of_width<std::remove_cvref_t<X>, Model> && rows_of_width<std::remove_cvref_t<C>, Source>
     auto formula(X&& x, C&& c, Mask mask = {}, const Rope& rope = no_rotary, call_site caller = call_site::current()) const {
@@ -311,15 +312,13 @@ struct multi_head_attention {
         using Batch = batch_of<X>;
         using Query = rows_of<X>;
         using Key = rows_of<C>;
-        if (!w_q || !w_k || !w_v) {
-            throw shape_error("dimsum: multi_head_attention::formula: needs w_q, w_k and w_v (a fused w_qkv: not yet)");
-        }
+        const projection_views w = projections();  // their values, never their panels
         auto q = permute<Batch, KvHeads, Group, Query, Head>(
-            view<Batch, Query, KvHeads, Group, Head>(cast<T>(matmul(x, *w_q) + bias_or_zero(b_q))));
+            view<Batch, Query, KvHeads, Group, Head>(cast<T>(matmul(x, w.w_q.values()) + w.b_q)));
         auto k = permute<Batch, KvHeads, OneGroup, Key, Head>(
-            view<Batch, Key, KvHeads, OneGroup, Head>(cast<T>(matmul(c, *w_k) + bias_or_zero(b_k))));
+            view<Batch, Key, KvHeads, OneGroup, Head>(cast<T>(matmul(c, w.w_k.values()) + w.b_k)));
         auto v = permute<Batch, KvHeads, OneGroup, Key, ValueHead>(
-            view<Batch, Key, KvHeads, OneGroup, ValueHead>(cast<T>(matmul(c, *w_v) + bias_or_zero(b_v))));
+            view<Batch, Key, KvHeads, OneGroup, ValueHead>(cast<T>(matmul(c, w.w_v.values()) + w.b_v)));
         auto z = matmul(softmax(mask(attention_scores(rope(q, 0), rope(k, 0)))), v);  // (batch, kv_heads, group, query, value_head)
         return matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(cast<T>(z))), w_o) +
                bias_or_zero(b_o, w_o.shape().extent(1));

@@ -117,7 +117,7 @@ struct decoder_layer {
     // or a formula, to train it (a ds::tape records it; ds::backward differentiates it): what a
     // call without a cache computes (causal, keys and queries turned by `rope` at positions 0,
     // 1, ...). It reads the weights themselves (never prepack()'s packing) and the attention's
-    // separate w_q, w_k and w_v (multi_head_attention::formula).
+    // w_q, w_k and w_v or w_qkv (multi_head_attention::formula).
     template <class X, class Rope = no_rotary_t>
         requires rows_of_width<std::remove_cvref_t<X>, Model>
     auto formula(X&& x, const Rope& rope = no_rotary, call_site caller = call_site::current()) const {

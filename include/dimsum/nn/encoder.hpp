@@ -64,7 +64,7 @@ struct encoder_layer {
     // to train it (a ds::tape records it; ds::backward differentiates it): what a call
     // computes, `mask` applied to the attention's scores (unmasked, causal_scores, or a function
     // of the scores of one's own). It reads the weights themselves (never prepack()'s packing)
-    // and the attention's separate w_q, w_k and w_v (multi_head_attention::formula).
+    // and the attention's w_q, w_k and w_v or w_qkv (multi_head_attention::formula).
     template <class X, class Mask = unmasked_t>
         requires rows_of_width<std::remove_cvref_t<X>, Model>
     auto formula(X&& x, Mask mask = {}, call_site caller = call_site::current()) const {
