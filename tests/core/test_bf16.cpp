@@ -30,7 +30,7 @@ using Cols = ds::axis<"cols">;
 using Inner = ds::axis<"inner">;
 using N = ds::axis<"n">;
 
-const std::string data = std::string(DIMSUM_TEST_DATA) + "/bf16/";
+const std::string data = test::data_path("bf16/");
 
 template <class... A>
 ds::tensor<bf16, A...> random_bf16(std::uint64_t seed, A... extents) {

@@ -227,7 +227,7 @@ TEST_CASE("self-attention layer, separate or fused projections, matches PyTorch"
     using D = mha::Head;
     auto x = mha::make_input(2, 10);
     auto w_q = mha::make_weight(2), w_k = mha::make_weight(3), w_v = mha::make_weight(4), w_o = mha::make_weight(5);
-    auto load = [](const std::string& name) { return xt::load_npy<double>(std::string(DIMSUM_TEST_DATA) + "/" + name); };
+    auto load = [](const std::string& name) { return xt::load_npy<double>(test::data_path(name)); };
     using self_layer = ds::nn::multi_head_attention<float, M, H, D>;
     using Inner = self_layer::Inner;  // heads x head: the same columns under the layer's name
     self_layer separate;
@@ -363,12 +363,7 @@ using decoder_layer = ds::nn::decoder_layer<T, DModel, DHeads, DKvHeads, DHead, 
 template <class T>
 using cache = ds::nn::kv_cache<T, Batch, DKvHeads, Seq, DHead>;
 
-// (appended piece by piece: g++ 12's -Warray-bounds misreads a chain of + on a short string)
-std::string path(const std::string& name) {
-    std::string path(DIMSUM_TEST_DATA);
-    path.append("/decoder_layer/").append(name);
-    return path;
-}
+std::string path(const std::string& name) { return test::data_path("decoder_layer/", name); }
 
 // The largest difference between y and PyTorch's rows, skipping padding rows (NaN there).
 template <class T>

@@ -164,12 +164,7 @@ struct block_and_input {
     BOOST_HANA_DEFINE_STRUCT(block_and_input, (block, weights), (ds::tensor<double, Seq, Model>, x));
 };
 
-// (appended piece by piece: g++ 12's -Warray-bounds misreads a chain of + on a short string)
-std::string reference_file(const std::string& name) {
-    std::string path(DIMSUM_TEST_DATA);
-    path.append("/gradients/").append(name).append(".npy");
-    return path;
-}
+std::string reference_file(const std::string& name) { return test::data_path("gradients/", name, ".npy"); }
 
 block load_block(const std::string& prefix) {
     return block{ds::load_npy<double, Model, HeadsHead>(reference_file(prefix + "w_q")),

@@ -11,7 +11,7 @@
 namespace {
 
 xt::xarray<double> load(const std::string& name) {
-    return xt::load_npy<double>(std::string(DIMSUM_TEST_DATA) + "/" + name);
+    return xt::load_npy<double>(test::data_path(name));
 }
 
 }  // namespace

@@ -22,6 +22,19 @@ namespace test {
 
 namespace ds = dimsum;
 
+#ifdef DIMSUM_TEST_DATA
+// The path of a file of test data (tests/reference/), its parts appended in order:
+// data_path("gradients/", name, ".npy"). (Appended, not a chain of +, which g++ 12 at -O1
+// misreads as a write out of a short string's bounds, -Warray-bounds.)
+template <class... Parts>
+std::string data_path(const Parts&... parts) {
+    std::string path(DIMSUM_TEST_DATA);
+    path += '/';
+    (path.append(parts), ...);
+    return path;
+}
+#endif
+
 // That got and want hold the same bits, element by element (NaN payloads too).
 template <class V>
 void require_same_bits(const V& got, const V& want) {
