@@ -8,7 +8,8 @@
 //   block g = ds::gradients(loss, params);      // the same, into a new struct
 //   ds::backward_from(layer(x), dy, std::tie(x, params), std::tie(dx, grads));  // one layer's
 //
-// A parameter the loss does not read gets a gradient of zeros.
+// A parameter the loss does not read gets a gradient of zeros. A bf16 model's gradients are
+// computed in float and go into a float struct of the same layout (mixed precision).
 
 #include <algorithm>
 #include <cstddef>
@@ -195,10 +196,11 @@ void run_gradients(Backend& backend, const Output& output, const Cotangent& cota
 
 }  // namespace detail
 
-// grads := the gradient of `loss` (a formula of no axes, of float or double) with respect to
-// each tensor of `params`: a parameter struct, a tensor, or a std::tuple of them
-// (std::tie(x, params)); `grads` holds tensors of the same extents in the same order (a struct
-// of the same type: ds::gradients makes one), which do not overlap the formula's memory.
+// grads := the gradient of `loss` (a formula of no axes, of float, double or bf16) with
+// respect to each tensor of `params`: a parameter struct, a tensor, or a std::tuple of them
+// (std::tie(x, params)); `grads` holds tensors of the same extents in the same order, of the
+// type the loss computes in (a struct of the same type: ds::gradients makes one; for bf16
+// parameters, the float struct of the same layout), which do not overlap the formula's memory.
 // Returns the loss's value. One evaluation on `backend` (the CPU backend, or the reference
 // backend): the loss is the program's root, each gradient another root, planned together.
 template <class Loss, class Params, class Grads, class Backend = default_backend>
@@ -214,7 +216,7 @@ auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend bac
     return value;
 }
 
-// grads := the vector-Jacobian products of `output` (any formula of float or double) with
+// grads := the vector-Jacobian products of `output` (any formula of float, double or bf16) with
 // respect to each tensor of `leaves` (as for backward), given `cotangent`, a formula of
 // output's shape: one layer's backward, from the gradient of what the layer computed, in
 // one program. E.g. backward_from(layer(x), dy, std::tie(x, params), std::tie(dx, grads)).
@@ -233,8 +235,8 @@ void backward_from(const Output& output, const Cotangent& cotangent, const Leave
     detail::run_gradients<T>(backend, output, cotangent, state.wrt, state.destinations, state);
 }
 
-// The gradients of `loss` with respect to the tensors of `params`, as a new struct of the same
-// type (ds::backward into it).
+// The gradients of `loss` with respect to the tensors of `params` (of float or double), as a
+// new struct of the same type (ds::backward into it).
 template <class Loss, class Params, class Backend = default_backend>
 Params gradients(const Loss& loss, const Params& params, Backend backend = {}) {
     Params grads = params;  // the same extents (and optional members set alike); overwritten

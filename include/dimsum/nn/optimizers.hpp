@@ -12,6 +12,10 @@
 //   ds::nn::clip_grad_norm(grads, 1.0);
 //   opt.step(params, grads);
 //   ds::save(opt.state, "optimizer.npz");   // <dimsum/interop/parameters.hpp>
+//
+// Mixed precision: float parameters, a bf16 model computed with, float gradients:
+//   ds::tape<ds::bf16> tape; ... tape.backward(loss, model, grads);
+//   opt.step(params, grads, model);          // params updated, then rounded into model
 
 #include <cmath>
 #include <cstddef>
