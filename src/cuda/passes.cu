@@ -1,7 +1,7 @@
 // dimsum::cuda: the passes of backend/cuda/kernels.hpp. Each kernel is a grid-stride loop over
 // the body it shares with the host stand-in of the tests (backend/cuda/device_functions.hpp);
 // products go to cuBLAS. First versions, chosen for being plainly right: one thread per
-// element (indices, gather), per 4 elements (fused), per line (rowwise) or per query
+// element (indices, gather), per 4 elements (fused), per line (rowwise, scatter) or per query
 // (attention; attention.cu has the tiled kernel that most attention takes), no shared
 // memory, no vector loads, no tensor cores.
 #include <cuda_runtime.h>
@@ -95,6 +95,11 @@ void run_indices(context& c, const indices_pass& pass) {
 void run_gather(context& c, const gather_pass& pass) {
     launch(c, each_item<gather_pass, device::gather_element<float>>, each_item<gather_pass, device::gather_element<double>>,
            pass, "gather kernel launch");
+}
+
+void run_scatter(context& c, const scatter_pass& pass) {
+    launch(c, each_item<scatter_pass, device::scatter_line<float>>, each_item<scatter_pass, device::scatter_line<double>>,
+           pass, "scatter kernel launch");
 }
 
 void run_attention(context& c, const attention_pass& pass) {

@@ -141,6 +141,7 @@ void run_fused(context&, const fused_pass& p) {
 void run_rowwise(context&, const rowwise_pass& p) { each_item(p, device::rowwise_line<float>, device::rowwise_line<double>); }
 void run_indices(context&, const indices_pass& p) { each_item(p, device::indices_element<float>, device::indices_element<double>); }
 void run_gather(context&, const gather_pass& p) { each_item(p, device::gather_element<float>, device::gather_element<double>); }
+void run_scatter(context&, const scatter_pass& p) { each_item(p, device::scatter_line<float>, device::scatter_line<double>); }
 // The tiled attention's body (attention_tiles.hpp) run as its kernel runs it: a block's 256
 // threads as fibers of the calling thread, each run until it meets the block's barrier, at
 // every sync() of the block and twice for each group reduction (write, meet, read, meet).

@@ -1,12 +1,16 @@
 // The CUDA backend against the reference backend: every kind of plan entry on odd sizes,
 // strided, transposed and broadcast operands, NaN and infinities, bf16 and integer inputs,
-// and the gradients of formulas (the reverse sweep's entries).
+// the gradients of formulas (the reverse sweep's entries, a gather's scatter-add), and a
+// model's training step (ds::backward, a tape) run on this backend.
 // Built twice (tests/CMakeLists.txt): linked with the host stand-in of the device
 // (host_device.cpp), where it runs in every CI build, and linked with dimsum::cuda, where it
 // runs on a GPU and is skipped without one (gpu_main.cpp).
 #include "../parity/parity.hpp"
 
 #include <dimsum/backend/cuda/tensor.hpp>
+#include <dimsum/interop/parameters.hpp>
+
+#include <boost/hana/define_struct.hpp>
 
 #include <cmath>
 #include <algorithm>
@@ -392,6 +396,118 @@ TEMPLATE_TEST_CASE("cuda: gradients are the reference backend's: a weight shared
     require_cuda_parity(ds::grad(attention_loss, q), t, t);
     require_cuda_parity(ds::grad(attention_loss, k), t, t);
     require_cuda_parity(ds::grad(attention_loss, v), t, t);
+}
+
+TEMPLATE_TEST_CASE("cuda: a gather's gradient (scatter-add) is the reference backend's: repeated ids, strided ids, a middle axis",
+                   "", float, double) {
+    const double t = tol<TestType>;
+    ds::tensor<TestType, Vocab, D> table(Vocab{11}, D{7});
+    ds::tensor<TestType, M, Vocab, N> middle(M{3}, Vocab{11}, N{5});
+    ds::tensor<std::int64_t, M, N> ids(M{4}, N{6});
+    ds::tensor<std::int32_t, N, M> ids_t(N{6}, M{4});
+    ds::fill_normal(table, 1);
+    ds::fill_normal(middle, 2);
+    for (std::size_t i = 0; i < 4; ++i) {
+        for (std::size_t j = 0; j < 6; ++j) {
+            ids(i, j) = std::int64_t((i * 7 + j * 3) % 5 * 2);  // ids 0, 2, ... 8, each many times; odd ones never
+            ids_t(j, i) = std::int32_t((i + 2 * j) % 11);
+        }
+    }
+    ds::tensor<TestType, M, N, D> r(M{4}, N{6}, D{7});
+    ds::fill_normal(r, 3);
+    // an embedding's gradient, and one through ids read transposed (int32)
+    auto loss = ds::sum<M>(ds::sum<N>(ds::sum<D>(ds::tanh(ds::gather<Vocab>(table, ids)) * r)));
+    require_cuda_parity(ds::grad(loss, table), t, t);
+    auto loss_t = ds::sum<M>(ds::sum<N>(ds::sum<D>(ds::gather<Vocab>(table, ds::transpose(ids_t)) * r)));
+    require_cuda_parity(ds::grad(loss_t, table), t, t);
+    // the table's axis in the middle: each (m, n) position its own line
+    using P = ds::axis<"p">;
+    using Q = ds::axis<"q">;
+    ds::tensor<std::int64_t, P, Q> few(P{2}, Q{3});
+    for (std::size_t i = 0; i < 6; ++i) few.data()[i] = std::int64_t(i % 4 * 3);
+    ds::tensor<TestType, M, P, Q, N> s(M{3}, P{2}, Q{3}, N{5});
+    ds::fill_normal(s, 4);
+    auto loss_m = ds::sum<M>(ds::sum<P>(ds::sum<Q>(ds::sum<N>(ds::gather<Vocab>(middle, few) * s))));
+    require_cuda_parity(ds::grad(loss_m, middle), t, t);
+}
+
+namespace {
+using GModel = ds::axis<"model", 16>;
+using GHeads = ds::axis<"heads", 4>;
+using GKvHeads = ds::axis<"kv_heads", 2>;
+using GHead = ds::axis<"head", 4>;
+using GHidden = ds::axis<"hidden", 24>;
+using GSeq = ds::axis<"seq">;
+using GVocab = ds::axis<"vocab", 13>;
+template <class T>
+struct tiny_gpt {
+    BOOST_HANA_DEFINE_STRUCT(tiny_gpt,
+        (ds::tensor<T, GVocab, GModel>, embedding),
+        (ds::nn::decoder_layer<T, GModel, GHeads, GKvHeads, GHead, GHidden>, layer),
+        (ds::tensor<T, GModel, GVocab>, unembedding));
+};
+template <class T>
+tiny_gpt<T> make_tiny_gpt() {
+    tiny_gpt<T> m;
+    m.layer.attention.w_q.emplace();
+    m.layer.attention.w_k.emplace();
+    m.layer.attention.w_v.emplace();
+    std::uint64_t seed = 10;
+    ds::detail::parameters::for_each_present(m, "", [&](const std::string&, auto& w) { ds::fill_uniform(w, seed++, -0.5, 0.5); });
+    return m;
+}
+
+// A training step's loss and gradients on `backend`: the embedding, the layer and the
+// cross-entropy recorded on a tape, or (no tape) the whole model as one formula, ds::backward.
+template <class T, class Backend>
+double tiny_gpt_gradients(const tiny_gpt<T>& m, const ds::tensor<std::int64_t, Batch, GSeq>& tokens,
+                          const ds::tensor<std::int64_t, Batch, GSeq>& targets, tiny_gpt<T>& g, Backend backend, bool on_a_tape) {
+    const ds::nn::rotary<T, GSeq, GHead> rope(16);
+    if (!on_a_tape) {
+        auto x = ds::gather<GVocab>(m.embedding, tokens);
+        auto h = m.layer.formula(x, rope);
+        return ds::backward(ds::nn::cross_entropy<GVocab>(ds::matmul(h, m.unembedding), targets), m, g, backend);
+    }
+    ds::tape<T, Backend> tape(backend);
+    const auto x = tape.eval(ds::gather<GVocab>(m.embedding, tokens));
+    const auto h = tape.eval(m.layer.formula(x, rope));
+    return tape.backward(ds::nn::cross_entropy<GVocab>(ds::matmul(h, m.unembedding), targets), m, g);
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("cuda: ds::backward and a tape train a model on the GPU: the reference backend's loss and gradients",
+                   "", float, double) {
+    const double t = std::is_same_v<TestType, float> ? 1e-4 : 1e-11;
+    const tiny_gpt<TestType> m = make_tiny_gpt<TestType>();
+    ds::tensor<std::int64_t, Batch, GSeq> tokens(Batch{2}, GSeq{7}), targets(Batch{2}, GSeq{7});
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        tokens.data()[i] = std::int64_t(i * 5 % 13);
+        targets.data()[i] = i == 3 ? -100 : std::int64_t(i * 3 % 13);  // one target ignored
+    }
+    for (bool on_a_tape : {false, true}) {
+        INFO((on_a_tape ? "a tape" : "ds::backward"));
+        tiny_gpt<TestType> got = m, want = m;
+        // twice on the GPU: the second step reuses the first's device memory
+        double loss = 0;
+        for (int step = 0; step < 2; ++step) loss = tiny_gpt_gradients(m, tokens, targets, got, cuda::evaluator{}, on_a_tape);
+        const double expected = tiny_gpt_gradients(m, tokens, targets, want, ds::backend::reference::evaluator{}, on_a_tape);
+        CHECK(std::abs(loss - expected) <= t * std::abs(expected));
+        std::vector<const TestType*> wanted;
+        ds::detail::for_each_tensor(want, [&](const std::string&, const auto& w) { wanted.push_back(w.data()); });
+        std::size_t k = 0;
+        ds::detail::for_each_tensor(got, [&](const std::string& name, const auto& w) {
+            INFO(name);
+            double worst = 0, scale = 0;
+            for (std::size_t i = 0; i < w.size(); ++i) {
+                worst = std::max(worst, std::abs(double(w.data()[i]) - double(wanted[k][i])));
+                scale = std::max(scale, std::abs(double(wanted[k][i])));
+            }
+            CHECK(scale > 0);  // every parameter has a gradient here
+            CHECK(worst <= t * scale);
+            ++k;
+        });
+        CHECK(k == wanted.size());
+    }
 }
 
 TEST_CASE("cuda: concat, slices and views are places in the plan, not copies") {

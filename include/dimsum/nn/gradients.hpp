@@ -201,8 +201,9 @@ void run_gradients(Backend& backend, const Output& output, const Cotangent& cota
 // (std::tie(x, params)); `grads` holds tensors of the same extents in the same order, of the
 // type the loss computes in (a struct of the same type: ds::gradients makes one; for bf16
 // parameters, the float struct of the same layout), which do not overlap the formula's memory.
-// Returns the loss's value. One evaluation on `backend` (the CPU backend, or the reference
-// backend): the loss is the program's root, each gradient another root, planned together.
+// Returns the loss's value. One evaluation on `backend` (the CPU backend, the reference
+// backend, or the CUDA backend): the loss is the program's root, each gradient another root,
+// planned together.
 template <class Loss, class Params, class Grads, class Backend = default_backend>
 auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend backend = {}) {
     using T = compute_type_t<value_type_of<Loss>>;

@@ -39,7 +39,8 @@ namespace dimsum {
 // T: the element type of every formula recorded (float, double or bf16); the gradients are of
 // the type the formulas compute in (float for bf16: a bf16 model's values are held in bf16 and
 // its gradients computed and kept in float). Backend: what evaluates the formulas and their
-// gradients (the CPU backend, or the reference backend).
+// gradients (the CPU backend, the reference backend, or the CUDA backend, which copies the
+// tape's host tensors to the device at each evaluation).
 template <class T, class Backend = default_backend>
 class tape {
     static_assert(evaluable_element<T>, "dimsum: tape: of float, double or bf16");

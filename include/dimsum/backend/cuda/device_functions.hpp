@@ -142,6 +142,11 @@ DIMSUM_HD inline void fused_lane(const fused_pass& p, std::size_t lane) {
 }
 DIMSUM_HD inline std::size_t item_count(const indices_pass& p) { return elements_of(p.rank, p.extents); }
 DIMSUM_HD inline std::size_t item_count(const gather_pass& p) { return elements_of(p.out_rank, p.out_extents); }
+DIMSUM_HD inline std::size_t item_count(const scatter_pass& p) {  // every extent of out but the table's axis
+    std::size_t n = 1;
+    for (std::size_t i = 0; i < p.out_rank; ++i) n *= i == p.axis ? 1 : p.out_extents[i];
+    return n;
+}
 DIMSUM_HD inline std::size_t item_count(const rowwise_pass& p) {  // every extent but the line's own
     std::size_t n = 1;
     for (std::size_t i = 0; i < p.rank; ++i) n *= i == p.axis ? 1 : p.extents[i];
@@ -237,6 +242,43 @@ DIMSUM_HD inline void gather_element(const gather_pass& p, std::size_t linear) {
         at_table += static_cast<std::ptrdiff_t>(index[i - 1 + p.id_rank]) * p.table_strides[i];
     }
     static_cast<T*>(p.out)[at_out] = static_cast<const T*>(p.table)[at_table];
+}
+
+// One line of a scatter pass: out's line along the axis at position `linear` (row-major over
+// out's other axes), zeroed, then every value of that position added at its id, in order.
+template <class T>
+DIMSUM_HD inline void scatter_line(const scatter_pass& p, std::size_t linear) {
+    std::size_t index[max_rank] = {};  // out's, its entry along the axis unused
+    for (std::size_t i = p.out_rank; i-- > 0;) {
+        if (i == p.axis) continue;
+        index[i] = linear % p.out_extents[i];
+        linear /= p.out_extents[i];
+    }
+    std::ptrdiff_t at_out = 0, at_values = 0;  // the position in out, and in values at ids index 0
+    for (std::size_t i = 0; i < p.out_rank; ++i) {
+        if (i == p.axis) continue;
+        at_out += static_cast<std::ptrdiff_t>(index[i]) * p.out_strides[i];
+        const std::size_t values_axis = i < p.axis ? i : i - 1 + p.id_rank;
+        at_values += static_cast<std::ptrdiff_t>(index[i]) * p.values_strides[values_axis];
+    }
+    T* out = static_cast<T*>(p.out) + at_out;
+    const std::ptrdiff_t along = p.out_strides[p.axis];
+    for (std::size_t r = 0; r < p.out_extents[p.axis]; ++r) out[static_cast<std::ptrdiff_t>(r) * along] = T(0);
+    const std::size_t count = elements_of(p.id_rank, p.id_extents);
+    std::size_t j[max_rank] = {};  // the ids' index, row-major
+    for (std::size_t n = 0; n < count; ++n) {
+        std::ptrdiff_t at_id = 0, at_value = at_values;
+        for (std::size_t i = 0; i < p.id_rank; ++i) {
+            at_id += static_cast<std::ptrdiff_t>(j[i]) * p.id_strides[i];
+            at_value += static_cast<std::ptrdiff_t>(j[i]) * p.values_strides[p.axis + i];
+        }
+        const auto id = load<std::int64_t>(p.ids, p.id_type, at_id);
+        out[static_cast<std::ptrdiff_t>(id) * along] += static_cast<const T*>(p.values)[at_value];
+        for (std::size_t i = p.id_rank; i-- > 0;) {  // the next index
+            if (++j[i] < p.id_extents[i]) break;
+            j[i] = 0;
+        }
+    }
 }
 
 // How many of `keys` keys query `query` of `queries` sees under a causal mask (in_future).

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -46,6 +47,7 @@ struct state {
     // on the device), the temporaries in the arena, the destination
     evaluation::bound_memory memory;
     std::vector<std::byte> result;  // the destination's value, downloaded row-major
+    std::vector<evaluation::layout> other_roots;  // where the other roots' values are computed (row-major)
     std::vector<evaluation::binding> checked;  // the bindings as the host checks them (device ids copied back)
     std::vector<std::vector<std::byte>> host_ids;
 
@@ -90,6 +92,30 @@ public:
         run_into(e, evaluation::to_strided(dst.device_memory()), true);
     }
 
+    // Lowers a program with lower(program, bindings), which sets its root and other roots, then
+    // computes the root into `destination` and each of program::other_roots into `others`, in
+    // order, planned as one program: the gradients of a parameter struct (nn/gradients.hpp),
+    // a tape's backward (nn/tape.hpp). All of them host memory of T: each value is computed
+    // row-major on the device and copied back once the device has finished without error.
+    template <class T, class Lower>
+    void run_program(Lower&& lower, const evaluation::strided<T>& destination, std::span<const evaluation::strided<T>> others) {
+        auto& s = detail::state<T>::of_this_thread();
+        lower(s.program, s.bindings);
+        refuse_host_functions(s.program);
+        const evaluation::layout where = evaluation::row_major(destination.where.rank, destination.where.extents);
+        s.other_roots.clear();
+        for (const evaluation::strided<T>& other : others) s.other_roots.push_back(evaluation::row_major(other.where.rank, other.where.extents));
+        constexpr element_type type = evaluation::element_type_of<T>();
+        evaluation::make_plan(s.program, s.bindings, where, type, planning(), s.plan, nullptr, s.other_roots);
+        context& c = this_thread_context();
+        evaluation::check_before_running<T>(s.program, detail::host_checkable(c, s.bindings, s.plan, s.checked, s.host_ids), s.plan);
+        detail::executor<T> device(s.plan, s.bindings, s.memory, c, precision, key_splits);
+        const detail::device_array value = device.run(where, 0, type, s.other_roots);
+        finish(c);  // every value computed, or the first error, before any destination is written
+        copy_back(c, value, destination, s.result);
+        for (std::size_t r = 0; r < others.size(); ++r) copy_back(c, device.other_values()[r], others[r], s.result);
+    }
+
     // The plan run(e, ...) follows, as text (evaluation/explain.hpp).
     template <class E>
     std::string explain(const E& e, evaluation::explain_detail detail = evaluation::explain_detail::plan) const {
@@ -103,9 +129,7 @@ private:
         constexpr element_type stored = evaluation::element_type_of<std::remove_const_t<D>>();
         auto& s = detail::state<T>::of_this_thread();
         evaluation::lower<T>(e, s.program, s.bindings);
-        if (!s.program.functions.empty()) {
-            throw std::invalid_argument("dimsum: cuda: ds::map runs on the host backends only (its function is host code)");
-        }
+        refuse_host_functions(s.program);
         // a host destination is computed row-major on the device, then copied; a formula of
         // bf16 is planned into a row-major array of float, then rounded into the destination
         const evaluation::layout row_major = evaluation::row_major(destination.where.rank, destination.where.extents);
@@ -117,11 +141,25 @@ private:
         const auto address = on_device ? reinterpret_cast<std::uintptr_t>(destination.data) : 0;
         const detail::device_array value = detail::executor<T>(s.plan, s.bindings, s.memory, c, precision, key_splits).run(where, address, stored);
         if (on_device) return finish(c);
-        const std::size_t bytes = where.size() * sizeof(D);
+        copy_back(c, value, destination, s.result);
+    }
+
+    static void refuse_host_functions(const evaluation::program& p) {
+        if (!p.functions.empty()) {
+            throw std::invalid_argument("dimsum: cuda: ds::map runs on the host backends only (its function is host code)");
+        }
+    }
+
+    // destination (host memory) := value, row-major device memory of its extents; through
+    // `staging` where the destination is not row-major. Waits for the device first.
+    template <class D>
+    static void copy_back(context& c, const detail::device_array& value, const evaluation::strided<D>& destination,
+                          std::vector<std::byte>& staging) {
+        const std::size_t bytes = destination.where.size() * sizeof(D);
         if (evaluation::is_row_major(destination)) return download(c, destination.data, value.first(), bytes);
-        s.result.resize(bytes);
-        download(c, s.result.data(), value.first(), bytes);
-        const evaluation::strided<const D> from{reinterpret_cast<const D*>(s.result.data()), where};
+        staging.resize(bytes);
+        download(c, staging.data(), value.first(), bytes);
+        const evaluation::strided<const D> from{reinterpret_cast<const D*>(staging.data()), value.where};
         evaluation::convert_each(from, destination, [](D x) { return x; });
     }
 };

@@ -10,13 +10,14 @@
 //                 query; the online softmax, no queries x keys matrix), the rest of the score
 //                 function applied to each score;
 //   rowwise    -> one thread per line;
-//   indices, gather -> a pass each.
+//   indices, gather, scatter -> a pass each (scatter: a thread per line, in order).
 // Host bindings are copied to device memory first (staging.hpp); a binding on the device is
 // read where it is. Temporaries and staged copies come from the calling thread's arena.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,7 +61,9 @@ public:
     // Computes the plan and stores its value, as `type` (T, or bf16: rounded), into device
     // memory of layout `where` at `address` (0: a new array of the arena); returns that memory.
     // The plan's destination is `where` itself, or, when rounding, a row-major array of T.
-    device_array run(const layout& where, std::uintptr_t address, element_type type) {
+    // `others`: the layouts the plan gives program::other_roots' values (of T), each then
+    // computed into a new array of the arena, listed in other_values().
+    device_array run(const layout& where, std::uintptr_t address, element_type type, std::span<const layout> others = {}) {
         begin(c_);
         upload_bindings(c_, bindings_, memory_.bindings);
         memory_.temporaries.clear();
@@ -72,10 +75,18 @@ public:
         const device_array computed = rounds ? device_array{address_of(allocate(c_, n * sizeof(T))), type_, evaluation::row_major(where.rank, where.extents)}
                                              : value;
         memory_.destinations.assign(1, computed.address);
+        others_.clear();
+        for (const layout& other : others) {
+            others_.push_back({address_of(allocate(c_, other.size() * sizeof(T))), type_, other});
+            memory_.destinations.push_back(others_.back().address);
+        }
         for (const entry& e : plan_.entries) run(e);
         if (rounds && n != 0) copy(computed, value);  // stores bf16
         return value;
     }
+
+    // The values of program::other_roots that the last run computed, in order.
+    const std::vector<device_array>& other_values() const { return others_; }
 
 private:
     static constexpr element_type type_ = evaluation::element_type_of<T>();
@@ -92,34 +103,56 @@ private:
             case entry_kind::indices:
                 return run_indices(c_, {.causal = e.causal, .type = type_, .rank = dst.where.rank, .extents = dst.where.extents,
                                         .out = dst.first_writable(), .out_strides = dst.where.strides});
-            case entry_kind::gather: {
-                const device_array table = read(e.operands[0]), ids = read(e.operands[1]);
-                gather_pass pass;
-                pass.type = type_;
-                pass.table = table.first();
-                pass.table_rank = table.where.rank;
-                pass.axis = e.axis;
-                pass.table_extents = table.where.extents;
-                pass.table_strides = table.where.strides;
-                pass.ids = ids.first();
-                pass.id_type = ids.type;
-                pass.id_rank = ids.where.rank;
-                pass.id_strides = ids.where.strides;
-                pass.out = dst.first_writable();
-                pass.out_rank = dst.where.rank;
-                pass.out_extents = dst.where.extents;
-                pass.out_strides = dst.where.strides;
-                return run_gather(c_, pass);
-            }
+            case entry_kind::gather: return gather(e, dst);
             case entry_kind::attention: return attend(e, dst);
-            case entry_kind::scatter:
-                throw std::invalid_argument("dimsum: cuda: the gradient of a gather's table (scatter_add) does not run on "
-                                            "the GPU yet: evaluate it with the CPU backend");
+            case entry_kind::scatter: return scatter(e, dst);
             case entry_kind::narrow: break;  // planned only for kernels that read bf16 (read_bf16)
             case entry_kind::attention_backward:  // planned only where asked for (fuse_attention_backward)
                 throw std::logic_error("dimsum: the CUDA backend runs attention's gradients step by step");
         }
         throw std::logic_error("dimsum: the CUDA backend runs plans that read no operand as bf16");
+    }
+
+    // dst = the table's rows the ids name (entry e: the table, then the ids, already checked).
+    void gather(const entry& e, const device_array& dst) {
+        const device_array table = read(e.operands[0]), ids = read(e.operands[1]);
+        gather_pass pass;
+        pass.type = type_;
+        pass.table = table.first();
+        pass.table_rank = table.where.rank;
+        pass.axis = e.axis;
+        pass.table_extents = table.where.extents;
+        pass.table_strides = table.where.strides;
+        pass.ids = ids.first();
+        pass.id_type = ids.type;
+        pass.id_rank = ids.where.rank;
+        pass.id_strides = ids.where.strides;
+        pass.out = dst.first_writable();
+        pass.out_rank = dst.where.rank;
+        pass.out_extents = dst.where.extents;
+        pass.out_strides = dst.where.strides;
+        run_gather(c_, pass);
+    }
+
+    // dst = the values added into the table's rows the ids name (a gather's adjoint; entry e:
+    // the values, then the ids, already checked).
+    void scatter(const entry& e, const device_array& dst) {
+        const device_array values = read(e.operands[0]), ids = read(e.operands[1]);
+        scatter_pass pass;
+        pass.type = type_;
+        pass.values = values.first();
+        pass.values_strides = values.where.strides;
+        pass.ids = ids.first();
+        pass.id_type = ids.type;
+        pass.id_rank = ids.where.rank;
+        pass.id_extents = ids.where.extents;
+        pass.id_strides = ids.where.strides;
+        pass.axis = e.axis;
+        pass.out = dst.first_writable();
+        pass.out_rank = dst.where.rank;
+        pass.out_extents = dst.where.extents;
+        pass.out_strides = dst.where.strides;
+        run_scatter(c_, pass);
     }
 
     // The memory an entry writes at place p (the destination's or a temporary's, of T).
@@ -335,6 +368,7 @@ private:
     context& c_;
     gemm_precision precision_;
     std::size_t key_splits_;  // 0: attention_key_splits chooses
+    std::vector<device_array> others_;
     fused_pass pass_{};  // the pass being built (about 2 KB: kept here, not on the stack per call)
     attention_pass attention_{};
 };

@@ -157,6 +157,29 @@ struct gather_pass {
 };
 void run_gather(context& c, const gather_pass& pass);
 
+// The adjoint of a gather (a gather's gradient with respect to its table): out(before...,
+// r, after...) = the sum of values(before..., j..., after...) over the indices j of `ids`
+// with ids[j] = r, zero where no id is r. One thread per (before..., after...) position owns
+// out's line along `axis`: it writes the zeros, then adds the values in the order of j, so
+// that the sums are the same from run to run (no atomics), at the cost of parallelism: as
+// many threads as the positions (an embedding's gradient: its width).
+struct scatter_pass {
+    element_type type = element_type::float32;
+    const void* values = nullptr;
+    strides_t values_strides{};  // (before..., ids..., after...)
+    const void* ids = nullptr;
+    element_type id_type = element_type::int64;
+    std::size_t id_rank = 0;
+    extents_t id_extents{};
+    strides_t id_strides{};
+    std::size_t axis = 0;
+    void* out = nullptr;
+    std::size_t out_rank = 0;
+    extents_t out_extents{};
+    strides_t out_strides{};
+};
+void run_scatter(context& c, const scatter_pass& pass);
+
 // The fused attention o = softmax(f(scale q K^T)) V along the keys, without the queries x keys
 // matrix (evaluation/attention_pattern.hpp), with the online softmax: in float, with heads of at
 // most 128 and the keys not split, in tiles of 64 queries x 64 keys (src/cuda/attention.cu);
