@@ -37,8 +37,8 @@ ITEMS = {
     "bf16 kernels": None,  # how far the bf16 paths go: no absence to show, but fp16's, below
     "fp16": "ds::fp16 h{};",
     "A fast GPU backend": None,  # a speed, measured in performance.md
-    # the GPU half: dimsum.hpp does not include the CUDA backend; the bf16 half:
-    "Gradients on the GPU, bf16 gradients in bf16":
+    # the bf16 half (the GPU half is a speed: host tensors copied, attention step by step)
+    "bf16 gradients in bf16, training on the GPU at its speed":
         "ds::tensor<ds::bf16, A> w(A{4}), g(A{4}); ds::backward(ds::sum<A>(ds::cast<float>(w)), w, g);",
 }
 # Results of integer formulas: "Integer tensors are inputs only", inside the boolean item.
