@@ -115,44 +115,43 @@ private:
 
     // dst = the table's rows the ids name (entry e: the table, then the ids, already checked).
     void gather(const entry& e, const device_array& dst) {
-        const device_array table = read(e.operands[0]), ids = read(e.operands[1]);
+        const device_array table = read(e.operands[0]);
         gather_pass pass;
-        pass.type = type_;
+        by_ids(pass, e, dst);
         pass.table = table.first();
         pass.table_rank = table.where.rank;
-        pass.axis = e.axis;
         pass.table_extents = table.where.extents;
         pass.table_strides = table.where.strides;
-        pass.ids = ids.first();
-        pass.id_type = ids.type;
-        pass.id_rank = ids.where.rank;
-        pass.id_strides = ids.where.strides;
-        pass.out = dst.first_writable();
-        pass.out_rank = dst.where.rank;
-        pass.out_extents = dst.where.extents;
-        pass.out_strides = dst.where.strides;
         run_gather(c_, pass);
     }
 
     // dst = the values added into the table's rows the ids name (a gather's adjoint; entry e:
     // the values, then the ids, already checked).
     void scatter(const entry& e, const device_array& dst) {
-        const device_array values = read(e.operands[0]), ids = read(e.operands[1]);
+        const device_array values = read(e.operands[0]);
         scatter_pass pass;
-        pass.type = type_;
+        by_ids(pass, e, dst);
         pass.values = values.first();
         pass.values_strides = values.where.strides;
+        pass.id_extents = read(e.operands[1]).where.extents;
+        run_scatter(c_, pass);
+    }
+
+    // What a gather's and a scatter's passes share: the type, the table's axis, the ids (entry
+    // e's second operand) and the destination.
+    template <class Pass>
+    void by_ids(Pass& pass, const entry& e, const device_array& dst) const {
+        const device_array ids = read(e.operands[1]);
+        pass.type = type_;
+        pass.axis = e.axis;
         pass.ids = ids.first();
         pass.id_type = ids.type;
         pass.id_rank = ids.where.rank;
-        pass.id_extents = ids.where.extents;
         pass.id_strides = ids.where.strides;
-        pass.axis = e.axis;
         pass.out = dst.first_writable();
         pass.out_rank = dst.where.rank;
         pass.out_extents = dst.where.extents;
         pass.out_strides = dst.where.strides;
-        run_scatter(c_, pass);
     }
 
     // The memory an entry writes at place p (the destination's or a temporary's, of T).
