@@ -158,18 +158,21 @@ template <template <class> class Layer, class T>
 struct training_problem {
     static constexpr bool mixed = std::is_same_v<T, ds::bf16>;
     using Model = typename Layer<T>::Model;
+    using float_weights = typename Layer<float>::weights;
+    struct none {};
     Layer<T> layer;
-    typename Layer<float>::weights master, grads;  // the float parameters (mixed only) and the gradients
     typename Layer<T>::weights params;
+    std::conditional_t<mixed, float_weights, none> master;  // the float parameters (mixed only)
+    float_weights grads;
     ds::tensor<T, Batch, Seq, Model> x;
     ds::tensor<float, Batch, Seq, Model> target, dx;
-    ds::nn::adamw<typename Layer<float>::weights> optimizer;
+    ds::nn::adamw<float_weights> optimizer;
 
     training_problem(std::size_t batch, std::size_t seq)
-        : layer(seq), master(Layer<float>(seq).new_weights()), grads(master), params(layer.new_weights()), x(Batch{batch}, Seq{seq}),
-          target(Batch{batch}, Seq{seq}), dx(target.shape()), optimizer(master, {.learning_rate = 1e-4}) {
+        : layer(seq), params(layer.new_weights()), master(master_of(seq)), grads(stepped()), x(Batch{batch}, Seq{seq}),
+          target(Batch{batch}, Seq{seq}), dx(target.shape()), optimizer(stepped(), {.learning_rate = 1e-4}) {
         if constexpr (mixed) {
-            ds::nn::sgd<typename Layer<float>::weights>(master, {.learning_rate = 0}).step(master, grads, params);  // params := master rounded
+            ds::nn::sgd<float_weights>(master, {.learning_rate = 0}).step(master, grads, params);  // params := master rounded
             ds::tensor<float, Batch, Seq, Model> x32(x.shape());
             ds::fill_normal(x32, 100);
             x = ds::cast<ds::bf16>(x32);
@@ -177,6 +180,15 @@ struct training_problem {
             ds::fill_normal(x, 100);
         }
         ds::fill_normal(target, 101);
+    }
+    static auto master_of(std::size_t seq) {
+        if constexpr (mixed) return Layer<float>(seq).new_weights();
+        else return none{};
+    }
+    // the float parameters AdamW steps: the master copy, or the parameters themselves
+    float_weights& stepped() {
+        if constexpr (mixed) return master;
+        else return params;
     }
     auto loss() const { return ds::nn::mean_squared_error(in_float(layer.formula(params, x)), target); }
     // one step: the loss, every gradient, and AdamW
@@ -191,7 +203,7 @@ struct training_problem {
     // added to every score of a query); the weights are not stepped.
     double error_against_unfused() {
         ds::backward(loss(), std::tie(x, params), std::tie(dx, grads));
-        const typename Layer<float>::weights fused = grads;
+        const float_weights fused = grads;
         const auto fused_dx = dx;
         ds::backward(loss(), std::tie(x, params), std::tie(dx, grads), ds::backend::cpu::evaluator{.fuse_attention = false});
         double error = 0, largest = 0;
@@ -203,7 +215,7 @@ struct training_problem {
             }
         };
         compare(fused_dx.data(), dx.data(), dx.size());
-        boost::hana::for_each(boost::hana::accessors<typename Layer<float>::weights>(), [&](auto member) {
+        boost::hana::for_each(boost::hana::accessors<float_weights>(), [&](auto member) {
             const auto& want = boost::hana::second(member)(grads);
             compare(boost::hana::second(member)(fused).data(), want.data(), want.size());
         });
