@@ -72,6 +72,16 @@ TEST_CASE("batched gemm: many small products, few large ones, broadcast batch ax
         ds::fill_uniform(a, 6);
         ds::fill_uniform(b, 7);
         require_parity(ds::matmul(a, b), tol, tol);
+        // one tall product shared by the threads: 601 rows as 4 blocks of whole micro-panels
+        // (12 x 12, 13 x 12, 13 x 12, 13 x 12 - 11), the depth in two blocks, a bias after
+        ds::tensor<float, M, K> tall(M{601}, K{300});
+        ds::tensor<float, K, N> narrow(K{300}, N{70});
+        ds::tensor<float, N> narrow_bias(N{70});
+        ds::fill_uniform(tall, 12);
+        ds::fill_uniform(narrow, 13);
+        ds::fill_uniform(narrow_bias, 14);
+        require_parity(ds::matmul(tall, narrow) + narrow_bias, tol, tol);
+        require_parity(ds::matmul(ds::transpose(narrow), ds::transpose(tall)), tol, tol);  // wider than tall
         // (batch, heads, m, k) x (k, n): the weight broadcasts over both batch axes
         ds::tensor<float, Batch, Heads, M, K> x(Batch{2}, Heads{3}, M{17}, K{65});
         ds::tensor<float, K, N> w(K{65}, N{7});

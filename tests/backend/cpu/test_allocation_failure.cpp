@@ -79,7 +79,7 @@ TEST_CASE("products: a failed allocation anywhere reaches the caller, and leaves
         ds::fill_uniform(bias, 3);
         ds::tensor<float, M, N> c(M{256}, N{256});
         survives_every_failure(c, ds::tanh(ds::matmul(a, b)) + bias);
-        // wider than tall: shared by columns
+        // wider than tall: one block of rows, its tiles groups of columns
         ds::tensor<float, M, K> wide_a(M{64}, K{128});
         ds::tensor<float, K, N> wide_b(K{128}, N{1024});
         ds::fill_uniform(wide_a, 4);

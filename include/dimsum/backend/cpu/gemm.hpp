@@ -10,8 +10,8 @@
 // rows, a row-major A times few columns) is read in place instead.
 //
 // Threads: a batch of many products gives each thread whole products; a few large products
-// are each shared by all threads, by columns of C (each thread packing its own part of B)
-// when C is wider than tall, else by rows (the threads packing B together).
+// are each shared by all threads, which pack each block of B together, then share its tiles
+// (blocks of rows by groups of columns).
 //
 // A B packed once (ds::prepack: weights used by every call) holds every block's panels in
 // the order product_share reads them, and is never packed again.
@@ -412,7 +412,12 @@ void shared_product(const source_matrix<T>& a, const source_matrix<T>& b, const 
     using tiling = gemm_tiling<T>;
     constexpr std::size_t nr = tiling::nr;
     const std::size_t m = c.rows, n = c.cols, k = a.cols;
-    const std::size_t row_blocks = (m + tiling::mc - 1) / tiling::mc;
+    // Blocks of at most about mc rows, as even as whole micro-panels make them, in a number the
+    // threads share evenly: 1024 rows as 4 x 256 rather than 3 x 288 + 160, which left one
+    // of two threads waiting at every barrier for an eighth of the product.
+    const std::size_t row_panels = (m + tiling::mr - 1) / tiling::mr;
+    std::size_t row_blocks = (m + tiling::mc - 1) / tiling::mc;
+    if (row_blocks > 1) row_blocks = std::min(round_up(row_blocks, std::size_t(threads)), row_panels);
     for (std::size_t jc = 0; jc < n; jc += tiling::nc) {
         const std::size_t block_cols = std::min(tiling::nc, n - jc), panels = (block_cols + nr - 1) / nr;
         // tiles of mc rows by column groups: at least two per thread where the block has them
@@ -433,7 +438,8 @@ void shared_product(const source_matrix<T>& a, const source_matrix<T>& b, const 
                     const std::size_t first = std::min(block_cols, panels * group / col_groups * nr);
                     const std::size_t last = std::min(block_cols, panels * (group + 1) / col_groups * nr);
                     if (first >= last) continue;
-                    const std::size_t row_first = row_block * tiling::mc, row_last = std::min(m, row_first + tiling::mc);
+                    const std::size_t row_first = std::min(m, row_panels * row_block / row_blocks * tiling::mr);
+                    const std::size_t row_last = std::min(m, row_panels * (row_block + 1) / row_blocks * tiling::mr);
                     multiply_block(a, b, c, block, item, row_first, row_last, first, last, panels_of_b, false, false, epilogue);
                 }
             });
@@ -802,33 +808,18 @@ void gemm(const gemm_problem<T>& problem, const gemm_epilogue& epilogue) {
         return;
     }
 
-    // A few large products: each is shared by all threads. When C is wider than tall, each
-    // thread takes a range of columns and packs only its part of B, with no need to wait for
-    // the others. Otherwise they pack each block of B together, then share its tiles.
+    // A few large products: each is shared by all threads, which pack each block of B
+    // together, then share its tiles. (Threads each taking a range of C's columns and packing
+    // their own part of B, with no barrier, packed all of A again for every range: 1 to 13%
+    // slower at the products of a layer's training step with C wider than tall.)
     T* packed_b = scratch<T>(scratch_use::packed_b, packed_b_size);
-    std::size_t col_panels = (std::min(n, tiling::nc) + nr - 1) / nr;
-    bool split_columns = m < n && col_panels >= std::size_t(threads);
     for (std::size_t item = 0; item < items; ++item) {
         const detail::item_operands<T> operands = detail::item_of(problem, item);
-        const auto& a = operands.a;  // not a structured binding: clang 14 cannot capture those
-        const auto& b = operands.b;
-        const auto& c = operands.c;
         if (k == 0) {
-            detail::zero_product(c, item, epilogue);
+            detail::zero_product(operands.c, item, epilogue);
             continue;
         }
-        if (split_columns) {
-            split_range(threads, col_panels, prepare_a_and_b, [&](std::size_t first, std::size_t last) {
-                T* own_b = scratch<T>(scratch_use::packed_b, packed_b_size);
-                detail::product_share<T>(a, b, c,
-                                         {.item = item, .row_first = 0, .row_last = m,
-                                          .col_panel_first = first, .col_panel_last = last, .packed_b = own_b,
-                                          .packed_once = packed_once},
-                                         epilogue);
-            });
-            continue;
-        }
-        detail::shared_product<T>(a, b, c, item, threads, packed_b, packed_once, prepare_a, epilogue);
+        detail::shared_product<T>(operands.a, operands.b, operands.c, item, threads, packed_b, packed_once, prepare_a, epilogue);
     }
 }
 
