@@ -413,6 +413,42 @@ TEST_CASE("the fused attention backward is the step-by-step gradient: odd length
     }
 }
 
+TEST_CASE("the fused attention backward writes dQ and dK^T as the heads merged back into rows read them: no copy between") {
+    // a layer's self-attention: projections, heads split off the rows and merged back
+    using Seq = ds::axis<"seq">;
+    using Model = ds::axis<"model", 24>;
+    using Heads = ds::axis<"heads", 3>;
+    using HeadWidth = ds::axis<"head", 8>;
+    using Joined = ds::axis<"heads*head", 24>;
+    const std::size_t seq = 19;
+    auto x = random_tensor<float>(1, -1.0, 1.0, Batch{2}, Seq{seq}, Model{});
+    auto w = random_tensor<float>(2, -1.0, 1.0, Batch{2}, Seq{seq}, Joined{});
+    auto w_q = random_tensor<float>(3, -0.5, 0.5, Model{}, Joined{});
+    auto w_k = random_tensor<float>(4, -0.5, 0.5, Model{}, Joined{});
+    auto w_v = random_tensor<float>(5, -0.5, 0.5, Model{}, Joined{});
+    auto heads_of = [](auto&& rows) {
+        return ds::permute<Batch, Heads, Seq, HeadWidth>(ds::view<Batch, Seq, Heads, HeadWidth>(std::forward<decltype(rows)>(rows)));
+    };
+    auto z = ds::view<Batch, Seq, Joined>(ds::permute<Batch, Seq, Heads, HeadWidth>(
+        ds::nn::attention(heads_of(ds::matmul(x, w_q)), heads_of(ds::matmul(x, w_k)), heads_of(ds::matmul(x, w_v)))));
+    auto loss = ds::sum<Batch>(ds::sum<Seq>(ds::sum<Joined>(z * w)));
+    for (const std::string plan : {ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_q)),
+                                   ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_k))}) {
+        INFO(plan);
+        CHECK(plan.find("attention_backward") != std::string::npos);
+        CHECK(plan.find("copy") == std::string::npos);  // dQ's and dK's heads read where they lie
+    }
+    const ds::backend::cpu::evaluator step_by_step{.fuse_attention = false};
+    for (int threads : {1, 2}) {
+        INFO("threads=" << threads);
+        ds::set_num_threads(threads);
+        test::require_close(ds::eval(ds::grad(loss, w_q)), test::to_xt(ds::eval(ds::grad(loss, w_q), step_by_step)), 1e-5, 1e-5);
+        test::require_close(ds::eval(ds::grad(loss, w_k)), test::to_xt(ds::eval(ds::grad(loss, w_k), step_by_step)), 1e-5, 1e-5);
+        test::require_close(ds::eval(ds::grad(loss, w_v)), test::to_xt(ds::eval(ds::grad(loss, w_v), step_by_step)), 1e-5, 1e-5);
+    }
+    ds::set_num_threads(0);
+}
+
 TEST_CASE("the fused attention backward with NaN and infinity in every lane and tail of a query, and where it does not apply") {
     for (std::size_t head : {16, 17}) {
         for (std::size_t at = 0; at < head; ++at) {

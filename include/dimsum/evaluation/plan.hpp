@@ -282,7 +282,8 @@ private:
             }
             case step_group::number: case step_group::indices: case step_group::elementwise: case step_group::join:
             case step_group::product: case step_group::line: {  // an array that entries compute
-                place array = temporary(s.rank, s.extents);
+                place array = s.kind == step_kind::attention_gradient ? temporary(layout_for_readers(id, s.rank, s.extents))
+                                                                      : temporary(s.rank, s.extents);
                 write(id, array);
                 return array;
             }
@@ -708,7 +709,7 @@ private:
             if (which == 0) extents[r - 1] = d;
             if (which == 1) extents[r - 2] = d, extents[r - 1] = keys;
             if (which == 2) extents[r - 2] = keys;
-            outs[which] = temporary(r, extents);
+            outs[which] = g == no_step ? temporary(r, extents) : temporary(layout_for_readers(g, r, extents));
             if (g != no_step && !plan_.placed[g]) {
                 plan_.values[g] = outs[which];
                 plan_.placed[g] = 1;
@@ -727,6 +728,28 @@ private:
         }
         if (!e.with_lse) throw std::logic_error("dimsum: planner: a fused attention backward whose forward is no attention entry");
         if (a.forward.score_function != a.forward.scores) add_formula(e, a.forward.score_function, a.forward.scores);
+    }
+
+    // The layout of a temporary for the value of step g (of these extents) that a kernel writes
+    // through any strides (a fused attention backward's dQ, dK^T and dV): row-major in the axis
+    // order of the permutations that read it, one after the other, if some do, so that they
+    // read it in order and a reshape after them is a view. dQ (batch, heads, queries, d), read
+    // as (batch, queries, heads, d) to merge the heads back into rows, is laid out so; as the
+    // axes come, a copy of 3 MB in a BERT layer's backward, dK^T's read column by column.
+    layout layout_for_readers(std::size_t g, std::size_t rank, const extents_t& extents) const {
+        order_t order{};  // axis i of the last permutation is axis order[i] of g
+        for (std::size_t i = 0; i < rank; ++i) order[i] = i;
+        std::size_t last = g;
+        for (std::size_t id = g + 1; id < steps_.size(); ++id) {  // readers come after what they read
+            const step& s = steps_[id];
+            if (s.kind != step_kind::permute || s.operands[0] != last) continue;
+            order_t composed{};
+            for (std::size_t i = 0; i < rank; ++i) composed[i] = order[s.order[i]];
+            order = composed;
+            last = id;
+        }
+        if (last == g) return row_major(rank, extents);
+        return unpermute(row_major(rank, steps_[last].extents), order);
     }
 
     // Whether reshape step s will need its operand copied into row-major order, known before
