@@ -617,6 +617,16 @@ TEST_CASE("cuda: ids on the device are checked before anything runs") {
     const auto bad_gpu = cuda::to_device(ids);
     cuda::tensor<float, M, N> out(M{5}, N{6});
     REQUIRE_THROWS_AS(cuda::assign(out, ds::gather<Vocab>(table_gpu, bad_gpu)), ds::index_error);
+    // a gather's gradient (a scatter, with no gather in its plan) reads them too; the table
+    // differentiated is the host's (a gradient is with respect to a host tensor)
+    ds::tensor<float, M, N> r(M{5}, N{6});
+    ds::fill_uniform(r, 4);
+    auto loss_of = [&](const auto& i) { return ds::sum<M>(ds::sum<N>(ds::gather<Vocab>(table, i) * r)); };
+    ids(3) = 7;
+    const auto good_gpu = cuda::to_device(ids);
+    test::require_close(ds::eval(ds::grad(loss_of(good_gpu), table), cuda::evaluator{}),
+                        test::to_xt(ds::eval(ds::grad(loss_of(ids), table), ds::backend::reference::evaluator{})), 0, 0);
+    REQUIRE_THROWS_AS(ds::eval(ds::grad(loss_of(bad_gpu), table), cuda::evaluator{}), ds::index_error);
 }
 
 TEST_CASE("cuda: a layer on device tensors in a loop allocates no device memory after its first run") {

@@ -1,8 +1,9 @@
 #pragma once
 // What crosses between host and device around one evaluation of the CUDA backend, besides
 // the value itself: each host tensor a formula reads, copied to device memory before the plan
-// runs ("staging"), and the gather ids of device tensors, copied to the host so that the host
-// checks them before anything runs (evaluation/integers.hpp). A copy moves the bytes a
+// runs ("staging"), and the ids of device tensors that a gather (or a scatter, its gradient)
+// reads, copied to the host so that the host checks them before anything runs
+// (evaluation/integers.hpp). A copy moves the bytes a
 // binding's layout reaches, from its lowest offset to its highest, and keeps the layout.
 
 #include <cstddef>
@@ -48,8 +49,8 @@ inline void upload_bindings(context& c, const std::vector<evaluation::binding>& 
 }
 
 // The bindings as the host can check them: `bindings` itself, or, where a gather of the plan
-// reads ids on the device, a copy of it (`checked`) whose ids are copied into host memory
-// (`host_ids`, kept for its capacity).
+// (or a scatter, a gather's gradient) reads ids on the device, a copy of it (`checked`) whose
+// ids are copied into host memory (`host_ids`, kept for its capacity).
 inline const std::vector<evaluation::binding>& host_checkable(context& c, const std::vector<evaluation::binding>& bindings,
                                                               const evaluation::plan& plan, std::vector<evaluation::binding>& checked,
                                                               std::vector<std::vector<std::byte>>& host_ids) {
@@ -59,7 +60,7 @@ inline const std::vector<evaluation::binding>& host_checkable(context& c, const 
     checked = bindings;
     host_ids.resize(bindings.size());
     for (const evaluation::entry& e : plan.entries) {
-        if (e.kind != evaluation::entry_kind::gather) continue;
+        if (e.kind != evaluation::entry_kind::gather && e.kind != evaluation::entry_kind::scatter) continue;
         const std::size_t id = e.operands[1].index;  // the ids' binding
         evaluation::binding& b = checked[id];
         if (!b.on_device || b.where.size() == 0) continue;
