@@ -113,7 +113,9 @@ public:
         const detail::device_array value = device.run(where, 0, type, s.other_roots);
         finish(c);  // every value computed, or the first error, before any destination is written
         copy_back(c, value, destination, s.result);
-        for (std::size_t r = 0; r < others.size(); ++r) copy_back(c, device.other_values()[r], others[r], s.result);
+        for (std::size_t r = 0; r < others.size(); ++r) {  // other root r: destination r + 1, laid out as planned
+            copy_back(c, {s.memory.destinations[r + 1], type, s.other_roots[r]}, others[r], s.result);
+        }
     }
 
     // The plan run(e, ...) follows, as text (evaluation/explain.hpp).

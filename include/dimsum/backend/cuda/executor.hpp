@@ -62,7 +62,8 @@ public:
     // memory of layout `where` at `address` (0: a new array of the arena); returns that memory.
     // The plan's destination is `where` itself, or, when rounding, a row-major array of T.
     // `others`: the layouts the plan gives program::other_roots' values (of T), each then
-    // computed into a new array of the arena, listed in other_values().
+    // computed into a new array of the arena, whose address follows the root's in
+    // memory.destinations (destination r + 1 for other root r).
     device_array run(const layout& where, std::uintptr_t address, element_type type, std::span<const layout> others = {}) {
         begin(c_);
         upload_bindings(c_, bindings_, memory_.bindings);
@@ -75,18 +76,11 @@ public:
         const device_array computed = rounds ? device_array{address_of(allocate(c_, n * sizeof(T))), type_, evaluation::row_major(where.rank, where.extents)}
                                              : value;
         memory_.destinations.assign(1, computed.address);
-        others_.clear();
-        for (const layout& other : others) {
-            others_.push_back({address_of(allocate(c_, other.size() * sizeof(T))), type_, other});
-            memory_.destinations.push_back(others_.back().address);
-        }
+        for (const layout& other : others) memory_.destinations.push_back(address_of(allocate(c_, other.size() * sizeof(T))));
         for (const entry& e : plan_.entries) run(e);
         if (rounds && n != 0) copy(computed, value);  // stores bf16
         return value;
     }
-
-    // The values of program::other_roots that the last run computed, in order.
-    const std::vector<device_array>& other_values() const { return others_; }
 
 private:
     static constexpr element_type type_ = evaluation::element_type_of<T>();
@@ -367,7 +361,6 @@ private:
     context& c_;
     gemm_precision precision_;
     std::size_t key_splits_;  // 0: attention_key_splits chooses
-    std::vector<device_array> others_;
     fused_pass pass_{};  // the pass being built (about 2 KB: kept here, not on the stack per call)
     attention_pass attention_{};
 };
