@@ -19,6 +19,7 @@
 #include "dimsum/core/bf16.hpp"
 #include "dimsum/core/functors.hpp"
 #include "dimsum/core/host_device.hpp"
+#include "dimsum/core/next_index.hpp"
 
 namespace dimsum::backend::cuda::device {
 
@@ -274,10 +275,7 @@ DIMSUM_HD inline void scatter_line(const scatter_pass& p, std::size_t linear) {
         }
         const auto id = load<std::int64_t>(p.ids, p.id_type, at_id);
         out[static_cast<std::ptrdiff_t>(id) * along] += static_cast<const T*>(p.values)[at_value];
-        for (std::size_t i = p.id_rank; i-- > 0;) {  // the next index
-            if (++j[i] < p.id_extents[i]) break;
-            j[i] = 0;
-        }
+        dimsum::detail::next_index(j, p.id_extents.data(), p.id_rank);
     }
 }
 
