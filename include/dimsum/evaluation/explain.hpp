@@ -319,14 +319,14 @@ private:
     }
 
     // The gradients of an attention for the cotangent of its value:
-    //   `out, t4, t5 (unread) = dQ, dK^T, dV of softmax(...) x in2 for cotangent t1  [fused backward: ...]`
+    //   `out, t4, t5 (unread, not computed) = dQ, dK^T, dV of softmax(...) x in2 for cotangent t1  [fused backward: ...]`
     void gradients_of_attention(const entry& e) {
         const place* outs[3] = {&e.out, &e.also_out[0], &e.also_out[1]};
         const evaluation::attention_backward& a = backwards_[steps_[e.step].index];
         for (std::size_t which = 0; which < 3; ++which) {
             out_ << (which ? ", " : "");
             memory(*outs[which]);
-            if (a.gradients[which] == no_step) out_ << " (unread)";
+            if (e.unread_gradients[which]) out_ << " (unread, not computed)";
         }
         out_ << " = dQ, dK^T, dV of ";
         attention_formula(e);

@@ -121,6 +121,9 @@ struct entry {
     std::size_t epilogue = no_step;  // gemm: the elementwise formula applied to the product, if any
     attention_match attention{};     // attention, attention_backward: what the matcher found
     double slope = 1;                // attention_backward: the score function's slope (see attention_backward)
+    // attention_backward: which of dQ, dK^T and dV no step reads, so that the kernel need not
+    // compute them (their places are still planned, and left unwritten)
+    std::array<bool, 3> unread_gradients{};
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
     // rowwise: its kernel, its axis and layer_norm's epsilon (number); gather, scatter: the table's axis;
     // indices: causal_mask (causal) or arange. Copied from the step, so that an executor reads
@@ -717,6 +720,7 @@ private:
         }
         entry& e = add(entry_kind::attention_backward, id, outs[0], no_step, &a.forward);
         e.also_out = {outs[1], outs[2]};
+        for (std::size_t which = 0; which < 3; ++which) e.unread_gradients[which] = a.gradients[which] == no_step;
         e.slope = a.slope;
         set_broadcast_operands(e, r, operands[0], operands[1], operands[2], operands[3], operands[4]);
         // the log-sum-exps the forward's entry kept (attend: O is an attention step, whose

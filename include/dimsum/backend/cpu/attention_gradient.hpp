@@ -23,6 +23,10 @@
 // the threads. Memory: the tiles, copies of an item's Q, dO and dQ, and a number or two per
 // query: O(sequence), never O(queries x keys).
 //
+// A gradient nobody reads (its matrix's data null: a ds::grad with respect to V alone, say)
+// is not computed: its product is skipped, and with neither dQ nor dK wanted, dP, dS and D
+// are too, which leaves two of the five products.
+//
 // The scores go through the same steps as in the forward kernel (attention.hpp): the scale,
 // then the rest of the score function (on a row-major copy of the tile), then the causal
 // mask. A query that sees no key (all masked) has P = 0, as its O is 0 in the forward, and
@@ -97,9 +101,9 @@ item_view<T> item_of(const attention_gradient_problem<T>& p, std::size_t item) {
     r.v.data += at[v_at];
     r.o.data += at[o_at];
     r.d_o.data += at[d_o_at];
-    r.dq.data += at[dq_at];
-    r.dk.data += at[dk_at];
-    r.dv.data += at[dv_at];
+    if (r.dq.data) r.dq.data += at[dq_at];  // (null: not wanted)
+    if (r.dk.data) r.dk.data += at[dk_at];
+    if (r.dv.data) r.dv.data += at[dv_at];
     return r;
 }
 
@@ -176,7 +180,8 @@ void transpose_tile(const T* src, std::size_t ld_src, std::size_t rows, std::siz
 // Phase 2: the keys [first_key, last_key) of `item`: their dK and dV, and their share of dQ
 // into `dq` (the item's output, or a partial). The tiles are keys x queries (S^T, P^T, dP^T,
 // dS^T), so that every product reads its operands in place, none packed: S^T = K Q^T,
-// dP^T = V dO^T, dV += P^T dO, dK += dS^T Q and dQ^T += K^T dS^T.
+// dP^T = V dO^T, dV += P^T dO, dK += dS^T Q and dQ^T += K^T dS^T. Only the wanted gradients
+// (data not null) are computed, and what they need.
 template <class T>
 void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::size_t first_key, std::size_t last_key,
                const T* lse, const T* rows_d, const matrix<T>& dq) {
@@ -189,6 +194,7 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
     const std::size_t dp = size.dp, dvp = size.dvp, m_cols = size.m_cols, bq = size.bq, bk = size.bk, bk_rows = size.bk_rows;
     const auto ld = [](std::size_t x) { return static_cast<std::ptrdiff_t>(x); };
     const item_view<T> in = item_of(p, item);
+    const bool want_dq = dq.data, want_dk = in.dk.data, want_dv = in.dv.data, want_ds = want_dq || want_dk;
     carver<T> memory{scratch<T>(scratch_use::attention_gradient, size.total())};
     T* q = memory.take(m * dp);
     T* d_o = memory.take(m * dvp);
@@ -203,20 +209,20 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
     T* st = memory.take(bk_rows * bq);   // S^T, then P^T
     T* dst = memory.take(bk_rows * bq);  // dP^T, then dS^T
     T* s = memory.take(bq * bk);         // S, for the score function
-    copy_padded(in.q, m, d, m, dp, q);
-    copy_padded(in.d_o, m, dv, m, dvp, d_o);
+    if (want_dk) copy_padded(in.q, m, d, m, dp, q);
+    if (want_dv) copy_padded(in.d_o, m, dv, m, dvp, d_o);
     copy_padded(transposed(in.q), d, m, d, m_cols, qt);
-    copy_padded(transposed(in.d_o), dv, m, dv, m_cols, d_ot);
-    std::fill(dqt, dqt + size.d_rows * m_cols, T(0));
+    if (want_ds) copy_padded(transposed(in.d_o), dv, m, dv, m_cols, d_ot);
+    if (want_dq) std::fill(dqt, dqt + size.d_rows * m_cols, T(0));
     alignas(64) T shift[tiling::queries], row_d[tiling::queries];
     for (std::size_t key = first_key; key < last_key; key += bk) {
         // this block's keys, in whole row panels: a short sequence computes no more rows than it has
         const std::size_t cols = std::min(bk, last_key - key), rows_k = round_up(cols, gemm_tiling<T>::mr);
         copy_padded(sub(in.k, key, 0, cols, d), cols, d, rows_k, dp, k);
-        copy_padded(sub(in.v, key, 0, cols, dv), cols, dv, rows_k, dvp, v);
-        copy_padded(transposed(sub(in.k, key, 0, cols, d)), d, cols, size.d_rows, bk, kt);
-        std::fill(dk, dk + rows_k * dp, T(0));
-        std::fill(dv_sums, dv_sums + rows_k * dvp, T(0));
+        if (want_ds) copy_padded(sub(in.v, key, 0, cols, dv), cols, dv, rows_k, dvp, v);
+        if (want_dq) copy_padded(transposed(sub(in.k, key, 0, cols, d)), d, cols, size.d_rows, bk, kt);
+        if (want_dk) std::fill(dk, dk + rows_k * dp, T(0));
+        if (want_dv) std::fill(dv_sums, dv_sums + rows_k * dvp, T(0));
         // the first block of queries that sees a key of this block (a causal mask hides it from the earlier ones)
         std::size_t first = 0;
         if (p.causal) {
@@ -256,6 +262,12 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
                     exponential<T>(x).store_aligned(row + i);
                 }
             }
+            // dV += P^T dO
+            if (want_dv) {
+                macro_kernel<T>({.a = {.direct = st, .ld = ld(bq)}, .b = {.direct = d_o + first * dvp, .ld = ld(dvp)},
+                                 .depth = queries, .c = matrix<T>{dv_sums, rows_k, dvp, ld(dvp), 1}, .accumulate = true});
+            }
+            if (!want_ds) continue;
             // dP^T = V dO^T, then dS^T = slope P^T (dP^T - D)
             macro_kernel<T>({.a = {.direct = v, .ld = ld(dvp)}, .b = {.direct = d_ot + first, .ld = ld(m_cols)}, .depth = dv, .c = ds_t});
             const batch slope(p.slope);
@@ -267,19 +279,26 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
                     (slope * weight * (batch::load_aligned(row + i) - batch::load_aligned(row_d + i))).store_aligned(row + i);
                 }
             }
-            // dV += P^T dO, dK += dS^T Q, dQ^T += K^T dS^T
-            macro_kernel<T>({.a = {.direct = st, .ld = ld(bq)}, .b = {.direct = d_o + first * dvp, .ld = ld(dvp)}, .depth = queries,
-                             .c = matrix<T>{dv_sums, rows_k, dvp, ld(dvp), 1}, .accumulate = true});
-            macro_kernel<T>({.a = {.direct = dst, .ld = ld(bq)}, .b = {.direct = q + first * dp, .ld = ld(dp)}, .depth = queries,
-                             .c = matrix<T>{dk, rows_k, dp, ld(dp), 1}, .accumulate = true});
-            macro_kernel<T>({.a = {.direct = kt, .ld = ld(bk)}, .b = {.direct = dst, .ld = ld(bq)}, .depth = cols,
-                             .c = matrix<T>{dqt + first, size.d_rows, q_cols, ld(m_cols), 1}, .accumulate = true});
+            // dK += dS^T Q, dQ^T += K^T dS^T
+            if (want_dk) {
+                macro_kernel<T>({.a = {.direct = dst, .ld = ld(bq)}, .b = {.direct = q + first * dp, .ld = ld(dp)}, .depth = queries,
+                                 .c = matrix<T>{dk, rows_k, dp, ld(dp), 1}, .accumulate = true});
+            }
+            if (want_dq) {
+                macro_kernel<T>({.a = {.direct = kt, .ld = ld(bk)}, .b = {.direct = dst, .ld = ld(bq)}, .depth = cols,
+                                 .c = matrix<T>{dqt + first, size.d_rows, q_cols, ld(m_cols), 1}, .accumulate = true});
+            }
         }
         for (std::size_t j = 0; j < cols; ++j) {
-            for (std::size_t c = 0; c < d; ++c) in.dk.data[in.dk.at(key + j, c)] = dk[j * dp + c];
-            for (std::size_t c = 0; c < dv; ++c) in.dv.data[in.dv.at(key + j, c)] = dv_sums[j * dvp + c];
+            if (want_dk) {
+                for (std::size_t c = 0; c < d; ++c) in.dk.data[in.dk.at(key + j, c)] = dk[j * dp + c];
+            }
+            if (want_dv) {
+                for (std::size_t c = 0; c < dv; ++c) in.dv.data[in.dv.at(key + j, c)] = dv_sums[j * dvp + c];
+            }
         }
     }
+    if (!want_dq) return;
     for (std::size_t c = 0; c < d; ++c) {
         for (std::size_t i = 0; i < m; ++i) dq.data[dq.at(i, c)] = dqt[c * m_cols + i];
     }
@@ -302,9 +321,9 @@ void attention_gradient(const attention_gradient_problem<T>& p) {
         };
         for (std::size_t item = 0; item < items; ++item) {
             const item_view<T> at = item_of(p, item);
-            zero(at.dq);
-            zero(at.dk);
-            zero(at.dv);
+            for (const matrix<T>* x : {&at.dq, &at.dk, &at.dv}) {
+                if (x->data) zero(*x);
+            }
         }
         return;
     }
@@ -319,7 +338,8 @@ void attention_gradient(const attention_gradient_problem<T>& p) {
     }
     const std::size_t blocks_per_split = (key_blocks + splits - 1) / splits;
     splits = (key_blocks + blocks_per_split - 1) / blocks_per_split;  // none empty
-    const std::size_t partial_size = splits > 1 ? m * d : 0;  // per task
+    const bool want_dq = p.dq.data, want_ds = want_dq || p.dk.data;  // (see at the top)
+    const std::size_t partial_size = splits > 1 && want_dq ? m * d : 0;  // per task
 
     // The caller's scratch, shared by the team: D per query, the partial dQs.
     T* rows_d = scratch<T>(scratch_use::attention_rows, items * m + items * splits * partial_size);
@@ -329,19 +349,21 @@ void attention_gradient(const attention_gradient_problem<T>& p) {
         scratch<T>(scratch_use::attention_gradient, size.total());
         p.scores.prepare();
     };
-    for_each_index(threads, items * query_blocks, prepare, [&](std::size_t unit) {
-        const std::size_t item = unit % items, first = unit / items * tiling::queries, queries = std::min(tiling::queries, m - first);
-        output_dots(p, item, first, queries, rows_d + item * m + first);
-    });
+    if (want_ds) {
+        for_each_index(threads, items * query_blocks, prepare, [&](std::size_t unit) {
+            const std::size_t item = unit % items, first = unit / items * tiling::queries, queries = std::min(tiling::queries, m - first);
+            output_dots(p, item, first, queries, rows_d + item * m + first);
+        });
+    }
     for_each_index(threads, items * splits, prepare, [&](std::size_t task) {
         const std::size_t item = task / splits, split = task % splits;
         const std::size_t first_key = split * blocks_per_split * tiling::keys;
         const std::size_t last_key = std::min(n, (split + 1) * blocks_per_split * tiling::keys);
-        const matrix<T> dq = splits > 1 ? matrix<T>{partials + task * partial_size, m, d, static_cast<std::ptrdiff_t>(d), 1}
-                                        : item_of(p, item).dq;
+        const matrix<T> dq = splits > 1 && want_dq ? matrix<T>{partials + task * partial_size, m, d, static_cast<std::ptrdiff_t>(d), 1}
+                                                   : item_of(p, item).dq;  // (null: not wanted)
         key_range(p, item, first_key, last_key, p.lse + item * m, rows_d + item * m, dq);
     });
-    if (splits == 1) return;
+    if (splits == 1 || !want_dq) return;
     for (std::size_t item = 0; item < items; ++item) {  // the partial dQs, added in order
         const matrix<T> dq = item_of(p, item).dq;
         for (std::size_t i = 0; i < m; ++i) {

@@ -230,6 +230,10 @@ private:
         problem.dk = transposed(last_two_axes(dkt));
         problem.dv = last_two_axes(dv);
         problem.batch = leading_axes(dq, q, kt, v, o, d_o, dq, dkt, dv);
+        matrix<T>* gradients[3] = {&problem.dq, &problem.dk, &problem.dv};
+        for (std::size_t which = 0; which < 3; ++which) {
+            if (e.unread_gradients[which]) gradients[which]->data = nullptr;  // not computed
+        }
         problem.scale = evaluation::scale_of<T>(e.attention);
         problem.slope = static_cast<T>(e.slope);
         problem.causal = e.attention.causal;

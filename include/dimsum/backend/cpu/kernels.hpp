@@ -407,6 +407,7 @@ struct attention_gradient_problem {
     matrix<const T> v;    // (keys, dv)
     matrix<const T> o;    // (queries, dv): the forward's value
     matrix<const T> d_o;  // (queries, dv)
+    // The gradients; one with null data is not wanted, and not computed.
     matrix<T> dq;         // (queries, d)
     matrix<T> dk;         // (keys, d)
     matrix<T> dv;         // (keys, dv)
