@@ -53,6 +53,10 @@ struct gemm_tiling {
     static constexpr std::size_t mc = 24 * mr;
     // A B block (kc x nc), packed once for all the rows of C: 4 MiB for float, in L3.
     static constexpr std::size_t nc = 4096 / sizeof(T) * 4 / nr * nr;
+    // The micro-kernel asks for one cache line (`line` values) of the next panel of B every
+    // `prefetch_every` depths: a tile of `depth` depths, depth / prefetch_every lines.
+    static constexpr std::size_t prefetch_every = 8;
+    static constexpr std::size_t line = 64 / sizeof(T);
 };
 
 namespace detail {
@@ -193,15 +197,15 @@ void pack_b_panel(const matrix<const U>& b, std::size_t cols, std::size_t depth,
 
 // tile (mr x nr, row stride ldc) = or += a (mr x depth) x b (depth x nr, rows b_step apart:
 // nr when packed). A is packed (mr values per depth), or with packed_a false, rows lda apart.
-// Meanwhile, unless `ahead` is null, it asks for depth / 8 cache lines from `ahead` on into
-// L2, one every 8 depths: macro_kernel points it at the part of the next panel of B this
-// tile fetches early (see there). Always inlined, as macro_kernel is.
+// Meanwhile, unless `ahead` is null, it asks for the cache lines from `ahead` on into L2, one
+// every gemm_tiling::prefetch_every depths: macro_kernel points it at the part of the next
+// panel of B this tile fetches early (see there). Always inlined, as macro_kernel is.
 template <class T, bool packed_a = true>
 [[gnu::always_inline]] inline void micro_kernel(std::size_t depth, const T* a, std::ptrdiff_t lda, const T* b,
                                                 std::ptrdiff_t b_step, T* tile, std::ptrdiff_t ldc, bool accumulate,
                                                 const T* ahead) {
     using batch = simd<T>;
-    constexpr std::size_t width = batch::size, mr = gemm_tiling<T>::mr;
+    constexpr std::size_t width = batch::size, mr = gemm_tiling<T>::mr, every = gemm_tiling<T>::prefetch_every;
     // The tile's rows lie far apart in C, where no hardware prefetcher follows them: ask for
     // them now, so that they arrive while the products are computed.
 #pragma GCC unroll 16
@@ -224,15 +228,14 @@ template <class T, bool packed_a = true>
         a += packed_a ? mr : 1;
         b += b_step;
     };
-    constexpr std::size_t line = 64 / sizeof(T);
     std::size_t p = 0;
-    for (; p + 8 <= depth; p += 8) {
+    for (; p + every <= depth; p += every) {
         if (ahead) {
             __builtin_prefetch(ahead, 0, 2);  // prefetcht1: into L2, leaving L1 to this tile's panels
-            ahead += line;
+            ahead += gemm_tiling<T>::line;
         }
 #pragma GCC unroll 8
-        for (std::size_t q = 0; q < 8; ++q) one_depth();
+        for (std::size_t q = 0; q < every; ++q) one_depth();
     }
     for (; p < depth; ++p) one_depth();
 #pragma GCC unroll 16
@@ -295,7 +298,7 @@ template <class T>
             // in use: it comes from L3 or, packed by another thread, from that core's cache,
             // and each panel's first tile waited for it (2 threads, 1024 x 3072 x 768: 4%
             // slower).
-            const std::size_t part = depth / 8 * (64 / sizeof(T)), offset = i / mr * part;
+            const std::size_t part = depth / gemm_tiling<T>::prefetch_every * gemm_tiling<T>::line, offset = i / mr * part;
             const bool fetch_next = !in_place && j + nr < cols && offset + part <= nr * depth;
             const T* ahead = fetch_next ? b_panel + nr * depth + offset : nullptr;
             if (a_in_place) {
