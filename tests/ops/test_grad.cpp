@@ -449,7 +449,7 @@ TEST_CASE("the fused attention backward writes dQ and dK^T as the heads merged b
     auto z = ds::view<Batch, Seq, Joined>(ds::permute<Batch, Seq, Heads, HeadWidth>(
         ds::nn::attention(heads_of(ds::matmul(x, w_q)), heads_of(ds::matmul(x, w_k)), heads_of(ds::matmul(x, w_v)))));
     auto loss = ds::sum<Batch>(ds::sum<Seq>(ds::sum<Joined>(z * w)));
-    for (const std::string plan : {ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_q)),
+    for (const std::string& plan : {ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_q)),
                                    ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_k))}) {
         INFO(plan);
         CHECK(plan.find("attention_backward") != std::string::npos);
@@ -464,6 +464,40 @@ TEST_CASE("the fused attention backward writes dQ and dK^T as the heads merged b
         test::require_close(ds::eval(ds::grad(loss, w_v)), test::to_xt(ds::eval(ds::grad(loss, w_v), step_by_step)), 1e-5, 1e-5);
     }
     ds::set_num_threads(0);
+}
+
+TEST_CASE("an attention rounded to bf16 for the product that reads it is computed once: its fused backward reads its float value") {
+    using Seq = ds::axis<"seq">;
+    using Model = ds::axis<"model", 24>;
+    using Heads = ds::axis<"heads", 2>;
+    using HeadWidth = ds::axis<"head", 32>;  // as wide as the kernel rounds its blocks
+    using Joined = ds::axis<"heads*head", 64>;
+    const std::size_t seq = 19;
+    auto x = random_tensor<float>(1, -1.0, 1.0, Batch{2}, Seq{seq}, Model{});
+    auto w = random_tensor<float>(2, -1.0, 1.0, Batch{2}, Seq{seq}, Model{});
+    auto w_q = random_tensor<float>(3, -0.5, 0.5, Model{}, Joined{});
+    auto w_k = random_tensor<float>(4, -0.5, 0.5, Model{}, Joined{});
+    auto w_v = random_tensor<float>(5, -0.5, 0.5, Model{}, Joined{});
+    ds::tensor<ds::bf16, Joined, Model> w_o(Joined{}, Model{});
+    ds::fill_uniform(w_o, 6, -0.5, 0.5);
+    auto heads_of = [](auto&& rows) {
+        return ds::permute<Batch, Heads, Seq, HeadWidth>(ds::view<Batch, Seq, Heads, HeadWidth>(std::forward<decltype(rows)>(rows)));
+    };
+    auto z = ds::view<Batch, Seq, Joined>(ds::permute<Batch, Seq, Heads, HeadWidth>(ds::cast<ds::bf16>(
+        ds::nn::attention(heads_of(ds::matmul(x, w_q)), heads_of(ds::matmul(x, w_k)), heads_of(ds::matmul(x, w_v))))));
+    // (tanh: the backward reads the product's value, so the forward rounds the attention for it)
+    auto loss = ds::sum<Batch>(ds::sum<Seq>(ds::sum<Model>(ds::tanh(ds::cast<float>(ds::matmul(z, w_o))) * w)));
+    auto dw_q = w_q, dw_k = w_k, dw_v = w_v;
+    ds::backward(loss, std::tie(w_q, w_k, w_v), std::tie(dw_q, dw_k, dw_v));
+    const auto& s = ds::backend::cpu::detail::state<float>::of_this_thread();
+    const std::string plan = ds::evaluation::explain(s.program, s.plan, "cpu");
+    INFO(plan);
+    std::size_t attentions = 0;
+    for (std::size_t at = plan.find(". attention "); at != std::string::npos; at = plan.find(". attention ", at + 1)) ++attentions;
+    CHECK(attentions == 1);
+    CHECK(plan.find("attention_backward") != std::string::npos);
+    test::require_close(ds::eval(ds::grad(loss, w_q)),
+                        test::to_xt(ds::eval(ds::grad(loss, w_q), ds::backend::cpu::evaluator{.fuse_attention = false})), 1e-4, 1e-4);
 }
 
 TEST_CASE("the fused attention backward with NaN and infinity in every lane and tail of a query, and where it does not apply") {

@@ -272,6 +272,12 @@ inline void find_rounded_alone(program& p) {
     if (!p.has_casts_to_bf16) return;  // the common case: nothing to walk
     std::vector<std::size_t>& readers = p.scratch.readers;
     count_readers(p.steps, readers);
+    // an attention's fused backward reads its output O, through its record (a value rounded
+    // to bf16 for the products alone would otherwise be rounded dead, and the attention
+    // computed again for the backward)
+    for (const step& s : p.steps) {
+        if (s.kind == step_kind::attention_gradient) ++readers[p.attention_backwards[s.index].output];
+    }
     for (const step& s : p.steps) {
         if (rounds_to_bf16(s) && readers[s.operands[0]] == 1) p.steps[s.operands[0]].rounded_alone = true;
     }
