@@ -400,8 +400,39 @@ struct configured_kernel {
 namespace detail {
 
 // Packs rows [0, rows) and depths [0, depth) of a into panels of R rows, dp depths each.
+// A column-major A (the transpose of a row-major matrix: a weight's gradient X^T dY reads its
+// activations so) goes depth by depth, each depth's rows read where they lie side by side;
+// row by row, each element would be a row of the stored matrix away from the last, a cache
+// line and often a page of its own (3072 x 1024 x 768: 1.7 times the time of a row-major A).
 template <std::size_t R>
 void pack_bf16_a(const matrix<const bf16>& a, std::size_t rows, std::size_t depth, std::size_t dp, bf16* out) {
+    if (a.row_stride == 1 && a.col_stride != 1) {
+        // tiles of R rows x 32 depths turned in L1 (tile), each row of it written whole: the
+        // rows of a panel lie dp apart, so that writing each depth straight to its R rows
+        // would send R lines through the same few sets of L1 at once
+        constexpr std::size_t step = bf16_blocking::depth_step;
+        bf16 tile[R][step];
+        for (std::size_t p0 = 0; p0 < dp; p0 += step) {
+            const std::size_t live = p0 < depth ? std::min(step, depth - p0) : 0;
+            for (std::size_t panel = 0; panel < rows; panel += R) {
+                const std::size_t live_rows = std::min(R, rows - panel);
+                for (std::size_t q = 0; q < live; ++q) {
+                    const bf16* const column = a.data + static_cast<std::ptrdiff_t>(p0 + q) * a.col_stride + panel;
+                    for (std::size_t r = 0; r < live_rows; ++r) tile[r][q] = column[r];
+                }
+                for (std::size_t r = 0; r < R; ++r) {
+                    bf16* const to = out + (panel + r) * dp + p0;
+                    if (r < live_rows) {
+                        std::copy(tile[r], tile[r] + live, to);
+                        std::fill(to + live, to + step, bf16{});
+                    } else {
+                        std::fill(to, to + step, bf16{});
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (std::size_t panel = 0; panel < rows; panel += R) {
         for (std::size_t r = 0; r < R; ++r, out += dp) {
             std::size_t p = 0;
