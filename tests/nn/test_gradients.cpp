@@ -8,6 +8,7 @@
 // losses, and a resumed run continuing bit for bit.
 #include "support.hpp"
 
+#include <dimsum/backend/cpu/bf16_paths.hpp>
 #include <dimsum/interop/parameters.hpp>
 
 #include <boost/hana/define_struct.hpp>
@@ -576,6 +577,107 @@ TEST_CASE("a bf16 model trains in mixed precision: float gradients within bf16's
     CHECK(test::error_of([&] { opt.step(master, grads, one_layer); }) ==
           "dimsum: adamw: the working copy's tensors do not match the parameters");
     test::require_same_bits(master.upper.w_2, alone.upper.w_2);
+}
+
+namespace {
+// The products of two bf16 operands the CPU backend has run, on every path.
+std::size_t bf16_products_run() {
+    std::size_t n = 0;
+    for (const auto path : ds::backend::cpu::bf16_paths) n += ds::backend::cpu::bf16_products(path);
+    return n;
+}
+// C (rows x cols) = A^T B (A: depth x rows, B: depth x cols) in double, from float values.
+std::vector<double> product_t(const float* a, const float* b, std::size_t depth, std::size_t rows, std::size_t cols) {
+    std::vector<double> c(rows * cols, 0.0);
+    for (std::size_t p = 0; p < depth; ++p) {
+        for (std::size_t i = 0; i < rows; ++i) {
+            for (std::size_t j = 0; j < cols; ++j) c[i * cols + j] += double(a[p * rows + i]) * double(b[p * cols + j]);
+        }
+    }
+    return c;
+}
+// The largest difference of got from want over want's largest magnitude.
+double relative_error(const float* got, const std::vector<double>& want) {
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        worst = std::max(worst, std::abs(double(got[i]) - want[i]));
+        scale = std::max(scale, std::abs(want[i]));
+    }
+    return worst / scale;
+}
+}  // namespace
+
+TEST_CASE("gradient_options::bf16_products: a gradient's product beside a bf16 operand reads its cotangent rounded to bf16, on each bf16 path") {
+    namespace cpu = ds::backend::cpu;
+    using bf16 = ds::bf16;
+    const std::size_t rows = 37, in = 45, hidden = 29, out = 11;
+    ds::tensor<bf16, Batch, In> x(Batch{rows}, In{in});
+    ds::tensor<bf16, In, Hidden> w(In{in}, Hidden{hidden});
+    ds::tensor<bf16, Hidden, Out> v(Hidden{hidden}, Out{out});
+    ds::tensor<float, Batch, Hidden> t(Batch{rows}, Hidden{hidden});
+    ds::tensor<float, Batch, Out> t2(Batch{rows}, Out{out});
+    ds::fill_uniform(x, 1);
+    ds::fill_uniform(w, 2);
+    ds::fill_uniform(v, 3);
+    ds::fill_uniform(t, 4);  // most of its values not bf16's
+    ds::fill_uniform(t2, 5);
+    std::vector<float> x32(x.size()), t32(t.data(), t.data() + t.size()), t_rounded(t.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x32[i] = float(x.data()[i]);
+    for (std::size_t i = 0; i < t.size(); ++i) t_rounded[i] = float(bf16(t.data()[i]));
+    // W's gradient of sum(x W * t): x^T t, or x^T round(t) with the option, in double
+    const std::vector<double> exact = product_t(x32.data(), t32.data(), rows, in, hidden);
+    const std::vector<double> rounded = product_t(x32.data(), t_rounded.data(), rows, in, hidden);
+    CHECK(relative_error(t_rounded.data(), {t32.begin(), t32.end()}) > 1e-4);  // the rounding shows
+    auto one_product = [&] { return ds::sum<Batch>(ds::sum<Hidden>(ds::cast<float>(ds::matmul(x, w)) * t)); };
+    // two products, the second's left operand an activation rounded to bf16
+    auto two_products = [&] {
+        return ds::sum<Batch>(ds::sum<Out>(ds::cast<float>(ds::matmul(ds::cast<bf16>(ds::tanh(ds::matmul(x, w))), v)) * t2));
+    };
+    ds::tensor<float, Batch, In> dx(x.shape());
+    ds::tensor<float, In, Hidden> dw(w.shape());
+    ds::tensor<float, Hidden, Out> dv(v.shape());
+    const ds::gradient_options bf16_products{.bf16_products = true};
+    std::vector<cpu::bf16_path> paths{cpu::bf16_path::widen};
+    for (const auto path : {cpu::bf16_path::avx512_bf16, cpu::bf16_path::amx}) {
+        if (cpu::support_of(path).usable) paths.push_back(path);
+    }
+    for (const auto path : paths) {
+        const cpu::scoped_bf16_path chosen(path);
+        for (const int threads : {1, 2}) {
+            INFO(cpu::name(path) << ", " << threads << " threads");
+            ds::set_num_threads(threads);
+            // the forward's product, and dW and dx on bf16 operands; without the option, the
+            // backward's products widen t
+            std::size_t before = bf16_products_run();
+            ds::backward(one_product(), std::tie(x, w), std::tie(dx, dw), bf16_products);
+            CHECK(bf16_products_run() - before == 3);
+            CHECK(relative_error(dw.data(), rounded) <= 1e-5);
+            before = bf16_products_run();
+            ds::backward(one_product(), std::tie(x, w), std::tie(dx, dw));
+            CHECK(bf16_products_run() - before == 1);
+            CHECK(relative_error(dw.data(), exact) <= 1e-5);
+            // two forward products, four backward: dV and the activation's adjoint beside the
+            // rounded activation and V, dW and dx beside x and W
+            before = bf16_products_run();
+            ds::backward(two_products(), std::tie(x, w, v), std::tie(dx, dw, dv), bf16_products);
+            CHECK(bf16_products_run() - before == 6);
+        }
+        ds::set_num_threads(0);
+    }
+    // the same program on the reference backend (in double, its cotangents rounded to bf16
+    // where the CPU's are): within bf16's rounding of the CPU's
+    ds::tensor<float, Batch, In> dx_reference(x.shape());
+    ds::tensor<float, In, Hidden> dw_reference(w.shape());
+    ds::tensor<float, Hidden, Out> dv_reference(v.shape());
+    ds::backward(two_products(), std::tie(x, w, v), std::tie(dx, dw, dv), bf16_products);
+    ds::backward(two_products(), std::tie(x, w, v), std::tie(dx_reference, dw_reference, dv_reference), bf16_products,
+                 ds::backend::reference::evaluator{});
+    require_within(std::tie(dx, dw, dv), std::tie(dx_reference, dw_reference, dv_reference), 1e-2);
+    // a tape made with the option differentiates with it
+    ds::tape<bf16> tape(bf16_products);
+    const auto y = tape.eval(ds::matmul(x, w));
+    tape.backward(ds::sum<Batch>(ds::sum<Hidden>(ds::cast<float>(y) * t)), std::tie(x, w), std::tie(dx, dw));
+    CHECK(relative_error(dw.data(), rounded) <= 1e-5);
 }
 
 TEST_CASE("AdamW: three steps are torch.optim.AdamW's, and a run resumed from saved parameters and state continues bit for bit") {

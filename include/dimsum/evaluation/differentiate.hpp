@@ -30,6 +30,16 @@
 
 namespace dimsum::evaluation {
 
+// How a program is differentiated (ds::gradient_options, nn/gradients.hpp).
+struct gradient_options {
+    // A gradient's product whose other operand is stored in bf16 (a bf16 tensor, a cast<bf16>,
+    // or a view of either) reads the cotangent rounded to bf16, so that both its operands are
+    // bf16 and it runs on the CPU's bf16 instructions where they exist: dA = round(dC) B^T
+    // where B is bf16, dB = A^T round(dC) where A is. PyTorch's autocast computes these
+    // products so. Off, every gradient is computed in float from float cotangents.
+    bool bf16_products = false;
+};
+
 namespace differentiation {
 
 // Whether operand o of step s carries a gradient.
@@ -50,7 +60,7 @@ constexpr bool carries_gradient(const step& s, std::size_t o) {
 // Appends steps of the program's type to a program, each merged with an equal one there.
 class builder {
 public:
-    builder(program& p, element_type type) : p_(p), type_(type) {}
+    builder(program& p, element_type type, gradient_options options = {}) : p_(p), type_(type), options_(options) {}
 
     const step& at(std::size_t id) const { return p_.steps[id]; }
 
@@ -315,6 +325,21 @@ public:
         return reshape(v, as);
     }
 
+    // Whether step v's value is stored in bf16: a bf16 tensor, a cast<bf16>, or a view of either.
+    bool stored_as_bf16(std::size_t v) const {
+        const step& s = at(v);
+        if (s.kind == step_kind::tensor) return s.type == element_type::bf16;
+        if (rounds_to_bf16(s)) return true;
+        return is_view(s.kind) && s.operand_count == 1 && stored_as_bf16(s.operands[0]);
+    }
+    // The operand a gradient's product multiplies `other` by, for cotangent g: g, or g rounded
+    // to bf16 where other is stored in bf16 (gradient_options::bf16_products).
+    std::size_t cotangent_beside(std::size_t g, std::size_t other) {
+        if (!options_.bf16_products || !stored_as_bf16(other) || stored_as_bf16(g)) return g;
+        p_.has_casts_to_bf16 = true;
+        return apply(op_code::round_bf16, g);
+    }
+
 private:
     // The number elementwise step s of numbers computes, computed here (in double).
     std::size_t fold(const step& s) {
@@ -342,6 +367,7 @@ private:
 
     program& p_;
     element_type type_;
+    gradient_options options_;
 };
 
 // What step `id` (a copy: the builder appends to the steps) gives its operand o, from the
@@ -441,14 +467,15 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
         case step_kind::gather: return b.regather(s.kind, g, s.operands[1], operand, s.axis);
         case step_kind::scatter: return b.regather(s.kind, g, s.operands[1], operand, s.axis);
         case step_kind::matmul: {  // dA = dC B^T, dB = A^T dC, each summed over the batch axes it was broadcast along
+            const std::size_t other = s.operands[1 - o];
+            const std::size_t dc = b.cotangent_beside(g, other);
             if (o == 1 && operand.rank == 2 && s.rank > 2 && b.at(s.operands[0]).rank == s.rank) {
                 // a matrix B that every batch shares (a weight): one product over the rows of
                 // every batch, the batch axes folded into A's and dC's rows, rather than a
                 // product per batch and their sum
-                return b.matmul(b.transpose_last_two(b.rows_of(s.operands[0])), b.rows_of(g));
+                return b.matmul(b.transpose_last_two(b.rows_of(other)), b.rows_of(dc));
             }
-            const std::size_t product = o == 0 ? b.matmul(g, b.transpose_last_two(s.operands[1]))
-                                               : b.matmul(b.transpose_last_two(s.operands[0]), g);
+            const std::size_t product = o == 0 ? b.matmul(dc, b.transpose_last_two(other)) : b.matmul(b.transpose_last_two(other), dc);
             return b.sum_to(product, operand);
         }
         case step_kind::softmax: {  // y (g - sum(g y))
@@ -589,7 +616,7 @@ inline std::size_t add_record(program& p, const attention_backward& a) {
 // step's adjoint sums all its readers' contributions, whichever leaves it leads to, so the
 // sweep for one leaf appends the same steps as the sweep for several (and merges with them).
 inline void differentiate(program& p, std::size_t output, std::size_t cotangent, std::span<const std::size_t> leaves,
-                          std::vector<std::size_t>& gradients) {
+                          std::vector<std::size_t>& gradients, gradient_options options = {}) {
     auto is_leaf = [&](const step& s) {
         return s.kind == step_kind::tensor && std::find(leaves.begin(), leaves.end(), s.binding) != leaves.end();
     };
@@ -621,7 +648,7 @@ inline void differentiate(program& p, std::size_t output, std::size_t cotangent,
     }
     std::vector<std::size_t>& adjoint = p.sweep.adjoint;
     adjoint.assign(count, no_step);
-    differentiation::builder b(p, p.steps[output].computes_in);
+    differentiation::builder b(p, p.steps[output].computes_in, options);
     adjoint[output] = cotangent;
     std::vector<std::size_t>& records = p.sweep.records;  // this sweep's attentions, in p.attention_backwards
     records.clear();
@@ -639,15 +666,21 @@ inline void differentiate(program& p, std::size_t output, std::size_t cotangent,
         // matmul rule just made (dV = P^T dO at O; dQ = dS K and dK^T = Q^T dS at the scores).
         if (s.kind != step_kind::matmul) continue;
         if (auto a = differentiation::attention_backward_at(p, id, adjoint[id], readers, depends)) {
-            if (depends[s.operands[1]]) a->gradients[2] = b.matmul(b.transpose_last_two(s.operands[0]), adjoint[id]);
+            if (depends[s.operands[1]]) {
+                a->gradients[2] = b.matmul(b.transpose_last_two(s.operands[0]), b.cotangent_beside(adjoint[id], s.operands[0]));
+            }
             records.push_back(differentiation::add_record(p, *a));
             continue;
         }
         for (const std::size_t r : records) {
             attention_backward& a = p.attention_backwards[r];
             if (a.forward.scores != id) continue;
-            if (depends[s.operands[0]]) a.gradients[0] = b.matmul(adjoint[id], b.transpose_last_two(s.operands[1]));
-            if (depends[s.operands[1]]) a.gradients[1] = b.matmul(b.transpose_last_two(s.operands[0]), adjoint[id]);
+            if (depends[s.operands[0]]) {
+                a.gradients[0] = b.matmul(b.cotangent_beside(adjoint[id], s.operands[1]), b.transpose_last_two(s.operands[1]));
+            }
+            if (depends[s.operands[1]]) {
+                a.gradients[1] = b.matmul(b.transpose_last_two(s.operands[0]), b.cotangent_beside(adjoint[id], s.operands[0]));
+            }
         }
     }
     // each leaf's: the sum of the adjoints of the tensor steps that read its binding

@@ -29,6 +29,10 @@
 
 namespace dimsum {
 
+// ds::gradient_options{.bf16_products = true}: how backward and backward_from differentiate
+// (evaluation/differentiate.hpp).
+using gradient_options = evaluation::gradient_options;
+
 namespace detail {
 
 // A tensor differentiated with respect to, its type erased: how to lower its view into a
@@ -146,7 +150,8 @@ inline void check_not_read_through_a_view(const std::vector<evaluation::binding>
 // (zeros for one output does not read). Returns output's step.
 template <class T, class Output, class Cotangent>
 std::size_t lower_gradients(evaluation::program& p, std::vector<evaluation::binding>& bindings, const Output& output,
-                            const Cotangent& cotangent, std::span<const differentiated> wrt, struct_gradients<T>& state) {
+                            const Cotangent& cotangent, std::span<const differentiated> wrt, struct_gradients<T>& state,
+                            gradient_options options) {
     p.clear();
     bindings.clear();
     state.leaf_steps.clear();
@@ -160,7 +165,7 @@ std::size_t lower_gradients(evaluation::program& p, std::vector<evaluation::bind
     const std::size_t root = evaluation::lower_step<T>(output, p, bindings);
     p.differentiated.clear();
     const std::size_t seed = evaluation::lower_step<T>(cotangent, p, bindings);
-    evaluation::differentiate(p, root, seed, state.leaves, state.gradients);
+    evaluation::differentiate(p, root, seed, state.leaves, state.gradients, options);
     evaluation::differentiation::builder steps(p, p.steps[root].computes_in);
     for (std::size_t i = 0; i < state.gradients.size(); ++i) {
         if (state.gradients[i] != evaluation::no_step) continue;
@@ -179,9 +184,9 @@ std::size_t lower_gradients(evaluation::program& p, std::vector<evaluation::bind
 template <class T, class Backend, class Output, class Cotangent>
 void run_gradients(Backend& backend, const Output& output, const Cotangent& cotangent, std::span<const differentiated> wrt,
                    std::span<const evaluation::strided<T>> gradients, struct_gradients<T>& state,
-                   const evaluation::strided<T>* value = nullptr) {
+                   const evaluation::strided<T>* value = nullptr, gradient_options options = {}) {
     auto lower = [&](evaluation::program& p, std::vector<evaluation::binding>& bindings) {
-        const std::size_t root = lower_gradients<T>(p, bindings, output, cotangent, wrt, state);
+        const std::size_t root = lower_gradients<T>(p, bindings, output, cotangent, wrt, state, options);
         if (value) {
             p.root = root;
             p.other_roots = state.gradients;
@@ -203,9 +208,10 @@ void run_gradients(Backend& backend, const Output& output, const Cotangent& cota
 // parameters, the float struct of the same layout), which do not overlap the formula's memory.
 // Returns the loss's value. One evaluation on `backend` (the CPU backend, the reference
 // backend, or the CUDA backend): the loss is the program's root, each gradient another root,
-// planned together.
+// planned together. `options` (gradient_options): with .bf16_products, a gradient's product
+// beside a bf16 operand reads the cotangent rounded to bf16, as PyTorch's autocast does.
 template <class Loss, class Params, class Grads, class Backend = default_backend>
-auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend backend = {}) {
+auto backward(const Loss& loss, const Params& params, Grads&& grads, gradient_options options, Backend backend = {}) {
     using T = compute_type_t<value_type_of<Loss>>;
     static_assert(shape_of<Loss>::rank == 0, "dimsum: backward: the loss must be a formula of no axes (a scalar): sum it");
     static_assert(floating_element<T>, "dimsum: backward: a loss of float, double or bf16");
@@ -213,8 +219,13 @@ auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend bac
     detail::match_gradients(loss, params, grads, state, "backward");
     T value{};
     const evaluation::strided<T> loss_value{&value, evaluation::row_major(0, {})};
-    detail::run_gradients<T>(backend, loss, expr::scalar<T>{1, {}}, state.wrt, state.destinations, state, &loss_value);
+    detail::run_gradients<T>(backend, loss, expr::scalar<T>{1, {}}, state.wrt, state.destinations, state, &loss_value, options);
     return value;
+}
+template <class Loss, class Params, class Grads, class Backend = default_backend>
+    requires(!std::is_same_v<Backend, gradient_options>)
+auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend backend = {}) {
+    return backward(loss, params, std::forward<Grads>(grads), gradient_options{}, backend);
 }
 
 // grads := the vector-Jacobian products of `output` (any formula of float, double or bf16) with
@@ -222,7 +233,8 @@ auto backward(const Loss& loss, const Params& params, Grads&& grads, Backend bac
 // output's shape: one layer's backward, from the gradient of what the layer computed, in
 // one program. E.g. backward_from(layer(x), dy, std::tie(x, params), std::tie(dx, grads)).
 template <class Output, class Cotangent, class Leaves, class Grads, class Backend = default_backend>
-void backward_from(const Output& output, const Cotangent& cotangent, const Leaves& leaves, Grads&& grads, Backend backend = {}) {
+void backward_from(const Output& output, const Cotangent& cotangent, const Leaves& leaves, Grads&& grads, gradient_options options,
+                   Backend backend = {}) {
     using T = compute_type_t<value_type_of<Output>>;
     static_assert(floating_element<T>, "dimsum: backward_from: a formula of float, double or bf16");
     constexpr message shapes = ::dimsum::detail::conform_error<shape_of<Output>, shape_of<Cotangent>>("backward_from");
@@ -233,7 +245,12 @@ void backward_from(const Output& output, const Cotangent& cotangent, const Leave
     thread_local detail::struct_gradients<T> state;
     detail::match_gradients(output, leaves, grads, state, "backward_from");
     if (state.destinations.empty()) return;
-    detail::run_gradients<T>(backend, output, cotangent, state.wrt, state.destinations, state);
+    detail::run_gradients<T>(backend, output, cotangent, state.wrt, state.destinations, state, nullptr, options);
+}
+template <class Output, class Cotangent, class Leaves, class Grads, class Backend = default_backend>
+    requires(!std::is_same_v<Backend, gradient_options>)
+void backward_from(const Output& output, const Cotangent& cotangent, const Leaves& leaves, Grads&& grads, Backend backend = {}) {
+    backward_from(output, cotangent, leaves, std::forward<Grads>(grads), gradient_options{}, backend);
 }
 
 // The gradients of `loss` with respect to the tensors of `params` (of float or double), as a

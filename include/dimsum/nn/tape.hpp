@@ -49,6 +49,8 @@ class tape {
 public:
     tape() = default;
     explicit tape(Backend backend) : backend_(backend) {}
+    // backward differentiates with `options` (gradient_options: .bf16_products)
+    explicit tape(gradient_options options, Backend backend = {}) : backend_(backend), options_(options) {}
     tape(const tape&) = delete;  // the recorded formulas read the tape's own tensors
     tape& operator=(const tape&) = delete;
 
@@ -214,7 +216,7 @@ private:
             destinations_.push_back(d);
         }
         const evaluation::strided<G> loss_value = evaluation::to_strided(loss_value_.view());
-        detail::run_gradients<G>(backend_, output, cotangent, leaves_, destinations_, state_, value ? &loss_value : nullptr);
+        detail::run_gradients<G>(backend_, output, cotangent, leaves_, destinations_, state_, value ? &loss_value : nullptr, options_);
         if (value) *value = loss_value_.data()[0];
         for (std::size_t i = 0; i < read_.size(); ++i) {
             wanted& w = wanted_[read_[i]];
@@ -228,6 +230,7 @@ private:
     }
 
     Backend backend_{};
+    gradient_options options_{};
     std::vector<std::unique_ptr<record_base>> records_;  // this step's first count_, then kept for their memory
     std::size_t count_ = 0;
     // backward's, kept for their capacity
