@@ -317,26 +317,6 @@ struct torch_result {
     std::string how;  // e.g. "module, 2 threads"
 };
 
-// The peak a case's row is compared with: the FMA peak, or, for a bf16 case whose products
-// run on the path in use's bf16 instructions, those instructions' peak (a bf16 layer on
-// vdpbf16ps at 130% of the FMA peak says nothing about how close it is to its own limit).
-struct peak_of_case {
-    double gflops;
-    const char* name;
-    const char* how;
-};
-peak_of_case case_peak(const bench& s, const attention_case& c, std::size_t t) {
-    namespace cpu = ds::backend::cpu;
-    if (c.bf16) {
-        const cpu::bf16_path path = cpu::current_bf16_path();
-        if (path == cpu::bf16_path::amx && s.limits.amx_peak[t] > 0) return {s.limits.amx_peak[t], "amx_peak", "tdpbf16ps on 4 tiles"};
-        if (path == cpu::bf16_path::avx512_bf16 && s.limits.pair_peak[t] > 0) {
-            return {s.limits.pair_peak[t], "vdpbf16ps_peak", "vdpbf16ps chains"};
-        }
-    }
-    return {s.limits.fma_peak[t], "fma_peak", "xsimd fma chains"};
-}
-
 // PyTorch's best of each case (one timed batch per configuration: one turn), by case name;
 // empty, with `why`, when it cannot run. `verify`: check its two versions agree first.
 std::map<std::string, torch_result> torch_attention(const options& opt, const std::vector<attention_case>& cases,
@@ -418,7 +398,7 @@ void bench_attention(bench& s) {
             for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
                 const int threads = s.opt.threads[t];
                 const double gflops = c.flops() / seconds[t] * 1e-9;
-                const peak_of_case peak = case_peak(s, c, t);
+                const peak_of_case peak = case_peak(s.limits, c.bf16, t);
                 const torch_result* t_best = torch_best ? &*torch_best : nullptr;
                 std::fprintf(s.out.table, "%-34s %7d %9.2f %8.1f %5.0f%%  %9.2f %-20s %7.2f  %8.1f %8.1f\n", s.out.row_name(c.name).c_str(),
                              threads, seconds[t] * 1e3, gflops, 100.0 * gflops / peak.gflops, t_best ? t_best->ms : NAN,

@@ -290,6 +290,16 @@ struct yardsticks {
     std::vector<double> copy;      // GB/s
 };
 
+// The peak a case's row is compared with: the FMA peak, or, for a bf16 case whose products
+// run on the path in use's bf16 instructions, those instructions' peak (a bf16 layer on
+// vdpbf16ps at 130% of the FMA peak says nothing about how close it is to its own limit).
+struct peak_of_case {
+    double gflops;
+    const char* name;
+    const char* how;
+};
+peak_of_case case_peak(const yardsticks& limits, bool bf16, std::size_t t);
+
 // Floats per array for the bandwidth cases, beyond the caches.
 std::size_t streaming_floats(const options& opt);
 

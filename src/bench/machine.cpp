@@ -226,4 +226,16 @@ std::size_t streaming_floats(const options& opt) {
     return (floats + unit - 1) / unit * unit;
 }
 
+peak_of_case case_peak(const yardsticks& limits, bool bf16, std::size_t t) {
+    namespace cpu = ds::backend::cpu;
+    if (bf16) {
+        const cpu::bf16_path path = cpu::current_bf16_path();
+        if (path == cpu::bf16_path::amx && limits.amx_peak[t] > 0) return {limits.amx_peak[t], "amx_peak", "tdpbf16ps on 4 tiles"};
+        if (path == cpu::bf16_path::avx512_bf16 && limits.pair_peak[t] > 0) {
+            return {limits.pair_peak[t], "vdpbf16ps_peak", "vdpbf16ps chains"};
+        }
+    }
+    return {limits.fma_peak[t], "fma_peak", "xsimd fma chains"};
+}
+
 }  // namespace dimsum_bench

@@ -3,8 +3,10 @@
 // squared error against a target, the gradients of every weight and of the input
 // (ds::backward: one program), and an AdamW step, against the same step in PyTorch
 // (scripts/training_step_torch.py) at its best of 1 and 2 threads. In float, and in mixed
-// precision (the bf16_ rows): the layer's weights and input in bf16, its gradients and AdamW's
-// parameters in float, against PyTorch's autocast to bf16 over float parameters.
+// precision (the bf16_ rows): the layer's weights and input in bf16, each product's activation
+// rounded to bf16 (product_operand) and each gradient product's cotangent too
+// (gradient_options::bf16_products), its gradients and AdamW's parameters in float; against
+// PyTorch's autocast to bf16 over float parameters, which rounds the same operands.
 
 #include <dimsum/dimsum.hpp>
 
@@ -47,6 +49,15 @@ auto in_float(F&& f) {
     else return ds::cast<float>(std::forward<F>(f));
 }
 
+// What a product reads of an activation (a value the layer computed): in mixed precision the
+// activation rounded to bf16, as PyTorch's autocast rounds a linear layer's input, so that the
+// product multiplies two bf16 operands; in float, the activation itself.
+template <class T, class F>
+auto product_operand(F&& f) {
+    if constexpr (std::is_same_v<T, ds::bf16>) return ds::cast<ds::bf16>(std::forward<F>(f));
+    else return std::forward<F>(f);
+}
+
 // BERT-base's encoder layer (torch.nn.TransformerEncoderLayer: post-norm, GELU), of T.
 template <class T>
 struct bert {
@@ -83,14 +94,17 @@ struct bert {
     static auto heads_of(auto&& a) {
         return ds::permute<Batch, Heads, Seq, Head>(ds::view<Batch, Seq, Heads, Head>(std::forward<decltype(a)>(a)));
     }
-    // h = layer_norm(x + attention(x)), then layer_norm(h + FFN(h)): one formula
+    // h = layer_norm(x + attention(x)), then layer_norm(h + FFN(h)): one formula (the FFN is
+    // nn::gelu_feed_forward's, with each product's operand as product_operand reads it)
     auto formula(const weights& p, const ds::tensor<T, Batch, Seq, Model>& x) const {
         auto q = heads_of(ds::matmul(x, p.w_q) + p.b_q);
         auto k = heads_of(ds::matmul(x, p.w_k) + p.b_k);
         auto v = heads_of(ds::matmul(x, p.w_v) + p.b_v);
-        auto z = ds::view<Batch, Seq, Inner>(ds::permute<Batch, Seq, Heads, Head>(ds::nn::attention(q, k, v)));
+        auto z = ds::view<Batch, Seq, Inner>(ds::permute<Batch, Seq, Heads, Head>(product_operand<T>(ds::nn::attention(q, k, v))));
         auto h = ds::nn::layer_norm(x + (ds::matmul(z, p.w_o) + p.b_o), p.ln1_weight, p.ln1_bias, 1e-12);
-        return ds::nn::layer_norm(h + ds::nn::gelu_feed_forward(h, p.w_1, p.b_1, p.w_2, p.b_2), p.ln2_weight, p.ln2_bias, 1e-12);
+        auto inner = ds::nn::gelu(ds::matmul(product_operand<T>(h), p.w_1) + p.b_1);
+        auto ffn = ds::matmul(product_operand<T>(inner), p.w_2) + p.b_2;
+        return ds::nn::layer_norm(h + ffn, p.ln2_weight, p.ln2_bias, 1e-12);
     }
     static double forward_flops(double batch, double seq) {
         return 2.0 * batch * seq * 768.0 * (4.0 * 768.0 + 2.0 * 3072.0) + 2.0 * 2.0 * batch * 12.0 * seq * seq * 64.0;
@@ -135,14 +149,16 @@ struct decoder {
         return p;
     }
     // x + attention(rms_norm(x)), then + SwiGLU(rms_norm(.)): one formula
+    // (SwiGLU as nn::swiglu, with each product's operand as product_operand reads it)
     auto formula(const weights& p, const ds::tensor<T, Batch, Seq, Model>& x) const {
-        auto h = ds::nn::rms_norm(x, p.attention_norm, 1e-5);
+        auto h = product_operand<T>(ds::nn::rms_norm(x, p.attention_norm, 1e-5));
         auto q = rope(ds::permute<Batch, KvHeads, Group, Seq, Head>(ds::view<Batch, Seq, KvHeads, Group, Head>(ds::matmul(h, p.w_q))));
         auto k = rope(ds::permute<Batch, KvHeads, OneGroup, Seq, Head>(ds::view<Batch, Seq, KvHeads, OneGroup, Head>(ds::matmul(h, p.w_k))));
         auto v = ds::permute<Batch, KvHeads, OneGroup, Seq, Head>(ds::view<Batch, Seq, KvHeads, OneGroup, Head>(ds::matmul(h, p.w_v)));
-        auto z = ds::nn::causal_attention(q, k, v);  // (batch, kv_heads, group, seq, head)
+        auto z = product_operand<T>(ds::nn::causal_attention(q, k, v));  // (batch, kv_heads, group, seq, head)
         auto r = x + ds::matmul(ds::view<Batch, Seq, Inner>(ds::permute<Batch, Seq, KvHeads, Group, Head>(z)), p.w_o);
-        return r + ds::nn::swiglu(ds::nn::rms_norm(r, p.ffn_norm, 1e-5), p.w_1, p.w_3, p.w_2);
+        auto u = product_operand<T>(ds::nn::rms_norm(r, p.ffn_norm, 1e-5));
+        return r + ds::matmul(product_operand<T>(ds::silu(ds::matmul(u, p.w_1)) * ds::matmul(u, p.w_3)), p.w_2);
     }
     // the projections (query 512, key and value 128 each, output 512), SwiGLU's three, and
     // the attention's two products over the half of the plane the causal mask leaves
@@ -192,8 +208,10 @@ struct training_problem {
     }
     auto loss() const { return ds::nn::mean_squared_error(in_float(layer.formula(params, x)), target); }
     // one step: the loss, every gradient, and AdamW
+    // in mixed precision, the backward's products on bf16 operands too, as autocast's
+    static constexpr ds::gradient_options how{.bf16_products = mixed};
     void step() {
-        ds::backward(loss(), std::tie(x, params), std::tie(dx, grads));
+        ds::backward(loss(), std::tie(x, params), std::tie(dx, grads), how);
         if constexpr (mixed) optimizer.step(master, grads, params);
         else optimizer.step(params, grads);
     }
@@ -202,10 +220,10 @@ struct training_problem {
     // scale: the key bias's gradient is zero but for rounding, as softmax ignores a constant
     // added to every score of a query); the weights are not stepped.
     double error_against_unfused() {
-        ds::backward(loss(), std::tie(x, params), std::tie(dx, grads));
+        ds::backward(loss(), std::tie(x, params), std::tie(dx, grads), how);
         const float_weights fused = grads;
         const auto fused_dx = dx;
-        ds::backward(loss(), std::tie(x, params), std::tie(dx, grads), ds::backend::cpu::evaluator{.fuse_attention = false});
+        ds::backward(loss(), std::tie(x, params), std::tie(dx, grads), how, ds::backend::cpu::evaluator{.fuse_attention = false});
         double error = 0, largest = 0;
         auto compare = [&](const float* got, const float* want, std::size_t n) {
             for (std::size_t i = 0; i < n; ++i) {
@@ -244,8 +262,7 @@ double step_seconds(const options& opt, Problem& problem) {
 
 // One training step of a layer, batch 8 x seq 128, against PyTorch. GFLOP/s count the products
 // a step needs: the forward's, and twice those for the backward; the peak is the float FMA
-// peak in bf16 too (the bf16 products widen their operands where the CPU has no bf16 dot
-// product, and the backward's always do).
+// peak, or in mixed precision that of the bf16 instructions the products run on (case_peak).
 template <template <class> class Layer, class T>
 void bench_training_step_of(bench& s) {
     constexpr bool mixed = std::is_same_v<T, ds::bf16>;
@@ -286,8 +303,9 @@ void bench_training_step_of(bench& s) {
                             (torch_threads == 1 ? " thread" : " threads");
     for (std::size_t t = 0; t < s.opt.threads.size(); ++t) {
         const double gflops = flops / seconds[t] * 1e-9;
+        const peak_of_case peak = case_peak(s.limits, mixed, t);
         std::fprintf(s.out.table, "%-40s %7d %9.2f %8.1f %5.0f%%  %9.2f %-12s %7.2f\n", s.out.row_name(name).c_str(), s.opt.threads[t],
-                     seconds[t] * 1e3, gflops, 100.0 * gflops / s.limits.fma_peak[t], torch_ms,
+                     seconds[t] * 1e3, gflops, 100.0 * gflops / peak.gflops, torch_ms,
                      torch_ms > 0 ? std::to_string(torch_threads).c_str() : "-", torch_ms * 1e-3 / seconds[t]);
         if (s.out.csv) {
             auto csv_row = [&](const char* baseline, double theirs, const std::string& what) {
@@ -295,7 +313,7 @@ void bench_training_step_of(bench& s) {
                              baseline, theirs, gflops / theirs, what.c_str());
             };
             if (torch_ms > 0) csv_row("pytorch", flops / torch_ms * 1e-6, how);
-            csv_row("fma_peak", s.limits.fma_peak[t], "xsimd fma chains");
+            csv_row(peak.name, peak.gflops, peak.how);
         }
     }
     std::fflush(s.out.table);
