@@ -95,6 +95,7 @@ TEST_CASE("grad of every unary function against central differences, both backen
         check_gradient(s, total(ds::sigmoid(s)));
         check_gradient(s, total(ds::silu(s)));
         check_gradient(s, total(ds::gelu(s)));
+        check_gradient(s, total(ds::grad(total(ds::gelu(s)), s)));  // gelu's derivative's own rule
         check_gradient(s, total(ds::sin(s)));
         check_gradient(s, total(ds::cos(s)));
         check_gradient(s, total(ds::exp(ds::sin(s)) * ds::tanh(s)));  // chained, s read three times

@@ -11,7 +11,9 @@ namespace dimsum {
 // has no default, so that a code added here is a -Wswitch error wherever it is not handled.
 enum class op_code : std::uint8_t {
     add, subtract, multiply, divide, negate,
-    exp, log, sqrt, tanh, abs, erf, sigmoid, silu, gelu, sin, cos, rsqrt,
+    exp, log, sqrt, tanh, abs, erf, sigmoid, silu, gelu,
+    gelu_derivative,  // gelu's derivative, which differentiation writes (no operation of its own)
+    sin, cos, rsqrt,
     round_bf16,  // cast<bf16>: the nearest bf16, kept in the formula's type
     maximum, minimum, pow,
     less, less_equal, greater, greater_equal, equal, not_equal,  // give masks

@@ -406,11 +406,11 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
                     c = b.multiply(g, b.multiply(sig, b.plus(one, b.multiply(a, b.minus(one, sig)))));
                     break;
                 }
-                case op_code::gelu: {  // Phi(a) + a phi(a)
-                    const std::size_t cdf = b.scaled(b.plus(one, b.apply(op_code::erf, b.scaled(a, 1 / std::numbers::sqrt2))), 0.5);
+                case op_code::gelu: c = b.multiply(g, b.apply(op_code::gelu_derivative, a)); break;  // Phi(a) + a phi(a)
+                case op_code::gelu_derivative: {  // (a gradient's gradient) phi(a) (2 - a^2)
                     const std::size_t pdf = b.scaled(b.apply(op_code::exp, b.scaled(b.multiply(a, a), -0.5)),
                                                      std::numbers::inv_sqrtpi / std::numbers::sqrt2);
-                    c = b.multiply(g, b.plus(cdf, b.multiply(a, pdf)));
+                    c = b.multiply(g, b.multiply(pdf, b.minus(b.number(2), b.multiply(a, a))));
                     break;
                 }
                 case op_code::sin: c = b.multiply(g, b.apply(op_code::cos, a)); break;
