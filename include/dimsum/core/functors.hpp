@@ -89,36 +89,39 @@ struct scalar_of<V> {
     using type = typename V::value_type;
 };
 
-// GELU, exactly: a Phi(a) = a (1 + erf(a / sqrt 2)) / 2 (Hendrycks and Gimpel 2016), as
-// torch.nn.GELU() and BERT compute it. One function, not a formula of erf, so that
-// gelu(x W + b) reads its argument once and computes it once.
+// Phi(a) = (1 + erf(a / sqrt 2)) / 2, the standard normal distribution function: gelu's and
+// its derivative's.
+template <class V>
+DIMSUM_HD V normal_cdf(V a) {
+    using std::erf;
+    using scalar = typename scalar_of<V>::type;
+    const V inverse_sqrt2(static_cast<scalar>(1.0 / std::numbers::sqrt2)), one(scalar(1)), half(scalar(0.5));
+    return (erf(a * inverse_sqrt2) + one) * half;
+}
+
+// GELU, exactly: a Phi(a) (Hendrycks and Gimpel 2016), as torch.nn.GELU() and BERT compute
+// it. One function, not a formula of erf, so that gelu(x W + b) reads its argument once and
+// computes it once.
 struct gelu {
     static constexpr std::string_view name = "gelu";
     static constexpr op_code code = op_code::gelu;
     template <class V>
-    DIMSUM_HD auto operator()(V a) const {
-        using std::erf;
-        using scalar = typename scalar_of<V>::type;
-        const V inverse_sqrt2(static_cast<scalar>(1.0 / std::numbers::sqrt2)), one(scalar(1)), half(scalar(0.5));
-        return a * (erf(a * inverse_sqrt2) + one) * half;
-    }
+    DIMSUM_HD auto operator()(V a) const { return a * normal_cdf(a); }
 };
 
-// GELU's derivative, Phi(a) + a phi(a) = (1 + erf(a / sqrt 2)) / 2 + a e^(-a^2 / 2) / sqrt(2 pi):
-// gelu's gradient rule writes it (differentiate.hpp), one function rather than a formula of
-// a dozen steps, which a gemm's epilogue computed node by node over each block (the BERT
-// layer's feed-forward backward: 5 ms of a 90 ms training step, Zen 5).
+// GELU's derivative, Phi(a) + a phi(a), phi(a) = e^(-a^2 / 2) / sqrt(2 pi): gelu's gradient
+// rule writes it (differentiate.hpp), one function rather than a formula of a dozen steps,
+// which a gemm's epilogue computed node by node over each block (the BERT layer's
+// feed-forward backward).
 struct gelu_derivative {
     static constexpr std::string_view name = "gelu_derivative";
     static constexpr op_code code = op_code::gelu_derivative;
     template <class V>
     DIMSUM_HD auto operator()(V a) const {
-        using std::erf;
         using std::exp;
         using scalar = typename scalar_of<V>::type;
-        const V inverse_sqrt2(static_cast<scalar>(1.0 / std::numbers::sqrt2)), one(scalar(1)), half(scalar(0.5));
         const V minus_half(scalar(-0.5)), inverse_sqrt_2pi(static_cast<scalar>(std::numbers::inv_sqrtpi / std::numbers::sqrt2));
-        return (erf(a * inverse_sqrt2) + one) * half + a * exp(a * a * minus_half) * inverse_sqrt_2pi;
+        return normal_cdf(a) + a * exp(a * a * minus_half) * inverse_sqrt_2pi;
     }
 };
 
