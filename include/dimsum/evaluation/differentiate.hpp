@@ -339,6 +339,14 @@ public:
         p_.has_casts_to_bf16 = true;
         return apply(op_code::round_bf16, g);
     }
+    // The product that gives operand o of matmul step s its gradient from cotangent g, before
+    // any sum over broadcast batch axes: dA = dC B^T, dB = A^T dC, dC as cotangent_beside the
+    // other operand gives it. The matmul rule and an attention's record make theirs here, so
+    // that they are one step.
+    std::size_t operand_product(const step& s, std::size_t o, std::size_t g) {
+        const std::size_t other = s.operands[1 - o], dc = cotangent_beside(g, other);
+        return o == 0 ? matmul(dc, transpose_last_two(other)) : matmul(transpose_last_two(other), dc);
+    }
 
 private:
     // The number elementwise step s of numbers computes, computed here (in double).
@@ -467,16 +475,14 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
         case step_kind::gather: return b.regather(s.kind, g, s.operands[1], operand, s.axis);
         case step_kind::scatter: return b.regather(s.kind, g, s.operands[1], operand, s.axis);
         case step_kind::matmul: {  // dA = dC B^T, dB = A^T dC, each summed over the batch axes it was broadcast along
-            const std::size_t other = s.operands[1 - o];
-            const std::size_t dc = b.cotangent_beside(g, other);
             if (o == 1 && operand.rank == 2 && s.rank > 2 && b.at(s.operands[0]).rank == s.rank) {
                 // a matrix B that every batch shares (a weight): one product over the rows of
                 // every batch, the batch axes folded into A's and dC's rows, rather than a
                 // product per batch and their sum
-                return b.matmul(b.transpose_last_two(b.rows_of(other)), b.rows_of(dc));
+                const std::size_t a = s.operands[0];
+                return b.matmul(b.transpose_last_two(b.rows_of(a)), b.rows_of(b.cotangent_beside(g, a)));
             }
-            const std::size_t product = o == 0 ? b.matmul(dc, b.transpose_last_two(other)) : b.matmul(b.transpose_last_two(other), dc);
-            return b.sum_to(product, operand);
+            return b.sum_to(b.operand_product(s, o, g), operand);
         }
         case step_kind::softmax: {  // y (g - sum(g y))
             const std::size_t inner = b.reduce(step_kind::sum, b.multiply(g, id), s.axis);
@@ -666,21 +672,15 @@ inline void differentiate(program& p, std::size_t output, std::size_t cotangent,
         // matmul rule just made (dV = P^T dO at O; dQ = dS K and dK^T = Q^T dS at the scores).
         if (s.kind != step_kind::matmul) continue;
         if (auto a = differentiation::attention_backward_at(p, id, adjoint[id], readers, depends)) {
-            if (depends[s.operands[1]]) {
-                a->gradients[2] = b.matmul(b.transpose_last_two(s.operands[0]), b.cotangent_beside(adjoint[id], s.operands[0]));
-            }
+            if (depends[s.operands[1]]) a->gradients[2] = b.operand_product(s, 1, adjoint[id]);
             records.push_back(differentiation::add_record(p, *a));
             continue;
         }
         for (const std::size_t r : records) {
             attention_backward& a = p.attention_backwards[r];
             if (a.forward.scores != id) continue;
-            if (depends[s.operands[0]]) {
-                a.gradients[0] = b.matmul(b.cotangent_beside(adjoint[id], s.operands[1]), b.transpose_last_two(s.operands[1]));
-            }
-            if (depends[s.operands[1]]) {
-                a.gradients[1] = b.matmul(b.transpose_last_two(s.operands[0]), b.cotangent_beside(adjoint[id], s.operands[0]));
-            }
+            if (depends[s.operands[0]]) a.gradients[0] = b.operand_product(s, 0, adjoint[id]);
+            if (depends[s.operands[1]]) a.gradients[1] = b.operand_product(s, 1, adjoint[id]);
         }
     }
     // each leaf's: the sum of the adjoints of the tensor steps that read its binding
