@@ -61,34 +61,6 @@ struct gemm_tiling {
 
 namespace detail {
 
-#if defined(__AVX512F__)
-// Transposes the 16 x 16 floats held in r[0..15] (r[i] = row i) in 4 rounds of shuffles.
-// Always inlined: called, its 16 registers would go through memory both ways.
-[[gnu::always_inline]] inline void transpose_16x16(__m512 r[16]) {
-    __m512 t[16], u[16], v[16];
-    for (int i = 0; i < 8; ++i) {  // pairs of rows interleaved
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {  // then pairs of pairs
-        u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-    }
-    for (int h = 0; h < 2; ++h) {  // then 128-bit lanes, twice
-        for (int j = 0; j < 4; ++j) {
-            v[8 * h + j] = _mm512_shuffle_f32x4(u[8 * h + j], u[8 * h + 4 + j], 0x88);
-            v[8 * h + 4 + j] = _mm512_shuffle_f32x4(u[8 * h + j], u[8 * h + 4 + j], 0xDD);
-        }
-    }
-    for (int j = 0; j < 8; ++j) {
-        r[j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0x88);
-        r[8 + j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0xDD);
-    }
-}
-#endif
-
 // Packs `lines` lines of `depth` contiguous values each (line l at src + l * line_stride)
 // into out[p * width + l], zero past the last line: the transposition that turns the rows
 // of a row-major A, or the columns of a transposed B, into a panel. With AVX-512 and float,

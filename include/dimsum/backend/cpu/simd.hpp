@@ -218,6 +218,40 @@ void round_values(const T* from, const rounded_memory<T>& to, std::ptrdiff_t at,
     round_line(from, 1, to, at, stride, n);
 }
 
+namespace detail {
+
+#if defined(__AVX512F__)
+// Transposes the 16 x 16 floats (or any 32-bit words) held in r[0..15] (r[i] = row i) in 4
+// rounds of shuffles: the packing of a float GEMM's operands (gemm.hpp) and of a bf16 one's
+// column-major A, a pair of bf16 per word (bf16_gemm.hpp).
+// Always inlined: called, its 16 registers would go through memory both ways.
+[[gnu::always_inline]] inline void transpose_16x16(__m512 r[16]) {
+    __m512 t[16], u[16], v[16];
+    for (int i = 0; i < 8; ++i) {  // pairs of rows interleaved
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {  // then pairs of pairs
+        u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int h = 0; h < 2; ++h) {  // then 128-bit lanes, twice
+        for (int j = 0; j < 4; ++j) {
+            v[8 * h + j] = _mm512_shuffle_f32x4(u[8 * h + j], u[8 * h + 4 + j], 0x88);
+            v[8 * h + 4 + j] = _mm512_shuffle_f32x4(u[8 * h + j], u[8 * h + 4 + j], 0xDD);
+        }
+    }
+    for (int j = 0; j < 8; ++j) {
+        r[j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0xDD);
+    }
+}
+#endif
+
+}  // namespace detail
+
 }  // namespace dimsum::backend::cpu
 
 // g++ 12 reports -W(maybe-)uninitialized inside its own AVX-512 intrinsics (they start from a
