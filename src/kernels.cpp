@@ -22,6 +22,8 @@ namespace dimsum::backend::cpu {
     template void prepare_fused<T>(const fused_program<T>&);                                                       \
     template void softmax<T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&);    \
     template void layer_norm<T>(const source_array<T>&, const strided<T>&, std::size_t, T, const rounded_memory<T>&); \
+    template void layer_norm_gradient<T>(const source_array<T>&, const source_array<T>&, const strided<T>&, std::size_t, T,   \
+                                         const rounded_memory<T>&);                                                \
     template void reduce<fn::sum, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \
     template void reduce<fn::max, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \
     template void reduce<fn::mean, T>(const source_array<T>&, const strided<T>&, std::size_t, const rounded_memory<T>&); \

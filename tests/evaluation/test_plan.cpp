@@ -235,6 +235,67 @@ TEST_CASE("recognise_attention, alone: one attention step in place of the outer 
                          "after find_rounded_alone: not run on this backend\nreference plan") != std::string::npos);
 }
 
+TEST_CASE("recognise_layer_norm_backward, alone: one layer_norm_gradient step in place of the formula differentiation made") {
+    ds::tensor<float, Batch, Query, Model> x(Batch{2}, Query{3}), w(Batch{2}, Query{3});
+    const ev::program before = lowered(ds::grad(ds::sum<Batch>(ds::sum<Query>(ds::sum<Model>(ds::layer_norm(x, 1e-3f) * w))), x));
+    REQUIRE(before.layer_norm_backwards.size() == 1);
+    const ev::layer_norm_backward record = before.layer_norm_backwards[0];
+    const ev::step& forward = before.steps[record.forward];
+    CHECK(forward.kind == ev::step_kind::layer_norm);
+    ev::program after = before;
+    ev::recognise_layer_norm_backward(after);
+
+    // the recorded gradient step, and nothing else, is now the line kernel: the layer norm's
+    // input and the cotangent, its axis and epsilon, the extents of the input
+    REQUIRE(after.steps.size() == before.steps.size());
+    for (std::size_t id = 0; id < before.steps.size(); ++id) {
+        if (id != record.gradient) CHECK(after.steps[id] == before.steps[id]);
+    }
+    const ev::step& gradient = after.steps[record.gradient];
+    CHECK(gradient.kind == ev::step_kind::layer_norm_gradient);
+    CHECK(ev::group_of(gradient.kind) == ev::step_group::line);
+    REQUIRE(gradient.operand_count == 2);
+    CHECK(gradient.operands[0] == forward.operands[0]);
+    CHECK(gradient.operands[1] == record.cotangent);
+    CHECK(gradient.axis == 2);
+    CHECK(gradient.number == Approx(1e-3));
+    CHECK(gradient.extents == before.steps[forward.operands[0]].extents);
+
+    // printed, with the means of the formula it replaced dead
+    const std::string text = ev::to_text(after);
+    INFO(text);
+    auto s = [](std::size_t id) { return "s" + std::to_string(id); };
+    CHECK(text.find(s(record.gradient) + " = layer_norm_gradient(" + s(forward.operands[0]) + ", " + s(record.cotangent) +
+                    ") [axis 2, epsilon 0.001] (batch=2, query=3, model=6) float  <- root") != std::string::npos);
+    auto dead_means = [](const std::string& program) {
+        std::size_t dead = 0;
+        for (std::size_t at = program.find(" = mean("); at != std::string::npos; at = program.find(" = mean(", at + 1)) {
+            dead += program.substr(at, program.find('\n', at) - at).find("(dead)") != std::string::npos;
+        }
+        return dead;
+    };
+    CHECK(dead_means(text) == 4);  // of x, of the squared deviations, of g and of g y
+    CHECK(dead_means(ev::to_text(before)) == 0);
+
+    // planned on the CPU: one rowwise entry reads both; the reference does not run the pass
+    const planned cpu = plan_of(ds::grad(ds::sum<Batch>(ds::sum<Query>(ds::sum<Model>(ds::layer_norm(x, 1e-3f) * w))), x),
+                                ds::backend::cpu::evaluator{}.planning());
+    std::size_t lines = 0;
+    for (const ev::entry& e : cpu.plan.entries) {
+        if (e.kind != ev::entry_kind::rowwise || e.line != ev::line_op::layer_norm_gradient) continue;
+        ++lines;
+        CHECK(e.operand_count == 2);
+        CHECK(e.axis == 2);
+    }
+    CHECK(lines == 1);
+    CHECK(ds::backend::reference::evaluator::planning.fuse_layer_norm_backward == false);
+    // a program with no layer norm is left as it was
+    ev::program plain = lowered(ds::grad(ds::sum<Batch>(ds::sum<Query>(ds::sum<Model>(ds::softmax(x) * w))), x));
+    const ev::program kept = plain;
+    ev::recognise_layer_norm_backward(plain);
+    CHECK(plain.steps == kept.steps);
+}
+
 TEST_CASE("group_epilogues, alone: an elementwise formula takes the product nothing else reads as its epilogue") {
     qkv t;
     ds::tensor<float, Head, Model> w;

@@ -315,6 +315,62 @@ TEST_CASE("gradients of NaN and infinity: the CPU backend's the reference backen
     }
 }
 
+TEST_CASE("a layer norm's gradient is one line kernel on the CPU: its plan, odd and strided lines, bf16, NaN and infinity in every lane") {
+    // the CPU's plan: one rowwise entry for the input's gradient, where the formula took four
+    // and the statistics four more; the reference runs the formula
+    {
+        auto x = random_tensor<float>(1, -1.0, 1.0, Rows{3}, Cols{40});
+        const auto w = random_tensor<float>(2, -1.0, 1.0, Rows{3}, Cols{40});
+        auto dx = x;
+        ds::backward(ds::sum<Rows>(ds::sum<Cols>(ds::layer_norm(x) * w)), std::tie(x), std::tie(dx));
+        const auto& s = ds::backend::cpu::detail::state<float>::of_this_thread();
+        const std::string plan = ds::evaluation::explain(s.program, s.plan, "cpu");
+        INFO(plan);
+        CHECK(plan.find("rowwise    out (rows=3, cols=40) = layer_norm_gradient<cols>(in0, t3)") != std::string::npos);
+        CHECK(plan.find("mean<") == std::string::npos);
+    }
+    // float lines of every length through a vector, its tail and a block of the sums (256),
+    // contiguous (cols) and strided (rows), on 1 and 2 threads, against the formula
+    for (std::size_t cols : {1, 15, 16, 17, 37, 300}) {
+        INFO("cols=" << cols);
+        auto x = random_tensor<float>(cols, -2.0, 2.0, Rows{5}, Cols{cols});
+        const auto w = random_tensor<float>(cols + 1, -1.0, 1.0, Rows{5}, Cols{cols});
+        auto along_cols = ds::sum<Rows>(ds::sum<Cols>(ds::layer_norm(x) * w));
+        auto along_rows = ds::sum<Rows>(ds::sum<Cols>(ds::layer_norm<Rows>(x, 1e-3) * w));
+        for (int threads : {1, 2}) {
+            ds::set_num_threads(threads);
+            test::require_close(ds::eval(ds::grad(along_cols, x)), test::to_xt(ds::eval(ds::grad(along_cols, x), reference)), 1e-4, 1e-5);
+            test::require_close(ds::eval(ds::grad(along_rows, x)), test::to_xt(ds::eval(ds::grad(along_rows, x), reference)), 1e-4, 1e-5);
+        }
+        // a bf16 input read where it lies, and its gradient rounded to bf16 by the kernel
+        ds::tensor<ds::bf16, Rows, Cols> xb = ds::cast<ds::bf16>(x);
+        auto in_bf16 = ds::sum<Rows>(ds::sum<Cols>(ds::cast<float>(ds::layer_norm(xb)) * w));
+        test::require_close(ds::eval(ds::grad(in_bf16, xb)), test::to_xt(ds::eval(ds::grad(in_bf16, xb), reference)), 1e-2, 1e-2);
+    }
+    ds::set_num_threads(2);
+    // NaN and infinity in every lane and tail, in the input (its line's gradient all NaN) and in
+    // the cotangent (spread through its line's means)
+    const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity()};
+    for (std::size_t cols : {1, 7, 16, 17, 33}) {
+        for (std::size_t at = 0; at < cols; ++at) {
+            for (const float value : special) {
+                INFO("cols=" << cols << " at=" << at << " value=" << value);
+                auto x = random_tensor<float>(cols + at, -2.0, 2.0, Rows{2}, Cols{cols});
+                auto cotangent = random_tensor<float>(cols + at + 1, -1.0, 1.0, Rows{2}, Cols{cols});
+                const auto clean = x;
+                x(1, at) = value;
+                test::require_close(ds::eval(ds::vjp(ds::layer_norm(x), x, cotangent)),
+                                    test::to_xt(ds::eval(ds::vjp(ds::layer_norm(x), x, cotangent), reference)), 1e-5, 1e-6);
+                x = clean;
+                cotangent(1, at) = value;
+                test::require_close(ds::eval(ds::vjp(ds::layer_norm(x), x, cotangent)),
+                                    test::to_xt(ds::eval(ds::vjp(ds::layer_norm(x), x, cotangent), reference)), 1e-5, 1e-6);
+            }
+        }
+    }
+}
+
 TEST_CASE("grad's errors: a tensor the formula does not read, and one plan for the gradient") {
     auto x = random_tensor<double>(1, -1.0, 1.0, Rows{3}, Cols{4});
     auto other = random_tensor<double>(2, -1.0, 1.0, Rows{3}, Cols{4});

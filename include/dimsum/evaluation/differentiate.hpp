@@ -348,6 +348,13 @@ public:
         return o == 0 ? matmul(dc, transpose_last_two(other)) : matmul(transpose_last_two(other), dc);
     }
 
+    // A layer norm's gradient, recorded once (program::layer_norm_backwards).
+    void record(const layer_norm_backward& r) {
+        if (std::find(p_.layer_norm_backwards.begin(), p_.layer_norm_backwards.end(), r) == p_.layer_norm_backwards.end()) {
+            p_.layer_norm_backwards.push_back(r);
+        }
+    }
+
 private:
     // The number elementwise step s of numbers computes, computed here (in double).
     std::size_t fold(const step& s) {
@@ -495,7 +502,9 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
             const std::size_t mean_g = b.unreduce(b.reduce(step_kind::mean, g, s.axis), s, s.axis);
             const std::size_t mean_gy = b.unreduce(b.reduce(step_kind::mean, b.multiply(g, id), s.axis), s, s.axis);
             const std::size_t inner = b.minus(b.minus(g, mean_g), b.multiply(id, mean_gy));
-            return b.multiply(b.unreduce(inverse_deviation, s, s.axis), inner);
+            const std::size_t gradient = b.multiply(b.unreduce(inverse_deviation, s, s.axis), inner);
+            b.record({.forward = id, .cotangent = g, .gradient = gradient});  // for one kernel (passes.hpp)
+            return gradient;
         }
         case step_kind::sum: return b.expand(b.unreduce(g, operand, s.axis), operand);
         case step_kind::mean:
@@ -505,8 +514,8 @@ inline std::size_t contribution(builder& b, const step& s, std::size_t id, std::
             const std::size_t share = b.divide(g, b.reduce(step_kind::sum, holds, s.axis));
             return b.apply(op_code::where, holds, b.unreduce(share, operand, s.axis), b.number(0), &operand);
         }
-        case step_kind::attention: case step_kind::attention_gradient:
-            throw std::logic_error("dimsum: differentiate: attention steps come from a pass, after differentiation");
+        case step_kind::attention: case step_kind::attention_gradient: case step_kind::layer_norm_gradient:
+            throw std::logic_error("dimsum: differentiate: attention and layer_norm_gradient steps come from a pass, after differentiation");
         case step_kind::tensor: case step_kind::number: case step_kind::causal_mask: case step_kind::arange:
             break;  // no operands
     }

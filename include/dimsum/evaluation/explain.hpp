@@ -212,7 +212,10 @@ private:
             case entry_kind::copy: operand(e.step); break;  // a view, or a value computed before
             case entry_kind::rowwise:
                 out_ << name_of(own.kind) << '<' << axis_name(steps_[own.operands[0]], own.axis) << ">(";
-                stored_operand(e, 0, own.operands[0]);
+                for (std::size_t o = 0; o < e.operand_count; ++o) {
+                    out_ << (o ? ", " : "");
+                    stored_operand(e, o, own.operands[o]);
+                }
                 out_ << ')';
                 stored_mark(e);
                 break;

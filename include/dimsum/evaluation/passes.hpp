@@ -8,6 +8,10 @@
 //                         the products dQ, dK^T and dV of an attention that differentiation
 //                         recorded (program::attention_backwards) -> attention_gradient steps,
 //                         which the planner computes as one fused backward;
+//   recognise_layer_norm_backward
+//                         the gradient of a layer norm's input that differentiation recorded
+//                         (program::layer_norm_backwards) -> a layer_norm_gradient step, one
+//                         kernel along the axis;
 //   recognise_attention   matmul(softmax(f(matmul(Q, K^T))), V), softmax along the keys
 //                         -> one attention step (attention_pattern.hpp says what it matches);
 //   group_epilogues       an elementwise formula of a product of its own extents, which
@@ -41,6 +45,10 @@ struct planner_options {
     // products and line kernels differentiation made: for a backend whose executor runs
     // attention_backward entries
     bool fuse_attention_backward = false;
+    // a layer norm's input's gradient as one line kernel, which reads the input and the
+    // cotangent (recognise_layer_norm_backward), else the means and the elementwise formula
+    // differentiation made: for a backend whose executor runs the layer_norm_gradient line
+    bool fuse_layer_norm_backward = false;
 };
 
 // Each matmul that is the outer product of attention becomes an attention step, in place:
@@ -81,6 +89,27 @@ inline void recognise_attention_backward(program& p) {
             s.index = r;
             s.axis = which;
         }
+    }
+}
+
+// Each layer norm's gradient that differentiation recorded (layer_norm_backward) becomes a
+// layer_norm_gradient step, in place: operands the layer norm's input and the cotangent of its
+// value, its axis and epsilon. Per line, the kernel computes the layer norm again, then
+//     dx = (g - mean(g) - y mean(g y)) / sqrt(variance + epsilon),
+// the formula the record's step computed, in one pass where the formula took four entries and
+// the statistics four more; those steps are dead unless something else reads them.
+inline void recognise_layer_norm_backward(program& p) {
+    for (const layer_norm_backward& r : p.layer_norm_backwards) {
+        const step forward = p.steps[r.forward];
+        const step& input = p.steps[forward.operands[0]];
+        const step& cotangent = p.steps[r.cotangent];
+        if (cotangent.rank != input.rank || cotangent.extents != input.extents) continue;  // a broadcast one: as written
+        step& s = p.steps[r.gradient];
+        s.kind = step_kind::layer_norm_gradient;
+        s.operands = {forward.operands[0], r.cotangent, 0};
+        s.operand_count = 2;
+        s.axis = forward.axis;
+        s.number = forward.number;
     }
 }
 
@@ -292,6 +321,8 @@ struct program_pass {
 inline constexpr program_pass program_passes[] = {
     {"recognise_attention_backward", [](const planner_options& o) { return o.fuse_attention_backward && o.fuse_attention; },
      recognise_attention_backward},
+    {"recognise_layer_norm_backward", [](const planner_options& o) { return o.fuse_layer_norm_backward; },
+     recognise_layer_norm_backward},
     {"recognise_attention", [](const planner_options& o) { return o.fuse_attention; }, recognise_attention},
     {"group_epilogues", [](const planner_options& o) { return o.fuse_epilogues; }, group_epilogues},
     {"find_rounded_alone", [](const planner_options& o) { return o.read_bf16; }, find_rounded_alone},
@@ -327,7 +358,7 @@ inline void parameters(std::ostream& out, const program& p, const step& s) {
             break;
         case step_group::join: case step_group::line:
             out << " [axis " << s.axis;
-            if (s.kind == step_kind::layer_norm) out << ", epsilon " << s.number;
+            if (s.kind == step_kind::layer_norm || s.kind == step_kind::layer_norm_gradient) out << ", epsilon " << s.number;
             if (s.kind == step_kind::embed) out << ", from " << s.index << ", every " << s.spacing;
             out << ']';
             break;

@@ -11,7 +11,8 @@
 //   group_epilogues)                       -> one `gemm` entry whose epilogue is that formula,
 //                                             applied to each block of the product in cache;
 //   any other matmul                       -> a `gemm` entry;
-//   softmax, layer_norm, sum, max, mean    -> a `rowwise` entry;
+//   softmax, layer_norm, layer_norm_gradient, sum, max, mean
+//                                          -> a `rowwise` entry;
 //   an elementwise formula                 -> one `fused` pass over its result, whose inputs
 //                                             are tensors, views and other entries' values;
 //   causal_mask, arange                    -> an `indices` entry: values computed from their
@@ -85,8 +86,9 @@ inline place seen_as(const place& p, const layout& where) { return {p.memory, p.
 enum class entry_kind : std::uint8_t { gemm, attention, attention_backward, fused, copy, rowwise, indices, convert, narrow, gather,
                                       scatter };
 
-// The kernel of a rowwise entry, along its axis.
-enum class line_op : std::uint8_t { softmax, layer_norm, sum, max, mean };
+// The kernel of a rowwise entry, along its axis. layer_norm_gradient reads two arrays of the
+// same extents, a layer norm's input and the cotangent of its value (operands 0 and 1).
+enum class line_op : std::uint8_t { softmax, layer_norm, layer_norm_gradient, sum, max, mean };
 
 // One node of an elementwise formula that a kernel computes: a fused pass, a gemm's epilogue,
 // the rest of attention's score function. A formula's nodes come in evaluation order, each
@@ -125,7 +127,7 @@ struct entry {
     // compute them (their places are still planned, and left unwritten)
     std::array<bool, 3> unread_gradients{};
     bool packed_right = false;       // gemm: the right operand is read from its binding's packing
-    // rowwise: its kernel, its axis and layer_norm's epsilon (number); gather, scatter: the table's axis;
+    // rowwise: its kernel, its axis and a layer norm's epsilon (number); gather, scatter: the table's axis;
     // indices: causal_mask (causal) or arange. Copied from the step, so that an executor reads
     // no step.
     line_op line = line_op::softmax;
@@ -135,8 +137,9 @@ struct entry {
     // What the kernel reads, each in its own type (a kernel that reads bf16 reads it where it
     // lies) and laid out with the entry's rank (broadcast): gemm: A and B (B's binding, where
     // packed_right); attention: Q, K^T and V; attention_backward: Q, K^T, V, O, dO and the
-    // log-sum-exps; rowwise: the lines; gather: the table and the ids (integers); scatter: the
-    // values and the ids; convert: the binding; narrow: the value it rounds.
+    // log-sum-exps; rowwise: the lines (layer_norm_gradient: and the cotangent's); gather: the
+    // table and the ids (integers); scatter: the values and the ids; convert: the binding;
+    // narrow: the value it rounds.
     std::array<place, 6> operands{};
     std::size_t operand_count = 0;
     // fused, copy: the formula the pass computes; gemm: its epilogue; attention, attention_backward:
@@ -474,6 +477,14 @@ private:
                 return;
             case step_group::line: {
                 const place lines = read_operand(s.operands[0]);  // widened as read, where they are of bf16
+                if (s.kind == step_kind::layer_norm_gradient) {  // and the cotangent's lines beside them
+                    const place cotangent = read_operand(s.operands[1]);
+                    entry& e = add(entry_kind::rowwise, id, dst);
+                    e.line = line_op::layer_norm_gradient;
+                    e.axis = s.axis;
+                    e.number = s.number;
+                    return set_operands(e, lines, cotangent);
+                }
                 entry& e = add(entry_kind::rowwise, id, dst);
                 e.line = s.kind == step_kind::softmax      ? line_op::softmax
                          : s.kind == step_kind::layer_norm ? line_op::layer_norm

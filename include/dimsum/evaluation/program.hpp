@@ -22,7 +22,8 @@
 namespace dimsum::evaluation {
 
 enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute, reshape, select, slice, concat, gather,
-                       embed, scatter, matmul, attention, attention_gradient, softmax, layer_norm, sum, max, mean };
+                       embed, scatter, matmul, attention, attention_gradient, softmax, layer_norm, layer_norm_gradient,
+                       sum, max, mean };
 
 // The kinds in groups that are planned alike, so that a switch over every kind lists groups:
 //   memory       a tensor: a binding's memory, as it lies;
@@ -36,7 +37,8 @@ enum class step_kind { tensor, number, causal_mask, arange, elementwise, permute
 //                gather's adjoint, its values added up at the ids, zeros elsewhere);
 //   product      matmul, attention and attention_gradient (program passes find them in a
 //                program: passes.hpp);
-//   line         softmax, layer_norm, sum, max, mean: a kernel along one axis.
+//   line         softmax, layer_norm, layer_norm_gradient (a program pass finds it:
+//                passes.hpp), sum, max, mean: a kernel along one axis.
 enum class step_group { memory, number, indices, elementwise, view, join, product, line };
 
 constexpr step_group group_of(step_kind kind) {
@@ -49,7 +51,8 @@ constexpr step_group group_of(step_kind kind) {
         case step_kind::concat: case step_kind::gather: case step_kind::embed: case step_kind::scatter:
             return step_group::join;
         case step_kind::matmul: case step_kind::attention: case step_kind::attention_gradient: return step_group::product;
-        case step_kind::softmax: case step_kind::layer_norm: case step_kind::sum: case step_kind::max: case step_kind::mean:
+        case step_kind::softmax: case step_kind::layer_norm: case step_kind::layer_norm_gradient: case step_kind::sum:
+        case step_kind::max: case step_kind::mean:
             return step_group::line;
     }
     return step_group::memory;  // not reached: every kind is listed
@@ -90,10 +93,10 @@ struct step {
     std::size_t operand_count = 0;
 
     std::size_t binding = 0;   // tensor: which of the program's bindings holds it
-    double number = 0;         // number (exact for float and double); layer_norm: epsilon
+    double number = 0;         // number (exact for float and double); layer_norm, layer_norm_gradient: epsilon
     op_code op{};              // elementwise: which function of the operands
     order_t order{};           // permute: result axis i is operand axis order[i]
-    std::size_t axis = 0;      // select, slice, concat, gather, embed, scatter, softmax, layer_norm, reductions;
+    std::size_t axis = 0;      // select, slice, concat, gather, embed, scatter, and the line kernels;
                                // attention_gradient: which operand's gradient (0: Q, 1: K^T, 2: V)
     std::size_t index = 0;     // select; slice, embed: the first position kept; map: which of the program's
                                // functions; attention: which of the program's attentions; attention_gradient:
@@ -168,6 +171,19 @@ struct attention_backward {
     bool operator==(const attention_backward&) const = default;
 };
 
+// The gradient of one layer_norm that differentiation went through: the step it made for the
+// gradient of the layer norm's input (the formula of the means and the deviation that
+// `differentiation::contribution` writes), which the pass recognise_layer_norm_backward
+// turns into one layer_norm_gradient step: operands the layer norm's input and `cotangent`,
+// computed by a kernel along the axis in one pass over each line.
+struct layer_norm_backward {
+    std::size_t forward = 0;    // the layer_norm step
+    std::size_t cotangent = 0;  // the adjoint of its value
+    std::size_t gradient = 0;   // the step of its input's gradient
+
+    bool operator==(const layer_norm_backward&) const = default;
+};
+
 struct program {
     std::vector<step> steps;
     std::size_t root = 0;           // the step whose value the program computes
@@ -178,6 +194,7 @@ struct program {
     std::vector<host_function> functions;  // of its map steps
     std::vector<attention_match> attentions;  // of its attention steps
     std::vector<attention_backward> attention_backwards;  // of its attention_gradient steps (and candidates)
+    std::vector<layer_norm_backward> layer_norm_backwards;  // the layer norms differentiation went through
     // whether it has a cast<bf16> step: known as it is lowered (at compile time), so that a
     // pass about them costs a formula without one nothing
     bool has_casts_to_bf16 = false;
@@ -205,6 +222,7 @@ struct program {
         functions.clear();
         attentions.clear();
         attention_backwards.clear();
+        layer_norm_backwards.clear();
         has_casts_to_bf16 = false;
         differentiated.clear();
     }
@@ -256,6 +274,7 @@ constexpr std::string_view name_of(step_kind kind) {
         case step_kind::attention_gradient: return "attention_gradient";
         case step_kind::softmax: return "softmax";
         case step_kind::layer_norm: return "layer_norm";
+        case step_kind::layer_norm_gradient: return "layer_norm_gradient";
         case step_kind::sum: return "sum";
         case step_kind::max: return "max";
         case step_kind::mean: return "mean";

@@ -71,7 +71,8 @@ public:
                 .fuse_epilogues = true,
                 .read_packed = true,
                 .read_bf16 = true,
-                .fuse_attention_backward = fuse_attention};
+                .fuse_attention_backward = fuse_attention,
+                .fuse_layer_norm_backward = true};
     }
 
     // Writes the value of e into dst, a view of e's shape that e does not read. A formula of

@@ -119,6 +119,8 @@ private:
         switch (e.line) {
             case evaluation::line_op::softmax: return cpu::softmax<T>(x, dst, e.axis, rounded);
             case evaluation::line_op::layer_norm: return cpu::layer_norm<T>(x, dst, e.axis, static_cast<T>(e.number), rounded);
+            case evaluation::line_op::layer_norm_gradient:
+                return cpu::layer_norm_gradient<T>(x, input(e.operands[1]), dst, e.axis, static_cast<T>(e.number), rounded);
             case evaluation::line_op::sum: return cpu::reduce<fn::sum, T>(x, dst, e.axis, rounded);
             case evaluation::line_op::max: return cpu::reduce<fn::max, T>(x, dst, e.axis, rounded);
             case evaluation::line_op::mean: return cpu::reduce<fn::mean, T>(x, dst, e.axis, rounded);

@@ -498,6 +498,13 @@ template <class T>
 void layer_norm(const source_array<T>& x, const strided<T>& out, std::size_t axis, T epsilon,
                 const rounded_memory<T>& rounded = {});
 
+// out = the gradient of layer_norm along axis at x for the cotangent g of its value:
+// (g - mean(g) - y mean(g y)) / sqrt(variance + epsilon), y = layer_norm(x); g and out have
+// x's extents.
+template <class T>
+void layer_norm_gradient(const source_array<T>& x, const source_array<T>& g, const strided<T>& out, std::size_t axis, T epsilon,
+                         const rounded_memory<T>& rounded = {});
+
 // out = the reduction (fn::sum, fn::max, fn::mean) of x along axis; out has x's axes without it.
 template <class Reduction, class T>
 void reduce(const source_array<T>& x, const strided<T>& out, std::size_t axis, const rounded_memory<T>& rounded = {});

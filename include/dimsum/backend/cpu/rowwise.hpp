@@ -302,17 +302,19 @@ void softmax_line(const In* x, Out* y, std::size_t n, T* work, const In* ahead, 
 //   subtracts the residual sum of the deviations (the corrected two-pass algorithm);
 // - epsilon against a scaled variance: the line's factor is computed in a wider type.
 // A line with NaN or an infinity gives NaN everywhere, as (x - mean) does in real arithmetic.
+// Returns the factor dy/dx = 1 / sqrt(variance + epsilon) of x (NaN for such a line), which the
+// gradient reads (layer_norm_gradient_line).
 template <class T>
-void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
+T layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
     using batch = simd<T>;
     using wide = wide_t<T>;
     constexpr std::size_t width = batch::size;
-    if (n == 0) return;
+    if (n == 0) return T(0);
     // pass 1: the largest magnitude, which sets the scale, and the unscaled sum about x[0]
     const auto [largest, unscaled_sum] = magnitude_and_sum(x, n, x[0]);
     if (!(largest <= std::numeric_limits<T>::max())) {  // NaN or an infinity in the line
         std::fill(y, y + n, std::numeric_limits<T>::quiet_NaN());
-        return;
+        return std::numeric_limits<T>::quiet_NaN();
     }
     int exponent = 0;
     std::frexp(largest, &exponent);  // largest = f 2^exponent, f in [0.5, 1); 0 for a line of zeros
@@ -351,6 +353,47 @@ void layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
     std::size_t i = 0;
     for (; i + width <= n; i += width) (deviation(batch::load_unaligned(x + i)) * batch(factor)).store_unaligned(y + i);
     for (; i < n; ++i) y[i] = deviation(x[i]) * factor;
+    return static_cast<T>(exact_factor * wide(down));
+}
+
+// dx = (g - mean(g) - y mean(g y)) / sqrt(variance + epsilon) on one contiguous line: the
+// gradient of y = layer_norm(x) for the cotangent g, y computed again into `y` (n values of
+// scratch) as the forward computed it. The two means are summed in a wider type, as
+// layer_norm_line sums. NaN or an infinity in x gives NaN everywhere, as in the forward; one
+// in g spreads through its means, as in the formula.
+template <class T>
+void layer_norm_gradient_line(const T* x, const T* g, T* dx, std::size_t n, T epsilon, T* y) {
+    using batch = simd<T>;
+    using wide = wide_t<T>;
+    constexpr std::size_t width = batch::size;
+    if (n == 0) return;
+    const T inverse_deviation = layer_norm_line(x, y, n, epsilon);
+    wide sum_g = 0, sum_gy = 0;  // blocks of sum_block values summed in T, the blocks' sums in wide
+    for (std::size_t first = 0; first < n; first += sum_block) {
+        const std::size_t last = std::min(n, first + sum_block);
+        batch block_g(T(0)), block_gy(T(0));
+        std::size_t i = first;
+        for (; i + width <= last; i += width) {
+            const batch gv = batch::load_unaligned(g + i);
+            block_g += gv;
+            block_gy = xsimd::fma(gv, batch::load_unaligned(y + i), block_gy);
+        }
+        T tail_g = 0, tail_gy = 0;
+        for (; i < last; ++i) {
+            tail_g += g[i];
+            tail_gy += g[i] * y[i];
+        }
+        sum_g += wide(xsimd::hadd(block_g)) + wide(tail_g);
+        sum_gy += wide(xsimd::hadd(block_gy)) + wide(tail_gy);
+    }
+    const T mean_g = static_cast<T>(sum_g / wide(n)), mean_gy = static_cast<T>(sum_gy / wide(n));
+    const batch mean_g_v(mean_g), mean_gy_v(mean_gy), factor_v(inverse_deviation);
+    std::size_t i = 0;
+    for (; i + width <= n; i += width) {
+        const batch inner = xsimd::fnma(batch::load_unaligned(y + i), mean_gy_v, batch::load_unaligned(g + i) - mean_g_v);
+        (inner * factor_v).store_unaligned(dx + i);
+    }
+    for (; i < n; ++i) dx[i] = (g[i] - mean_g - y[i] * mean_gy) * inverse_deviation;
 }
 
 }  // namespace detail
@@ -370,6 +413,52 @@ void layer_norm(const source_array<T>& x, const strided<T>& out, std::size_t axi
     detail::for_each_line<T>(x, out, axis, rounded, [epsilon](const T* in, T* y, std::size_t n, T*, const T*, bool) {
         detail::layer_norm_line(in, y, n, epsilon);
     });
+}
+
+// (kernels.hpp) Lines of x and g read where they lie when contiguous and of T, else gathered
+// (and widened) into a line buffer; dx written in place when contiguous and not rounded, else
+// through a buffer.
+template <class T>
+void layer_norm_gradient(const source_array<T>& x, const source_array<T>& g, const strided<T>& out, std::size_t axis, T epsilon,
+                         const rounded_memory<T>& rounded) {
+    const std::size_t rank = x.where.rank, n = x.where.extents[axis];
+    std::size_t lines = 1;
+    for (std::size_t i = 0; i < rank; ++i) lines *= i == axis ? 1 : x.where.extents[i];
+    if (lines == 0 || n == 0) return;
+    const std::size_t buffer_size = 4 * n;  // x, g, y and dx
+    auto prepare = [&] { scratch<T>(scratch_use::rows, buffer_size); };
+    auto sweep = [&](std::size_t first, std::size_t last) {
+        T* const buffer = scratch<T>(scratch_use::rows, buffer_size);  // taken by prepare: no allocation
+        T *const x_line = buffer, *const g_line = buffer + n, *const y = buffer + 2 * n, *const dx_line = buffer + 3 * n;
+        // a line of `a` starting at `at`: where it lies, or gathered into `into`
+        auto line_of = [&](const source_array<T>& a, std::ptrdiff_t at, T* into) -> const T* {
+            const std::ptrdiff_t step = a.where.strides[axis];
+            if (a.holds_own() && (step == 1 || n == 1)) return static_cast<const T*>(a.data) + at;
+            a.visit([&](const auto& stored) { widen_block(stored.data + at, step, n, into); });
+            return into;
+        };
+        for (std::size_t line = first; line < last; ++line) {
+            std::ptrdiff_t x_at = 0, g_at = 0, out_at = 0;
+            for (std::size_t i = rank, rest = line; i-- > 0;) {
+                if (i == axis) continue;
+                const auto index = static_cast<std::ptrdiff_t>(rest % x.where.extents[i]);
+                rest /= x.where.extents[i];
+                x_at += index * x.where.strides[i];
+                g_at += index * g.where.strides[i];
+                out_at += index * out.where.strides[i];
+            }
+            const std::ptrdiff_t out_step = out.where.strides[axis];
+            const bool in_place = !rounded && (out_step == 1 || n == 1);
+            T* const target = in_place ? out.data + out_at : dx_line;
+            detail::layer_norm_gradient_line(line_of(x, x_at, x_line), line_of(g, g_at, g_line), target, n, epsilon, y);
+            if (rounded) {
+                round_values(dx_line, rounded, out_at, out_step, n, false);
+            } else if (!in_place) {
+                for (std::size_t j = 0; j < n; ++j) out.data[out_at + static_cast<std::ptrdiff_t>(j) * out_step] = dx_line[j];
+            }
+        }
+    };
+    split_range(lines * n >= parallel_elements ? num_threads() : 1, lines, prepare, sweep);
 }
 
 namespace detail {

@@ -241,6 +241,8 @@ private:
         switch (e.line) {
             case evaluation::line_op::softmax: pass.op = line_op::softmax; break;
             case evaluation::line_op::layer_norm: pass.op = line_op::layer_norm; break;
+            case evaluation::line_op::layer_norm_gradient:  // not asked for (evaluator::planning): the formula runs
+                throw std::logic_error("dimsum: the CUDA backend runs a layer norm's gradient step by step");
             case evaluation::line_op::sum: pass.op = line_op::sum; break;
             case evaluation::line_op::max: pass.op = line_op::max; break;
             case evaluation::line_op::mean: pass.op = line_op::mean; break;

@@ -73,6 +73,8 @@ private:
         switch (e.line) {
             case evaluation::line_op::softmax: return softmax<T>(x, dst, e.axis);
             case evaluation::line_op::layer_norm: return layer_norm<T>(x, dst, e.axis, static_cast<T>(e.number));
+            case evaluation::line_op::layer_norm_gradient:  // a fusion (passes.hpp): its formula, as differentiated, here
+                throw std::logic_error("dimsum: the reference backend runs plans without fusion, reading no operand as bf16");
             case evaluation::line_op::sum: return reduce<fn::sum, T>(x, dst, e.axis);
             case evaluation::line_op::max: return reduce<fn::max, T>(x, dst, e.axis);
             case evaluation::line_op::mean: return reduce<fn::mean, T>(x, dst, e.axis);
