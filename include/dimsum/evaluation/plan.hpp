@@ -476,23 +476,20 @@ private:
                 add_product(id, dst, no_step, place_operands_of_product(id));
                 return;
             case step_group::line: {
-                const place lines = read_operand(s.operands[0]);  // widened as read, where they are of bf16
-                if (s.kind == step_kind::layer_norm_gradient) {  // and the cotangent's lines beside them
-                    const place cotangent = read_operand(s.operands[1]);
-                    entry& e = add(entry_kind::rowwise, id, dst);
-                    e.line = line_op::layer_norm_gradient;
-                    e.axis = s.axis;
-                    e.number = s.number;
-                    return set_operands(e, lines, cotangent);
-                }
+                // widened as read, where they are of bf16; both planned before the entry is added
+                const place lines = read_operand(s.operands[0]);
+                const bool with_cotangent = s.kind == step_kind::layer_norm_gradient;  // its lines beside x's
+                const place cotangent = with_cotangent ? read_operand(s.operands[1]) : place{};
                 entry& e = add(entry_kind::rowwise, id, dst);
-                e.line = s.kind == step_kind::softmax      ? line_op::softmax
-                         : s.kind == step_kind::layer_norm ? line_op::layer_norm
-                         : s.kind == step_kind::sum        ? line_op::sum
-                         : s.kind == step_kind::max        ? line_op::max
-                                                           : line_op::mean;
+                e.line = s.kind == step_kind::softmax               ? line_op::softmax
+                         : s.kind == step_kind::layer_norm          ? line_op::layer_norm
+                         : s.kind == step_kind::layer_norm_gradient ? line_op::layer_norm_gradient
+                         : s.kind == step_kind::sum                 ? line_op::sum
+                         : s.kind == step_kind::max                 ? line_op::max
+                                                                    : line_op::mean;
                 e.axis = s.axis;
                 e.number = s.number;
+                if (with_cotangent) return set_operands(e, lines, cotangent);
                 return set_operands(e, lines);
             }
             case step_group::indices:

@@ -56,13 +56,13 @@ using wide_t = std::conditional_t<sizeof(T) == 4, double, long double>;
 // step per addition relative to its own size, so no chain is longer than this / width.
 inline constexpr std::size_t sum_block = 256;
 
-// The sums of terms(x[i]) over a contiguous line, for each of the Terms::count sums terms
-// gives (a std::array of batches for a batch, of values for a value): summed in vector lanes
-// in blocks of sum_block values, the blocks' sums added in the wider type. Accurate to a few
-// units of rounding of the sum of magnitudes for any length, where one running sum per lane
-// drifts with the length (4099 floats on SSE2: 1e-5 relative).
-template <std::size_t Count, class T, class Terms>
-std::array<wide_t<T>, Count> blocked_sums(const T* x, std::size_t n, Terms terms) {
+// The sums of terms(x[i], more[i]...) over contiguous lines of n values, for each of the Count
+// sums terms gives (a std::array of batches for batches, of values for values): summed in
+// vector lanes in blocks of sum_block values, the blocks' sums added in the wider type.
+// Accurate to a few units of rounding of the sum of magnitudes for any length, where one
+// running sum per lane drifts with the length (4099 floats on SSE2: 1e-5 relative).
+template <std::size_t Count, class T, class Terms, class... More>
+std::array<wide_t<T>, Count> blocked_sums(const T* x, std::size_t n, Terms terms, const More*... more) {
     using batch = simd<T>;
     constexpr std::size_t width = batch::size;
     std::array<wide_t<T>, Count> total{};
@@ -71,13 +71,13 @@ std::array<wide_t<T>, Count> blocked_sums(const T* x, std::size_t n, Terms terms
         std::array<batch, Count> part;
         part.fill(batch(T(0)));
         for (const std::size_t end = std::min(n, i + sum_block); i + width <= end; i += width) {
-            const std::array<batch, Count> t = terms(batch::load_unaligned(x + i));
+            const std::array<batch, Count> t = terms(batch::load_unaligned(x + i), batch::load_unaligned(more + i)...);
             for (std::size_t k = 0; k < Count; ++k) part[k] += t[k];
         }
         for (std::size_t k = 0; k < Count; ++k) total[k] += xsimd::hadd(part[k]);
     }
     for (; i < n; ++i) {
-        const std::array<T, Count> t = terms(x[i]);
+        const std::array<T, Count> t = terms(x[i], more[i]...);
         for (std::size_t k = 0; k < Count; ++k) total[k] += t[k];
     }
     return total;
@@ -358,9 +358,9 @@ T layer_norm_line(const T* x, T* y, std::size_t n, T epsilon) {
 
 // dx = (g - mean(g) - y mean(g y)) / sqrt(variance + epsilon) on one contiguous line: the
 // gradient of y = layer_norm(x) for the cotangent g, y computed again into `y` (n values of
-// scratch) as the forward computed it. The two means are summed in a wider type, as
-// layer_norm_line sums. NaN or an infinity in x gives NaN everywhere, as in the forward; one
-// in g spreads through its means, as in the formula.
+// scratch) as the forward computed it. The two means are blocked_sums, as layer_norm_line's
+// sums. NaN or an infinity in x gives NaN everywhere, as in the forward; one in g spreads
+// through its means, as in the formula.
 template <class T>
 void layer_norm_gradient_line(const T* x, const T* g, T* dx, std::size_t n, T epsilon, T* y) {
     using batch = simd<T>;
@@ -368,24 +368,7 @@ void layer_norm_gradient_line(const T* x, const T* g, T* dx, std::size_t n, T ep
     constexpr std::size_t width = batch::size;
     if (n == 0) return;
     const T inverse_deviation = layer_norm_line(x, y, n, epsilon);
-    wide sum_g = 0, sum_gy = 0;  // blocks of sum_block values summed in T, the blocks' sums in wide
-    for (std::size_t first = 0; first < n; first += sum_block) {
-        const std::size_t last = std::min(n, first + sum_block);
-        batch block_g(T(0)), block_gy(T(0));
-        std::size_t i = first;
-        for (; i + width <= last; i += width) {
-            const batch gv = batch::load_unaligned(g + i);
-            block_g += gv;
-            block_gy = xsimd::fma(gv, batch::load_unaligned(y + i), block_gy);
-        }
-        T tail_g = 0, tail_gy = 0;
-        for (; i < last; ++i) {
-            tail_g += g[i];
-            tail_gy += g[i] * y[i];
-        }
-        sum_g += wide(xsimd::hadd(block_g)) + wide(tail_g);
-        sum_gy += wide(xsimd::hadd(block_gy)) + wide(tail_gy);
-    }
+    const auto [sum_g, sum_gy] = blocked_sums<2>(g, n, [](auto gv, auto yv) { return std::array{gv, gv * yv}; }, y);
     const T mean_g = static_cast<T>(sum_g / wide(n)), mean_gy = static_cast<T>(sum_gy / wide(n));
     const batch mean_g_v(mean_g), mean_gy_v(mean_gy), factor_v(inverse_deviation);
     std::size_t i = 0;
