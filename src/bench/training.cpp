@@ -50,8 +50,9 @@ auto in_float(F&& f) {
 }
 
 // What a product reads of an activation (a value the layer computed): in mixed precision the
-// activation rounded to bf16, as PyTorch's autocast rounds a linear layer's input, so that the
-// product multiplies two bf16 operands; in float, the activation itself.
+// activation rounded to bf16, as PyTorch's autocast rounds a linear layer's input and the
+// operands of attention's products (the queries, keys and values), so that the product
+// multiplies two bf16 operands; in float, the activation itself.
 template <class T, class F>
 auto product_operand(F&& f) {
     if constexpr (std::is_same_v<T, ds::bf16>) return ds::cast<ds::bf16>(std::forward<F>(f));
@@ -97,9 +98,9 @@ struct bert {
     // h = layer_norm(x + attention(x)), then layer_norm(h + FFN(h)): one formula (the FFN is
     // nn::gelu_feed_forward's, with each product's operand as product_operand reads it)
     auto formula(const weights& p, const ds::tensor<T, Batch, Seq, Model>& x) const {
-        auto q = heads_of(ds::matmul(x, p.w_q) + p.b_q);
-        auto k = heads_of(ds::matmul(x, p.w_k) + p.b_k);
-        auto v = heads_of(ds::matmul(x, p.w_v) + p.b_v);
+        auto q = heads_of(product_operand<T>(ds::matmul(x, p.w_q) + p.b_q));  // (attention's products read them)
+        auto k = heads_of(product_operand<T>(ds::matmul(x, p.w_k) + p.b_k));
+        auto v = heads_of(product_operand<T>(ds::matmul(x, p.w_v) + p.b_v));
         auto z = ds::view<Batch, Seq, Inner>(ds::permute<Batch, Seq, Heads, Head>(product_operand<T>(ds::nn::attention(q, k, v))));
         auto h = ds::nn::layer_norm(x + (ds::matmul(z, p.w_o) + p.b_o), p.ln1_weight, p.ln1_bias, 1e-12);
         auto inner = ds::nn::gelu(ds::matmul(product_operand<T>(h), p.w_1) + p.b_1);
@@ -152,9 +153,9 @@ struct decoder {
     // (SwiGLU as nn::swiglu, with each product's operand as product_operand reads it)
     auto formula(const weights& p, const ds::tensor<T, Batch, Seq, Model>& x) const {
         auto h = product_operand<T>(ds::nn::rms_norm(x, p.attention_norm, 1e-5));
-        auto q = rope(ds::permute<Batch, KvHeads, Group, Seq, Head>(ds::view<Batch, Seq, KvHeads, Group, Head>(ds::matmul(h, p.w_q))));
-        auto k = rope(ds::permute<Batch, KvHeads, OneGroup, Seq, Head>(ds::view<Batch, Seq, KvHeads, OneGroup, Head>(ds::matmul(h, p.w_k))));
-        auto v = ds::permute<Batch, KvHeads, OneGroup, Seq, Head>(ds::view<Batch, Seq, KvHeads, OneGroup, Head>(ds::matmul(h, p.w_v)));
+        auto q = product_operand<T>(rope(ds::permute<Batch, KvHeads, Group, Seq, Head>(ds::view<Batch, Seq, KvHeads, Group, Head>(ds::matmul(h, p.w_q)))));
+        auto k = product_operand<T>(rope(ds::permute<Batch, KvHeads, OneGroup, Seq, Head>(ds::view<Batch, Seq, KvHeads, OneGroup, Head>(ds::matmul(h, p.w_k)))));
+        auto v = product_operand<T>(ds::permute<Batch, KvHeads, OneGroup, Seq, Head>(ds::view<Batch, Seq, KvHeads, OneGroup, Head>(ds::matmul(h, p.w_v))));
         auto z = product_operand<T>(ds::nn::causal_attention(q, k, v));  // (batch, kv_heads, group, seq, head)
         auto r = x + ds::matmul(ds::view<Batch, Seq, Inner>(ds::permute<Batch, Seq, KvHeads, Group, Head>(z)), p.w_o);
         auto u = product_operand<T>(ds::nn::rms_norm(r, p.ffn_norm, 1e-5));

@@ -110,7 +110,8 @@ private:
         }
         if (plan_.stored_placed[id]) {
             const bool cast = rounds_to_bf16(s);
-            if (cast && as_stored_) return memory(plan_.stored_values[id]);  // rounded into a bf16 temporary
+            // rounded into a bf16 temporary, which the kernel, or this formula, reads
+            if (cast && (as_stored_ || formula_reads(plan_.stored_values[id]))) return memory(plan_.stored_values[id]);
             if (!cast) return formula(id, product, inner);  // a leaf a pass reads as bf16 where it lies
         }
         const bool converted = s.kind == step_kind::tensor && s.type != s.computes_in;  // into a temporary
@@ -154,7 +155,24 @@ private:
         }
     }
 
+    // Whether the formula of the entry being written reads memory p (a node's input).
+    bool formula_reads(const place& p) const {
+        if (!entry_) return false;
+        for (std::size_t n = entry_->first_node; n < entry_->first_node + entry_->node_count; ++n) {
+            const formula_node& node = plan_.nodes[n];
+            if (node.what != formula_node::kind::input || node.kernel_value) continue;
+            const place& in = plan_.inputs[node.input];
+            if (in.memory == p.memory && in.index == p.index && in.type == p.type) return true;
+        }
+        return false;
+    }
+
     void write_entry(std::size_t number, const entry& e) {
+        entry_ = &e;
+        write_entry_text(number, e);
+        entry_ = nullptr;
+    }
+    void write_entry_text(std::size_t number, const entry& e) {
         const step& s = steps_[e.epilogue != no_step ? e.epilogue : e.step];
         const step& own = steps_[e.step];
         out_ << "  " << number << ". ";
@@ -208,7 +226,15 @@ private:
                 rounded_mark(e);
                 break;
             case entry_kind::attention_backward: break;  // written above
-            case entry_kind::fused: formula(e.step); break;
+            case entry_kind::fused:
+                if (rounds_to_bf16(own) && plan_.stored_placed[e.step] && formula_reads(plan_.stored_values[e.step])) {
+                    out_ << name_of(computes_in_) << '(';  // the cast's bf16 values, widened (plan.hpp's find_leaves)
+                    memory(plan_.stored_values[e.step]);
+                    out_ << ')';
+                } else {
+                    formula(e.step);
+                }
+                break;
             case entry_kind::copy: operand(e.step); break;  // a view, or a value computed before
             case entry_kind::rowwise:
                 out_ << name_of(own.kind) << '<' << axis_name(steps_[own.operands[0]], own.axis) << ">(";
@@ -347,6 +373,7 @@ private:
     std::vector<std::size_t> number_;  // each temporary's number in the text
     std::ostringstream out_;
     bool as_stored_ = false;  // printing an operand read where it lies: views of a tensor, no temporary
+    const entry* entry_ = nullptr;  // the entry being written
 };
 
 }  // namespace explaining

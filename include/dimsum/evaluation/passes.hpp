@@ -118,12 +118,17 @@ inline void recognise_layer_norm_backward(program& p) {
 // appended to `leaves`. The planner writes a formula's leaves in this order. With `computed`
 // (the planner's): an elementwise step whose value an entry computed already is a leaf too,
 // read rather than computed again (a forward value that a gradient's formula reads); with
-// `own` (mark_own_values'), so is one below id that is a value of its own.
+// `stored` (the planner's stored_placed), so is a cast<bf16> rounded into memory already, id
+// itself included: its bf16 values, widened as read, are the cast's value, where computing
+// the cast again would compute its operand again (a product, say, dead once rounded:
+// find_rounded_alone); with `own` (mark_own_values'), so is one below id that is a value of
+// its own.
 inline void find_leaves(const std::vector<step>& steps, std::size_t id, std::vector<std::size_t>& leaves,
-                        const std::vector<char>* computed = nullptr, const std::vector<char>* own = nullptr) {
+                        const std::vector<char>* computed = nullptr, const std::vector<char>* own = nullptr,
+                        const std::vector<char>* stored = nullptr) {
     auto walk = [&](auto& self, std::size_t at) -> void {
         const step& s = steps[at];
-        const bool read = (computed && (*computed)[at]) || (own && at != id && (*own)[at]);
+        const bool read = (computed && (*computed)[at]) || (stored && (*stored)[at]) || (own && at != id && (*own)[at]);
         if (s.kind == step_kind::elementwise && !read) {
             for (std::size_t o = 0; o < s.operand_count; ++o) self(self, s.operands[o]);
         } else if (s.kind != step_kind::number) {

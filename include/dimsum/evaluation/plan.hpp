@@ -572,7 +572,7 @@ private:
         std::size_t product = steps_[id].epilogue;
         if (product != no_step && (plan_.placed[product] || (bf16_dst && !is_dense(dst.where)))) product = no_step;
         const std::size_t first_leaf = plan_.leaves.size();
-        find_leaves(steps_, id, plan_.leaves, &plan_.placed, &plan_.own_values);
+        find_leaves(steps_, id, plan_.leaves, &plan_.placed, &plan_.own_values, &plan_.stored_placed);
         if (product != no_step && std::find(plan_.leaves.begin() + first_leaf, plan_.leaves.end(), product) == plan_.leaves.end()) {
             product = no_step;  // a value computed already stands between the formula and its product
         }
@@ -631,8 +631,9 @@ private:
             if (plan_.formula_steps[k] == id) return k;
         }
         const step& s = steps_[id];
-        // a function of its operands, unless an entry computed its value already (find_leaves)
-        const bool function = s.kind == step_kind::elementwise && !plan_.placed[id];
+        // a function of its operands, unless an entry computed its value already or it is a
+        // cast<bf16> rounded into memory already (find_leaves)
+        const bool function = s.kind == step_kind::elementwise && !plan_.placed[id] && !plan_.stored_placed[id];
         std::array<std::size_t, max_operands> operands{};  // a function's, planned first
         if (function) {
             for (std::size_t o = 0; o < s.operand_count; ++o) operands[o] = add_node(s.operands[o], kernel_value, rank, first);
