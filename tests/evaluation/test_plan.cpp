@@ -689,6 +689,40 @@ TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the
     CHECK(bf16_temporaries(reference) == 0);
 }
 
+TEST_CASE("a cast<bf16> rounded into memory already is read there by a later formula, not computed again with its product") {
+    ds::tensor<ds::bf16, Batch, Key, Head> a(Batch{3}, Key{5});
+    ds::tensor<ds::bf16, Head, Model> w;
+    ds::tensor<ds::bf16, Model, Model> w2;
+    ds::tensor<float, Batch, Key, Model> weights(Batch{3}, Key{5});
+    ds::fill_uniform(a, 1);
+    ds::fill_uniform(w, 2);
+    ds::fill_uniform(w2, 3);
+    ds::fill_uniform(weights, 4);
+    // q is read by a product (so rounded into a bf16 temporary by the gemm that computes
+    // a w + 1, whose float value nothing else reads: dead once rounded), then, in the second
+    // sum's formula, planned after the first's, as a value
+    auto q = ds::cast<ds::bf16>(ds::matmul(a, w) + 1.0f);
+    auto f = ds::sum<Batch>(ds::sum<Key>(ds::sum<Model>(ds::cast<float>(ds::matmul(q, w2)) * weights))) +
+             ds::sum<Batch>(ds::sum<Key>(ds::sum<Model>(ds::cast<float>(q) * ds::cast<float>(q))));
+    const planned cpu = plan_of(f, {.read_bf16 = true});
+    INFO(ev::explain(cpu.program, cpu.plan, "cpu"));
+    std::size_t gemms = 0;
+    for (const ev::entry& e : cpu.plan.entries) gemms += e.kind == ev::entry_kind::gemm;
+    CHECK(gemms == 2);  // a w once (rounded into q's temporary), q w2
+    const ev::entry& first = cpu.plan.entries[0];
+    REQUIRE(first.rounded_into);
+    bool squares_read_q = false;  // the second formula's input: q's bf16 temporary
+    for (const ev::place& in : cpu.plan.inputs) {
+        squares_read_q |= in.memory == ev::memory_kind::temporary && in.index == first.rounded_into->index &&
+                          in.type == ev::element_type::bf16;
+    }
+    CHECK(squares_read_q);
+    // and the same value as the reference backend's, which computes q once as a formula
+    const double on_cpu = ds::eval(f).data()[0];
+    const double on_reference = ds::eval(f, ds::backend::reference::evaluator{}).data()[0];
+    CHECK(on_cpu == Approx(on_reference).epsilon(1e-5));
+}
+
 TEST_CASE("a destination of bf16 is rounded into by the kernel that computes the value, or by a last narrow entry") {
     using kinds = std::vector<ev::entry_kind>;
     ds::tensor<ds::bf16, Batch, Key, Head> a(Batch{2}, Key{7});

@@ -557,48 +557,59 @@ TEST_CASE("an attention rounded to bf16 for the product that reads it is compute
                         test::to_xt(ds::eval(ds::grad(loss, w_q), ds::backend::cpu::evaluator{.fuse_attention = false})), 1e-4, 1e-4);
 }
 
-TEST_CASE("a cast<bf16> that attention reads where it lies is not computed again for the backward: its bf16 values are widened") {
+TEST_CASE("a fused attention backward reads the bf16 queries, keys and values its forward read, where they lie") {
     // q, k and v rounded to bf16 as mixed precision rounds a product's operands: the forward
-    // attention reads them as bf16, and each projection's float value is dead once rounded. The
-    // fused backward reads the casts' float values: the bf16 temporaries widened, not the
-    // projections computed again (which, before, took three more products).
+    // attention reads them as bf16, and each projection's float value is dead once rounded.
+    // The fused backward reads the same bf16 temporaries, widened as it copies them: neither
+    // the projections computed again (which, before, took three more products) nor widened
+    // copies of them. Odd sequence lengths, and keys and values shared by two query heads.
     using Seq = ds::axis<"seq">;
     using Model = ds::axis<"model", 24>;
-    using Heads = ds::axis<"heads", 2>;
-    using HeadWidth = ds::axis<"head", 32>;
-    using Joined = ds::axis<"heads*head", 64>;
-    const std::size_t seq = 19;
-    auto x = random_tensor<float>(1, -1.0, 1.0, Batch{2}, Seq{seq}, Model{});
-    auto w = random_tensor<float>(2, -1.0, 1.0, Batch{2}, Heads{}, Seq{seq}, HeadWidth{});
-    auto w_q = random_tensor<float>(3, -0.5, 0.5, Model{}, Joined{});
-    auto w_k = random_tensor<float>(4, -0.5, 0.5, Model{}, Joined{});
-    auto w_v = random_tensor<float>(5, -0.5, 0.5, Model{}, Joined{});
-    auto heads_of = [](auto&& rows) {
-        return ds::permute<Batch, Heads, Seq, HeadWidth>(
-            ds::view<Batch, Seq, Heads, HeadWidth>(ds::cast<ds::bf16>(std::forward<decltype(rows)>(rows))));
-    };
-    auto o = ds::cast<float>(ds::nn::attention(heads_of(ds::matmul(x, w_q) + 0.25f), heads_of(ds::matmul(x, w_k)),
-                                               heads_of(ds::matmul(x, w_v))));
-    auto loss = ds::sum<Batch>(ds::sum<Heads>(ds::sum<Seq>(ds::sum<HeadWidth>(o * w))));
-    auto dw_q = w_q, dw_k = w_k, dw_v = w_v;
-    ds::backward(loss, std::tie(w_q, w_k, w_v), std::tie(dw_q, dw_k, dw_v));
-    const auto& s = ds::backend::cpu::detail::state<float>::of_this_thread();
-    const std::string plan = ds::evaluation::explain(s.program, s.plan, "cpu");
-    INFO(plan);
-    std::size_t gemms = 0;
-    for (const auto& e : s.plan.entries) gemms += e.kind == ds::evaluation::entry_kind::gemm;
-    CHECK(gemms == 6);  // the three projections, and the three weights' gradients
-    const std::size_t attention = plan.find(". attention ");
-    REQUIRE(attention != std::string::npos);
-    CHECK(plan.substr(attention, plan.find('\n', attention) - attention).find("[bf16 read where it lies]") != std::string::npos);
-    std::size_t widened = 0;
-    for (std::size_t at = plan.find("= float(t"); at != std::string::npos; at = plan.find("= float(t", at + 1)) ++widened;
-    CHECK(widened == 3);
-    // the same gradients as the reference backend's, which rounds the same casts (the CPU's
-    // forward attention also rounds its probabilities to bf16 for the product with V)
-    test::require_close(dw_q, test::to_xt(ds::eval(ds::grad(loss, w_q), reference)), 2e-2, 2e-2);
-    test::require_close(dw_k, test::to_xt(ds::eval(ds::grad(loss, w_k), reference)), 2e-2, 2e-2);
-    test::require_close(dw_v, test::to_xt(ds::eval(ds::grad(loss, w_v), reference)), 2e-2, 2e-2);
+    using KvHeads = ds::axis<"kv_heads", 2>;
+    using Group = ds::axis<"group", 2>;
+    using OneGroup = ds::axis<"group", 1>;
+    using HeadWidth = ds::axis<"head", 24>;
+    using Joined = ds::axis<"heads*head", 96>;
+    using KvJoined = ds::axis<"kv_heads*head", 48>;
+    for (const std::size_t seq : {1, 19, 33}) {
+        INFO("seq " << seq);
+        auto x = random_tensor<float>(1, -1.0, 1.0, Batch{2}, Seq{seq}, Model{});
+        auto w = random_tensor<float>(2, -1.0, 1.0, Batch{2}, KvHeads{}, Group{}, Seq{seq}, HeadWidth{});
+        auto w_q = random_tensor<float>(3, -0.5, 0.5, Model{}, Joined{});
+        auto w_k = random_tensor<float>(4, -0.5, 0.5, Model{}, KvJoined{});
+        auto w_v = random_tensor<float>(5, -0.5, 0.5, Model{}, KvJoined{});
+        auto q = ds::permute<Batch, KvHeads, Group, Seq, HeadWidth>(
+            ds::view<Batch, Seq, KvHeads, Group, HeadWidth>(ds::cast<ds::bf16>(ds::matmul(x, w_q) + 0.25f)));
+        auto shared = [](auto&& rows) {
+            return ds::permute<Batch, KvHeads, OneGroup, Seq, HeadWidth>(
+                ds::view<Batch, Seq, KvHeads, OneGroup, HeadWidth>(ds::cast<ds::bf16>(std::forward<decltype(rows)>(rows))));
+        };
+        auto o = ds::cast<float>(ds::nn::attention(q, shared(ds::matmul(x, w_k)), shared(ds::matmul(x, w_v))));
+        auto loss = ds::sum<Batch>(ds::sum<KvHeads>(ds::sum<Group>(ds::sum<Seq>(ds::sum<HeadWidth>(o * w)))));
+        auto dw_q = w_q;
+        auto dw_k = w_k;
+        auto dw_v = w_v;
+        ds::backward(loss, std::tie(w_q, w_k, w_v), std::tie(dw_q, dw_k, dw_v));
+        const auto& s = ds::backend::cpu::detail::state<float>::of_this_thread();
+        const std::string plan = ds::evaluation::explain(s.program, s.plan, "cpu");
+        INFO(plan);
+        std::size_t gemms = 0, widened = 0;
+        for (const auto& e : s.plan.entries) gemms += e.kind == ds::evaluation::entry_kind::gemm;
+        CHECK(gemms == 6);  // the three projections, and the three weights' gradients
+        for (std::size_t at = plan.find("= float(t"); at != std::string::npos; at = plan.find("= float(t", at + 1)) ++widened;
+        CHECK(widened == 0);
+        for (const char* kernel : {". attention ", ". attention_backward "}) {
+            const std::size_t line = plan.find(kernel);
+            REQUIRE(line != std::string::npos);
+            CHECK(plan.substr(line, plan.find('\n', line) - line).find("[bf16 read where it lies]") != std::string::npos);
+        }
+        // the gradients the reference backend computes from the same rounded values (the
+        // CPU's forward also rounds its probabilities to bf16 for the product with V: the
+        // tolerance is bf16's)
+        test::require_close(dw_q, test::to_xt(ds::eval(ds::grad(loss, w_q), reference)), 2e-2, 2e-2);
+        test::require_close(dw_k, test::to_xt(ds::eval(ds::grad(loss, w_k), reference)), 2e-2, 2e-2);
+        test::require_close(dw_v, test::to_xt(ds::eval(ds::grad(loss, w_v), reference)), 2e-2, 2e-2);
+    }
 }
 
 TEST_CASE("the fused attention backward with NaN and infinity in every lane and tail of a query, and where it does not apply") {

@@ -315,7 +315,8 @@ private:
     // Whether entry e's kernel reads operand `slot` in a narrower type where it lies (a packed
     // right operand is read from its packing).
     bool reads_stored(const entry& e, std::size_t slot) const {
-        const bool kernel = e.kind == entry_kind::gemm || e.kind == entry_kind::attention || e.kind == entry_kind::rowwise;
+        const bool kernel = e.kind == entry_kind::gemm || e.kind == entry_kind::attention || e.kind == entry_kind::rowwise ||
+                            e.kind == entry_kind::attention_backward;
         const bool packed = e.kind == entry_kind::gemm && e.packed_right && slot == 1;
         return kernel && slot < e.operand_count && !packed && e.operands[slot].type != computes_in_;
     }
@@ -364,6 +365,7 @@ private:
         out_ << "  [fused backward: no (queries, keys) matrix, P recomputed from the log-sum-exps in ";
         memory(e.operands[5]);
         out_ << (e.attention.causal ? ", tiles above the diagonal skipped" : "") << ']';
+        stored_mark(e);
     }
 
     const std::vector<step>& steps_;

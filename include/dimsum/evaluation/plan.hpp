@@ -704,8 +704,8 @@ private:
         const attention_backward& a = backwards_[steps_[id].index];
         const step& scores = steps_[a.forward.scores];
         const std::size_t inputs[5] = {scores.operands[0], scores.operands[1], a.forward.values, a.output, a.cotangent};
-        std::array<place, 5> operands;
-        for (std::size_t o = 0; o < 5; ++o) operands[o] = value(inputs[o]);
+        std::array<place, 5> operands;  // Q, K^T and V read where they lie, if bf16 (read_operand), O and dO as values
+        for (std::size_t o = 0; o < 5; ++o) operands[o] = o < 3 ? read_operand(inputs[o]) : value(inputs[o]);
         read_score_function(a.forward);
         const step& o = steps_[a.output];  // (batch..., queries, dv)
         const step& kt = steps_[scores.operands[1]];  // (..., d, keys)

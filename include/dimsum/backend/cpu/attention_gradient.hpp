@@ -30,8 +30,10 @@
 // The scores go through the same steps as in the forward kernel (attention.hpp): the scale,
 // then the rest of the score function (on a row-major copy of the tile), then the causal
 // mask. A query that sees no key (all masked) has P = 0, as its O is 0 in the forward, and
-// a NaN among a query's scores makes its row of P NaN. Operands are of the program's type:
-// Q, K and V of bf16 are widened by the planner first (no bf16 products here yet).
+// a NaN among a query's scores makes its row of P NaN. Q, K and V are read as stored, of the
+// program's type or bf16 (a mixed-precision layer's, which its forward read as bf16), and
+// widened as they are copied; the products are the program's type's (no bf16 products here
+// yet).
 
 #include <algorithm>
 #include <cmath>
@@ -67,20 +69,22 @@ namespace detail {
 // The operands' places in attention_gradient_problem::batch.
 enum gradient_operand : std::size_t { q_at, k_at, v_at, o_at, d_o_at, dq_at, dk_at, dv_at };
 
-// rows x cols of m copied into `out` (row-major, `ld` apart), zeros up to `rows_pad` x ld.
-template <class T>
-void copy_padded(const matrix<const T>& m, std::size_t rows, std::size_t cols, std::size_t rows_pad, std::size_t ld, T* out) {
+// rows x cols of m (of T, or of bf16, widened) copied into `out` (row-major, `ld` apart),
+// zeros up to `rows_pad` x ld.
+template <class T, class U>
+void copy_padded(const matrix<const U>& m, std::size_t rows, std::size_t cols, std::size_t rows_pad, std::size_t ld, T* out) {
     for (std::size_t i = 0; i < rows_pad; ++i) {
         T* row = out + i * ld;
         std::size_t j = 0;
         if (i < rows) {
-            const T* from = m.data + static_cast<std::ptrdiff_t>(i) * m.row_stride;
-            if (m.col_stride == 1) {
-                std::copy(from, from + cols, row);
-                j = cols;
-            } else {
-                for (; j < cols; ++j) row[j] = from[static_cast<std::ptrdiff_t>(j) * m.col_stride];
+            const U* from = m.data + static_cast<std::ptrdiff_t>(i) * m.row_stride;
+            if constexpr (std::is_same_v<T, U>) {
+                if (m.col_stride == 1) {
+                    std::copy(from, from + cols, row);
+                    j = cols;
+                }
             }
+            for (; j < cols; ++j) row[j] = widened<T>(from[static_cast<std::ptrdiff_t>(j) * m.col_stride]);
         }
         std::fill(row + j, row + ld, T(0));
     }
@@ -89,16 +93,17 @@ void copy_padded(const matrix<const T>& m, std::size_t rows, std::size_t cols, s
 // The part of a problem one item's call sees: its operands from item 0 moved to `item`.
 template <class T>
 struct item_view {
-    matrix<const T> q, k, v, o, d_o;
+    source_matrix<T> q, k, v;
+    matrix<const T> o, d_o;
     matrix<T> dq, dk, dv;
 };
 template <class T>
 item_view<T> item_of(const attention_gradient_problem<T>& p, std::size_t item) {
     const auto at = p.batch.offsets(item);
     item_view<T> r{p.q, p.k, p.v, p.o, p.d_o, p.dq, p.dk, p.dv};
-    r.q.data += at[q_at];
-    r.k.data += at[k_at];
-    r.v.data += at[v_at];
+    r.q.advance(at[q_at]);
+    r.k.advance(at[k_at]);
+    r.v.advance(at[v_at]);
     r.o.data += at[o_at];
     r.d_o.data += at[d_o_at];
     if (r.dq.data) r.dq.data += at[dq_at];  // (null: not wanted)
@@ -209,18 +214,22 @@ void key_range(const attention_gradient_problem<T>& p, std::size_t item, std::si
     T* st = memory.take(bk_rows * bq);   // S^T, then P^T
     T* dst = memory.take(bk_rows * bq);  // dP^T, then dS^T
     T* s = memory.take(bq * bk);         // S, for the score function
-    if (want_dk) copy_padded(in.q, m, d, m, dp, q);
+    in.q.visit([&](const auto& stored_q) {
+        if (want_dk) copy_padded(stored_q, m, d, m, dp, q);
+        copy_padded(transposed(stored_q), d, m, d, m_cols, qt);
+    });
     if (want_dv) copy_padded(in.d_o, m, dv, m, dvp, d_o);
-    copy_padded(transposed(in.q), d, m, d, m_cols, qt);
     if (want_ds) copy_padded(transposed(in.d_o), dv, m, dv, m_cols, d_ot);
     if (want_dq) std::fill(dqt, dqt + size.d_rows * m_cols, T(0));
     alignas(64) T shift[tiling::queries], row_d[tiling::queries];
     for (std::size_t key = first_key; key < last_key; key += bk) {
         // this block's keys, in whole row panels: a short sequence computes no more rows than it has
         const std::size_t cols = std::min(bk, last_key - key), rows_k = round_up(cols, gemm_tiling<T>::mr);
-        copy_padded(sub(in.k, key, 0, cols, d), cols, d, rows_k, dp, k);
-        if (want_ds) copy_padded(sub(in.v, key, 0, cols, dv), cols, dv, rows_k, dvp, v);
-        if (want_dq) copy_padded(transposed(sub(in.k, key, 0, cols, d)), d, cols, size.d_rows, bk, kt);
+        in.k.visit([&](const auto& stored_k) {
+            copy_padded(sub(stored_k, key, 0, cols, d), cols, d, rows_k, dp, k);
+            if (want_dq) copy_padded(transposed(sub(stored_k, key, 0, cols, d)), d, cols, size.d_rows, bk, kt);
+        });
+        if (want_ds) in.v.visit([&](const auto& stored_v) { copy_padded(sub(stored_v, key, 0, cols, dv), cols, dv, rows_k, dvp, v); });
         if (want_dk) std::fill(dk, dk + rows_k * dp, T(0));
         if (want_dv) std::fill(dv_sums, dv_sums + rows_k * dvp, T(0));
         // the first block of queries that sees a key of this block (a causal mask hides it from the earlier ones)

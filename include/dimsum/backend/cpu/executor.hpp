@@ -213,7 +213,8 @@ private:
     }
 
     // dQ (dq), dK^T and dV = the gradients of the attention entry e describes, by the fused
-    // backward (attention_gradient.hpp). Every operand is of T (the planner reads them so).
+    // backward (attention_gradient.hpp). Q, K^T and V as stored (of T or bf16: the planner's
+    // read_operand), O and dO of T.
     void attend_backward(const entry& e, const strided<T>& dq) {
         const strided<T> dkt = at(e.also_out[0]), dv = at(e.also_out[1]);
         const source_array<T> q = input(e.operands[0]), kt = input(e.operands[1]), v = input(e.operands[2]);
@@ -223,9 +224,9 @@ private:
             return last_two_axes(x).own();
         };
         attention_gradient_problem<T> problem;
-        problem.q = own(q);
-        problem.k = transposed(own(kt));
-        problem.v = own(v);
+        problem.q = last_two_axes(q);
+        problem.k = transposed(last_two_axes(kt));
+        problem.v = last_two_axes(v);
         problem.o = own(o);
         problem.d_o = own(d_o);
         problem.dq = last_two_axes(dq);

@@ -402,9 +402,9 @@ void attention(const attention_problem<T>& problem);
 // Operands hold item 0; the outputs overlap no operand and one another.
 template <class T>
 struct attention_gradient_problem {
-    matrix<const T> q;    // (queries, d)
-    matrix<const T> k;    // (keys, d)
-    matrix<const T> v;    // (keys, dv)
+    source_matrix<T> q;   // (queries, d), as stored: of T, or of bf16 (widened as copied)
+    source_matrix<T> k;   // (keys, d), the same
+    source_matrix<T> v;   // (keys, dv), the same
     matrix<const T> o;    // (queries, dv): the forward's value
     matrix<const T> d_o;  // (queries, dv)
     // The gradients; one with null data is not wanted, and not computed.
