@@ -111,7 +111,7 @@ private:
         if (plan_.stored_placed[id]) {
             const bool cast = rounds_to_bf16(s);
             // rounded into a bf16 temporary, which the kernel, or this formula, reads
-            if (cast && (as_stored_ || formula_reads(plan_.stored_values[id]))) return memory(plan_.stored_values[id]);
+            if ((cast && as_stored_) || formula_reads_rounded(id)) return memory(plan_.stored_values[id]);
             if (!cast) return formula(id, product, inner);  // a leaf a pass reads as bf16 where it lies
         }
         const bool converted = s.kind == step_kind::tensor && s.type != s.computes_in;  // into a temporary
@@ -155,9 +155,11 @@ private:
         }
     }
 
-    // Whether the formula of the entry being written reads memory p (a node's input).
-    bool formula_reads(const place& p) const {
-        if (!entry_) return false;
+    // Whether the formula of the entry being written reads step id, a cast<bf16>, from the
+    // bf16 temporary it was rounded into (an input node there: plan.hpp's find_leaves).
+    bool formula_reads_rounded(std::size_t id) const {
+        if (!entry_ || !plan_.stored_placed[id] || !rounds_to_bf16(steps_[id])) return false;
+        const place& p = plan_.stored_values[id];
         for (std::size_t n = entry_->first_node; n < entry_->first_node + entry_->node_count; ++n) {
             const formula_node& node = plan_.nodes[n];
             if (node.what != formula_node::kind::input || node.kernel_value) continue;
@@ -227,7 +229,7 @@ private:
                 break;
             case entry_kind::attention_backward: break;  // written above
             case entry_kind::fused:
-                if (rounds_to_bf16(own) && plan_.stored_placed[e.step] && formula_reads(plan_.stored_values[e.step])) {
+                if (formula_reads_rounded(e.step)) {
                     out_ << name_of(computes_in_) << '(';  // the cast's bf16 values, widened (plan.hpp's find_leaves)
                     memory(plan_.stored_values[e.step]);
                     out_ << ')';
