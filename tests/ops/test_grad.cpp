@@ -5,8 +5,12 @@
 // float, NaN and infinity included.
 #include "support.hpp"
 
+#include <dimsum/backend/cpu/attention_gradient.hpp>
+
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace ds = dimsum;
 
@@ -521,6 +525,84 @@ TEST_CASE("the fused attention backward writes dQ and dK^T as the heads merged b
         test::require_close(ds::eval(ds::grad(loss, w_v)), test::to_xt(ds::eval(ds::grad(loss, w_v), step_by_step)), 1e-5, 1e-5);
     }
     ds::set_num_threads(0);
+}
+
+TEST_CASE("the tiles the fused attention backward transposes its operands and dQ in: every edge, float, double and bf16") {
+    // transpose_copy: dst (cols x rows) = src (rows x cols) transposed, both rows-apart layouts
+    // wider than the matrix, in tiles of 16 with partial ones on both edges; what lies between
+    // dst's rows is left as it was
+    auto check = [](auto source_type, auto result_type, std::size_t rows, std::size_t cols) {
+        using U = decltype(source_type);
+        using T = decltype(result_type);
+        const std::ptrdiff_t ld_src = static_cast<std::ptrdiff_t>(cols) + 3, ld_dst = static_cast<std::ptrdiff_t>(rows) + 5;
+        std::vector<U> src(rows * static_cast<std::size_t>(ld_src));
+        for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<U>(static_cast<float>(i % 251) - 125.0f);
+        std::vector<T> dst(cols * static_cast<std::size_t>(ld_dst), T(-7));
+        ds::backend::cpu::detail::transpose_copy(src.data(), ld_src, rows, cols, dst.data(), ld_dst);
+        std::size_t wrong = 0;
+        for (std::size_t j = 0; j < cols; ++j) {
+            for (std::size_t i = 0; i < static_cast<std::size_t>(ld_dst); ++i) {
+                const T want = i < rows ? static_cast<T>(static_cast<float>(src[i * static_cast<std::size_t>(ld_src) + j])) : T(-7);
+                wrong += dst[j * static_cast<std::size_t>(ld_dst) + i] != want;
+            }
+        }
+        INFO("rows " << rows << " cols " << cols);
+        CHECK(wrong == 0);
+    };
+    for (std::size_t rows : {1, 7, 16, 17, 33}) {
+        for (std::size_t cols : {1, 15, 16, 24, 40}) {
+            check(float{}, float{}, rows, cols);
+            check(double{}, double{}, rows, cols);
+            check(ds::bf16{}, float{}, rows, cols);
+        }
+    }
+}
+
+TEST_CASE("the fused attention backward reads and writes heads that lie in a layer's rows, in whole and partial tiles") {
+    // Q, K, V, O and dO each a head's columns of (batch, seq, heads x head) rows, and dQ, dK^T
+    // and dV written there: heads of 24 (a whole tile of 16 and a partial one), sequences
+    // shorter and longer than a tile; float and double, against the step-by-step gradients
+    // and the reference backend
+    using Seq = ds::axis<"seq">;
+    using Model = ds::axis<"model", 20>;
+    using Heads = ds::axis<"heads", 3>;
+    using HeadWidth = ds::axis<"head", 24>;
+    using Joined = ds::axis<"heads*head", 72>;
+    auto check = [](auto type, std::size_t seq, double rtol, double atol) {
+        using T = decltype(type);
+        auto x = random_tensor<T>(seq, -1.0, 1.0, Batch{2}, Seq{seq}, Model{});
+        auto w = random_tensor<T>(seq + 1, -1.0, 1.0, Batch{2}, Seq{seq}, Joined{});
+        auto w_q = random_tensor<T>(3, -0.5, 0.5, Model{}, Joined{});
+        auto w_k = random_tensor<T>(4, -0.5, 0.5, Model{}, Joined{});
+        auto w_v = random_tensor<T>(5, -0.5, 0.5, Model{}, Joined{});
+        auto heads_of = [](auto&& rows) {
+            return ds::permute<Batch, Heads, Seq, HeadWidth>(ds::view<Batch, Seq, Heads, HeadWidth>(std::forward<decltype(rows)>(rows)));
+        };
+        auto z = ds::view<Batch, Seq, Joined>(ds::permute<Batch, Seq, Heads, HeadWidth>(ds::nn::causal_attention(
+            heads_of(ds::matmul(x, w_q)), heads_of(ds::matmul(x, w_k)), heads_of(ds::matmul(x, w_v)))));
+        auto loss = ds::sum<Batch>(ds::sum<Seq>(ds::sum<Joined>(z * w)));
+        const std::string plan = ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_q));
+        INFO(plan);
+        CHECK(plan.find("attention_backward") != std::string::npos);
+        const ds::backend::cpu::evaluator step_by_step{.fuse_attention = false};
+        for (int threads : {1, 2}) {
+            INFO("threads=" << threads);
+            ds::set_num_threads(threads);
+            auto dw_q = w_q, dw_k = w_k, dw_v = w_v, dx = x;
+            ds::backward(loss, std::tie(x, w_q, w_k, w_v), std::tie(dx, dw_q, dw_k, dw_v));
+            for (const auto& [got, of] : {std::pair{&dw_q, &w_q}, std::pair{&dw_k, &w_k}, std::pair{&dw_v, &w_v}}) {
+                test::require_close(*got, test::to_xt(ds::eval(ds::grad(loss, *of), step_by_step)), rtol, atol);
+            }
+            test::require_close(dx, test::to_xt(ds::eval(ds::grad(loss, x), step_by_step)), rtol, atol);
+            if constexpr (std::is_same_v<T, double>) test::require_close(dw_k, test::to_xt(ds::eval(ds::grad(loss, w_k), reference)), 1e-12, 1e-12);
+        }
+        ds::set_num_threads(0);
+    };
+    for (const std::size_t seq : {1, 16, 19, 40}) {
+        INFO("seq " << seq);
+        check(float{}, seq, 1e-5, 1e-5);
+        check(double{}, seq, 1e-12, 1e-12);
+    }
 }
 
 TEST_CASE("an attention rounded to bf16 for the product that reads it is computed once: its fused backward reads its float value") {
