@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 namespace ds = dimsum;
 
@@ -678,6 +679,23 @@ TEST_CASE("gradient_options::bf16_products: a gradient's product beside a bf16 o
     const auto y = tape.eval(ds::matmul(x, w));
     tape.backward(ds::sum<Batch>(ds::sum<Hidden>(ds::cast<float>(y) * t)), std::tie(x, w), std::tie(dx, dw));
     CHECK(relative_error(dw.data(), rounded) <= 1e-5);
+    // so do ds::grad and ds::vjp given it, on the CPU backend and on the reference backend;
+    // without it, they widen the cotangent
+    for (const auto& [options, want, products] : {std::tuple{bf16_products, &rounded, 1}, std::tuple{ds::gradient_options{}, &exact, 0}}) {
+        INFO("bf16_products " << options.bf16_products);
+        std::size_t before = bf16_products_run();
+        dw = ds::grad(one_product(), w, options);
+        CHECK(bf16_products_run() - before == std::size_t(products));  // dW = x^T round(t) with the option
+        CHECK(relative_error(dw.data(), *want) <= 1e-5);
+        dw = ds::eval(ds::grad(one_product(), w, options), ds::backend::reference::evaluator{});
+        CHECK(relative_error(dw.data(), *want) <= 1e-5);
+        before = bf16_products_run();
+        dw = ds::vjp(ds::cast<float>(ds::matmul(x, w)), w, t, options);
+        CHECK(bf16_products_run() - before == std::size_t(products));
+        CHECK(relative_error(dw.data(), *want) <= 1e-5);
+        dw = ds::eval(ds::vjp(ds::cast<float>(ds::matmul(x, w)), w, t, options), ds::backend::reference::evaluator{});
+        CHECK(relative_error(dw.data(), *want) <= 1e-5);
+    }
 }
 
 TEST_CASE("AdamW: three steps are torch.optim.AdamW's, and a run resumed from saved parameters and state continues bit for bit") {

@@ -25,20 +25,14 @@
 #include <stdexcept>
 #include <vector>
 
+#include "dimsum/core/gradient_options.hpp"
 #include "dimsum/evaluation/attention_pattern.hpp"
 #include "dimsum/evaluation/program.hpp"
 
 namespace dimsum::evaluation {
 
-// How a program is differentiated (ds::gradient_options, nn/gradients.hpp).
-struct gradient_options {
-    // A gradient's product whose other operand is stored in bf16 (a bf16 tensor, a cast<bf16>,
-    // or a view of either) reads the cotangent rounded to bf16, so that both its operands are
-    // bf16 and it runs on the CPU's bf16 instructions where they exist: dA = round(dC) B^T
-    // where B is bf16, dB = A^T round(dC) where A is. PyTorch's autocast computes these
-    // products so. Off, every gradient is computed in float from float cotangents.
-    bool bf16_products = false;
-};
+// How a program is differentiated (core/gradient_options.hpp).
+using gradient_options = ::dimsum::gradient_options;
 
 namespace differentiation {
 
@@ -709,9 +703,10 @@ inline void differentiate(program& p, std::size_t output, std::size_t cotangent,
 }
 
 // The same for one binding: its gradient's step, or no_step.
-inline std::size_t differentiate(program& p, std::size_t output, std::size_t cotangent, std::size_t leaf) {
+inline std::size_t differentiate(program& p, std::size_t output, std::size_t cotangent, std::size_t leaf,
+                                 gradient_options options = {}) {
     std::vector<std::size_t> gradients;
-    differentiate(p, output, cotangent, std::span<const std::size_t>(&leaf, 1), gradients);
+    differentiate(p, output, cotangent, std::span<const std::size_t>(&leaf, 1), gradients, options);
     return gradients[0];
 }
 

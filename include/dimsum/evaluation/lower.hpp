@@ -210,7 +210,7 @@ std::size_t lower_step(const E& e, program& p, std::vector<binding>& bindings) {
         const std::size_t output = lower_step<T>(e.operands.first, p, bindings);
         p.differentiated.pop_back();
         const std::size_t cotangent = lower_step<T>(e.operands.second, p, bindings);
-        const std::size_t gradient = differentiate(p, output, cotangent, p.steps[leaf].binding);
+        const std::size_t gradient = differentiate(p, output, cotangent, p.steps[leaf].binding, e.options);
         if (gradient == no_step) lowering::throw_not_read(p.steps[leaf]);
         return gradient;
     } else {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 
+#include "dimsum/core/gradient_options.hpp"
 #include "dimsum/expr/expression.hpp"
 #include "dimsum/shape/shape.hpp"
 
@@ -262,13 +263,14 @@ struct reduce {
 // The gradient of Formula's value with respect to the values of Leaf (a tensor or view that
 // it reads), given that value's cotangent: the number 1 for a scalar Formula (ds::grad), any
 // formula of Formula's shape (ds::vjp). Of Leaf's shape; lowering differentiates
-// (evaluation/differentiate.hpp).
+// (evaluation/differentiate.hpp), as `options` says.
 template <class Shape, class Formula, class Cotangent, class Leaf>
 struct gradient {
     using shape_type = Shape;
     using value_type = value_type_of<Formula>;
     expr::operands<Formula, Cotangent, Leaf> operands;
     shape_type extents;
+    gradient_options options;
     shape_type shape() const { return extents; }
 };
 

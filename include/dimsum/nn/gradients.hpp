@@ -29,10 +29,6 @@
 
 namespace dimsum {
 
-// ds::gradient_options{.bf16_products = true}: how backward and backward_from differentiate
-// (evaluation/differentiate.hpp).
-using gradient_options = evaluation::gradient_options;
-
 namespace detail {
 
 // A tensor differentiated with respect to, its type erased: how to lower its view into a

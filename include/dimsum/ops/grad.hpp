@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "dimsum/core/element_type.hpp"
+#include "dimsum/core/gradient_options.hpp"
 #include "dimsum/ops/common.hpp"
 #include "dimsum/shape/conform.hpp"
 
@@ -77,11 +78,11 @@ constexpr message gradient_error(std::string_view op) {
 }
 
 template <class F, class X, class C>
-auto make_gradient(F&& f, X&& x, C&& cotangent) {
+auto make_gradient(F&& f, X&& x, C&& cotangent, gradient_options options) {
     using node = expr::gradient<shape_of<X>, expr::held_t<F>, expr::held_t<C>, expr::held_t<X>>;
     auto extents = x.shape();
     return node{{expr::hold(std::forward<F>(f)), expr::hold(std::forward<C>(cotangent)), expr::hold(std::forward<X>(x))},
-                extents};
+                extents, options};
 }
 
 }  // namespace detail
@@ -90,8 +91,9 @@ auto make_gradient(F&& f, X&& x, C&& cotangent) {
 // reads: a formula of x's shape whose value at each position is d f / d x there. Where f reads
 // x only through masks and comparisons, zeros. Matched when evaluated: the same memory seen
 // the same way as f reads it (a std::invalid_argument if f reads another tensor of x's type).
+// `options` (gradient_options): as ds::backward's.
 template <operand F, class X>
-auto grad(F&& f, X&& x) {
+auto grad(F&& f, X&& x, gradient_options options = {}) {
     if constexpr (any_invalid<F, X>) {
         return invalid_expression{};
     } else {
@@ -107,16 +109,16 @@ auto grad(F&& f, X&& x) {
             }();
             return fail<not_scalar>();
         } else {
-            return detail::make_gradient(std::forward<F>(f), std::forward<X>(x), expr::scalar<value_type_of<F>>{1, {}});
+            return detail::make_gradient(std::forward<F>(f), std::forward<X>(x), expr::scalar<value_type_of<F>>{1, {}}, options);
         }
     }
 }
 
 // The vector-Jacobian product of f with respect to x: sum over f's positions of
 // cotangent * d f / d x, a formula of x's shape. The cotangent is any formula of f's shape
-// and element type. grad(f, x) is vjp(f, x, 1) for f of no axes.
+// and element type. grad(f, x) is vjp(f, x, 1) for f of no axes. `options` as grad's.
 template <operand F, class X, operand C>
-auto vjp(F&& f, X&& x, C&& cotangent, call_site caller = call_site::current()) {
+auto vjp(F&& f, X&& x, C&& cotangent, gradient_options options = {}, call_site caller = call_site::current()) {
     detail::operation_site site(caller);
     if constexpr (any_invalid<F, X, C>) {
         return invalid_expression{};
@@ -136,7 +138,7 @@ auto vjp(F&& f, X&& x, C&& cotangent, call_site caller = call_site::current()) {
                 detail::throw_cannot_store("vjp", {shape_of<C>::axes.data(), extents.data(), shape_of<C>::rank},
                                            {shape_of<F>::axes.data(), formula_extents.data(), shape_of<F>::rank});
             }
-            return detail::make_gradient(std::forward<F>(f), std::forward<X>(x), std::forward<C>(cotangent));
+            return detail::make_gradient(std::forward<F>(f), std::forward<X>(x), std::forward<C>(cotangent), options);
         }
     }
 }
