@@ -99,6 +99,24 @@ public:
                 const step& operand = at(s.operands[o]);
                 if (operand.rank == s.rank && operand.extents == s.extents && operand.axes) s.axes = operand.axes;
             }
+            // A constant expanded to extents (expand) is read as its number, the step keeping
+            // the extents it gave; and x * 1 is x. A mean's adjoint times a cotangent of 1
+            // times x was a pass computing c * 1 * x; it is c * x, and a seed of 1 times a
+            // cotangent is the cotangent itself, read where it lies.
+            for (std::size_t o = 0; o < s.operand_count; ++o) {
+                const step& operand = at(s.operands[o]);
+                if (operand.kind == step_kind::elementwise && operand.op == op_code::multiply && all_numbers(operand)) {
+                    s.operands[o] = fold(operand);
+                }
+            }
+            if (all_numbers(s)) return expand(fold(s), s);
+            if (s.op == op_code::multiply && s.operand_count == 2) {
+                for (std::size_t o = 0; o < 2; ++o) {
+                    const step& factor = at(s.operands[o]);
+                    const std::size_t other = s.operands[1 - o];
+                    if (factor.kind == step_kind::number && factor.number == 1.0 && same_extents(at(other), s)) return other;
+                }
+            }
         }
         return add(s);
     }
