@@ -493,25 +493,49 @@ TEST_CASE("the fused attention backward is the step-by-step gradient: odd length
     }
 }
 
-TEST_CASE("the fused attention backward writes dQ and dK^T as the heads merged back into rows read them: no copy between") {
-    // a layer's self-attention: projections, heads split off the rows and merged back
+namespace {
+
+// A layer's self-attention over x (batch 2, seq, model): projections, heads of `Width` split
+// off the rows and merged back, weighed by w into a loss. Q, K, V and the attention's output
+// are each a head's columns of a (batch, seq, heads x head) activation.
+template <class T, std::size_t ModelWidth, std::size_t HeadCount, std::size_t Width>
+struct heads_in_rows {
     using Seq = ds::axis<"seq">;
-    using Model = ds::axis<"model", 24>;
-    using Heads = ds::axis<"heads", 3>;
-    using HeadWidth = ds::axis<"head", 8>;
-    using Joined = ds::axis<"heads*head", 24>;
-    const std::size_t seq = 19;
-    auto x = random_tensor<float>(1, -1.0, 1.0, Batch{2}, Seq{seq}, Model{});
-    auto w = random_tensor<float>(2, -1.0, 1.0, Batch{2}, Seq{seq}, Joined{});
-    auto w_q = random_tensor<float>(3, -0.5, 0.5, Model{}, Joined{});
-    auto w_k = random_tensor<float>(4, -0.5, 0.5, Model{}, Joined{});
-    auto w_v = random_tensor<float>(5, -0.5, 0.5, Model{}, Joined{});
-    auto heads_of = [](auto&& rows) {
+    using Model = ds::axis<"model", ModelWidth>;
+    using Heads = ds::axis<"heads", HeadCount>;
+    using HeadWidth = ds::axis<"head", Width>;
+    using Joined = ds::axis<"heads*head", HeadCount * Width>;
+    ds::tensor<T, Batch, Seq, Model> x;
+    ds::tensor<T, Batch, Seq, Joined> w;
+    ds::tensor<T, Model, Joined> w_q, w_k, w_v;
+    explicit heads_in_rows(std::size_t seq)
+        : x(random_tensor<T>(seq, -1.0, 1.0, Batch{2}, Seq{seq}, Model{})),
+          w(random_tensor<T>(seq + 1, -1.0, 1.0, Batch{2}, Seq{seq}, Joined{})),
+          w_q(random_tensor<T>(3, -0.5, 0.5, Model{}, Joined{})),
+          w_k(random_tensor<T>(4, -0.5, 0.5, Model{}, Joined{})),
+          w_v(random_tensor<T>(5, -0.5, 0.5, Model{}, Joined{})) {}
+    static auto heads_of(auto&& rows) {
         return ds::permute<Batch, Heads, Seq, HeadWidth>(ds::view<Batch, Seq, Heads, HeadWidth>(std::forward<decltype(rows)>(rows)));
-    };
-    auto z = ds::view<Batch, Seq, Joined>(ds::permute<Batch, Seq, Heads, HeadWidth>(
-        ds::nn::attention(heads_of(ds::matmul(x, w_q)), heads_of(ds::matmul(x, w_k)), heads_of(ds::matmul(x, w_v)))));
-    auto loss = ds::sum<Batch>(ds::sum<Seq>(ds::sum<Joined>(z * w)));
+    }
+    template <bool causal>
+    auto loss() const {
+        auto q = heads_of(ds::matmul(x, w_q));
+        auto k = heads_of(ds::matmul(x, w_k));
+        auto v = heads_of(ds::matmul(x, w_v));
+        auto z = [&] {
+            if constexpr (causal) return ds::nn::causal_attention(q, k, v);
+            else return ds::nn::attention(q, k, v);
+        }();
+        return ds::sum<Batch>(ds::sum<Seq>(ds::sum<Joined>(ds::view<Batch, Seq, Joined>(ds::permute<Batch, Seq, Heads, HeadWidth>(z)) * w)));
+    }
+};
+
+}  // namespace
+
+TEST_CASE("the fused attention backward writes dQ and dK^T as the heads merged back into rows read them: no copy between") {
+    heads_in_rows<float, 24, 3, 8> layer(19);
+    auto &w_q = layer.w_q, &w_k = layer.w_k, &w_v = layer.w_v;
+    const auto loss = layer.loss<false>();
     for (const std::string& plan : {ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_q)),
                                    ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_k))}) {
         INFO(plan);
@@ -563,26 +587,13 @@ TEST_CASE("the tiles the fused attention backward transposes its operands and dQ
 TEST_CASE("the fused attention backward reads and writes heads that lie in a layer's rows, in whole and partial tiles") {
     // Q, K, V, O and dO each a head's columns of (batch, seq, heads x head) rows, and dQ, dK^T
     // and dV written there: heads of 24 (a whole tile of 16 and a partial one), sequences
-    // shorter and longer than a tile; float and double, against the step-by-step gradients
-    // and the reference backend
-    using Seq = ds::axis<"seq">;
-    using Model = ds::axis<"model", 20>;
-    using Heads = ds::axis<"heads", 3>;
-    using HeadWidth = ds::axis<"head", 24>;
-    using Joined = ds::axis<"heads*head", 72>;
+    // shorter and longer than a tile, causal; float and double, against the step-by-step
+    // gradients and the reference backend
     auto check = [](auto type, std::size_t seq, double rtol, double atol) {
         using T = decltype(type);
-        auto x = random_tensor<T>(seq, -1.0, 1.0, Batch{2}, Seq{seq}, Model{});
-        auto w = random_tensor<T>(seq + 1, -1.0, 1.0, Batch{2}, Seq{seq}, Joined{});
-        auto w_q = random_tensor<T>(3, -0.5, 0.5, Model{}, Joined{});
-        auto w_k = random_tensor<T>(4, -0.5, 0.5, Model{}, Joined{});
-        auto w_v = random_tensor<T>(5, -0.5, 0.5, Model{}, Joined{});
-        auto heads_of = [](auto&& rows) {
-            return ds::permute<Batch, Heads, Seq, HeadWidth>(ds::view<Batch, Seq, Heads, HeadWidth>(std::forward<decltype(rows)>(rows)));
-        };
-        auto z = ds::view<Batch, Seq, Joined>(ds::permute<Batch, Seq, Heads, HeadWidth>(ds::nn::causal_attention(
-            heads_of(ds::matmul(x, w_q)), heads_of(ds::matmul(x, w_k)), heads_of(ds::matmul(x, w_v)))));
-        auto loss = ds::sum<Batch>(ds::sum<Seq>(ds::sum<Joined>(z * w)));
+        heads_in_rows<T, 20, 3, 24> layer(seq);
+        auto &x = layer.x, &w_q = layer.w_q, &w_k = layer.w_k, &w_v = layer.w_v;
+        const auto loss = layer.template loss<true>();
         const std::string plan = ds::backend::cpu::evaluator{}.explain(ds::grad(loss, w_q));
         INFO(plan);
         CHECK(plan.find("attention_backward") != std::string::npos);
