@@ -31,9 +31,6 @@
 
 namespace dimsum::evaluation {
 
-// How a program is differentiated (core/gradient_options.hpp).
-using gradient_options = ::dimsum::gradient_options;
-
 namespace differentiation {
 
 // Whether operand o of step s carries a gradient.
