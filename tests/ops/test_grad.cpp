@@ -212,6 +212,38 @@ TEST_CASE("grad through views: transpose, view, select, slice with steps, concat
     }
 }
 
+TEST_CASE("grad through a permute of a view that splits an axis: heads split off a row's columns") {
+    using Seq = ds::axis<"seq">;
+    using Heads = ds::axis<"heads", 2>;
+    using Width = ds::axis<"width", 3>;
+    using Joined = ds::axis<"heads*width", 6>;
+    for (std::size_t seq : {1, 4}) {
+        INFO("seq=" << seq);
+        auto x = random_tensor<double>(seq, -1.0, 1.0, Batch{2}, Seq{seq}, Joined{});
+        const auto w = random_tensor<double>(seq + 1, -1.0, 1.0, Batch{2}, Heads{}, Seq{seq}, Width{});
+        auto heads = [](auto& t) { return ds::permute<Batch, Heads, Seq, Width>(ds::view<Batch, Seq, Heads, Width>(t)); };
+        auto total = [](auto&& f) { return ds::sum<Batch>(ds::sum<Heads>(ds::sum<Seq>(ds::sum<Width>(std::forward<decltype(f)>(f))))); };
+        check_gradient(x, total(ds::sin(heads(x)) * w));
+        // moved past the sequence too, as keys are read in scores; one head of it
+        check_gradient(x, total(ds::permute<Batch, Heads, Seq, Width>(ds::permute<Batch, Heads, Width, Seq>(
+                                    ds::view<Batch, Seq, Heads, Width>(x))) * heads(x) * w));
+        check_gradient(x, ds::sum<Batch>(ds::sum<Seq>(ds::sum<Width>(ds::exp(ds::select<Heads>(heads(x), 1)) *
+                                                                      ds::select<Heads>(w, 0)))));
+        // the scores of x with itself, head by head
+        using Key = ds::axis<"key">;
+        auto keys = ds::permute<Batch, Heads, Width, Key>(ds::view<Batch, Key, Heads, Width>(x));
+        check_gradient(x, ds::sum<Batch>(ds::sum<Heads>(ds::sum<Seq>(ds::sum<Key>(ds::tanh(ds::matmul(heads(x), keys)))))));
+    }
+    // a split within a split: rows of (2, 2, 3) columns read as (pair, outer, inner) moved
+    using Pair = ds::axis<"pair", 2>;
+    using Outer = ds::axis<"outer", 2>;
+    using Twelve = ds::axis<"twelve", 12>;
+    auto x = random_tensor<double>(9, -1.0, 1.0, Rows{3}, Twelve{});
+    const auto w = random_tensor<double>(10, -1.0, 1.0, Width{}, Rows{3}, Pair{}, Outer{});
+    check_gradient(x, ds::sum<Width>(ds::sum<Rows>(ds::sum<Pair>(ds::sum<Outer>(
+                          ds::cos(ds::permute<Width, Rows, Pair, Outer>(ds::view<Rows, Pair, Outer, Width>(x))) * w)))));
+}
+
 TEST_CASE("grad of gather: the table's gradient added up at repeated ids, the same on 1 and 2 threads, bad ids refused") {
     using Vocab = ds::axis<"vocab">;
     using Seq = ds::axis<"seq">;

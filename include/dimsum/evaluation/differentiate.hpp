@@ -18,6 +18,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <limits>
 #include <numbers>
 #include <optional>
@@ -264,57 +265,40 @@ public:
 
     // The memory that binding `part` reads, as view steps of tensor step `whole` (of binding
     // `of`): each of part's axes walks along one of whole's (every so many), whole's other axes
-    // are selected; no_step where no such views express it (other element types, memory
-    // outside whole's, strides that no axis of whole divides).
+    // are selected; failing that, the same after splitting whole's axes where part's strides
+    // fall inside one (a view that splits a row's columns into heads, then permutes them).
+    // no_step where no such views express it (other element types, memory outside whole's,
+    // strides that no axis of whole divides).
     std::size_t view_within(std::size_t whole, const binding& of, const binding& part, const step& as) {
-        const step w = at(whole);  // a copy: selects and slices append to the steps
         const layout& outer = of.where;
         const layout& inner = part.where;
         if (part.type != of.type || part.on_device || of.on_device) return no_step;
         const std::ptrdiff_t bytes = static_cast<const char*>(part.data) - static_cast<const char*>(of.data);
         const std::ptrdiff_t size = static_cast<std::ptrdiff_t>(size_of(of.type));
         if (bytes % size != 0) return no_step;
-        std::ptrdiff_t rest = bytes / size + inner.offset - outer.offset;  // in elements, from whole's first
-        if (rest < 0) return no_step;
+        const std::ptrdiff_t first = bytes / size + inner.offset - outer.offset;  // in elements, from whole's first
+        if (first < 0) return no_step;
         // the same elements in the same order under other axes (an eager ds::view of a tensor)
-        if (rest == 0 && is_row_major(outer) && is_row_major(inner) && outer.size() == inner.size()) return reshape(whole, as);
-        // whole's axes from the largest stride: where part's first element lies, and which walks each of part's axes
-        std::array<std::size_t, max_rank> by_stride{}, start{}, walker{}, spacing{};
-        for (std::size_t k = 0; k < w.rank; ++k) by_stride[k] = k;
-        std::sort(by_stride.begin(), by_stride.begin() + w.rank,
-                  [&](std::size_t a, std::size_t b) { return outer.strides[a] > outer.strides[b]; });
-        for (std::size_t i = 0; i < w.rank; ++i) {
-            const std::size_t k = by_stride[i];
-            if (outer.strides[k] <= 0) return no_step;
-            start[k] = static_cast<std::size_t>(rest / outer.strides[k]);
-            rest %= outer.strides[k];
-            walker[k] = no_step;
-        }
-        if (rest != 0) return no_step;
-        for (std::size_t j = 0; j < inner.rank; ++j) {
-            if (inner.extents[j] == 1) continue;
-            std::size_t found = no_step;
-            for (std::size_t i = 0; i < w.rank && found == no_step; ++i) {
-                const std::size_t k = by_stride[i];
-                if (walker[k] == no_step && w.extents[k] > 1 && inner.strides[j] > 0 && inner.strides[j] % outer.strides[k] == 0) {
-                    found = k;
-                }
-            }
-            if (found == no_step) return no_step;
-            walker[found] = j;
-            spacing[found] = static_cast<std::size_t>(inner.strides[j] / outer.strides[found]);
-            if (start[found] + (inner.extents[j] - 1) * spacing[found] >= w.extents[found]) return no_step;
-        }
-        for (std::size_t k = 0; k < w.rank; ++k) {
-            if (start[k] >= w.extents[k]) return no_step;
-        }
+        if (first == 0 && is_row_major(outer) && is_row_major(inner) && outer.size() == inner.size()) return reshape(whole, as);
+        layout axes = outer;
+        std::optional<placement> where = place(axes, first, inner);
         std::size_t v = whole;
-        for (std::size_t k = w.rank; k-- > 0;) {  // from the last axis, so that a select leaves the others in place
-            if (walker[k] == no_step) {
-                v = select(v, k, start[k]);
+        if (!where) {
+            if (!split_where_read(axes, inner)) return no_step;
+            where = place(axes, first, inner);
+            if (!where) return no_step;
+            step finer{step_kind::reshape};
+            finer.rank = axes.rank;
+            finer.extents = axes.extents;
+            v = reshape(whole, finer);
+        }
+        for (std::size_t k = axes.rank; k-- > 0;) {  // from the last axis, so that a select leaves the others in place
+            const std::size_t walker = where->walker[k], start = where->start[k], spacing = where->spacing[k];
+            if (walker == no_step) {
+                v = select(v, k, start);
             } else {
-                const std::size_t count = inner.extents[walker[k]];
-                if (start[k] != 0 || spacing[k] != 1 || count != at(v).extents[k]) v = slice(v, k, start[k], count, spacing[k]);
+                const std::size_t count = inner.extents[walker];
+                if (start != 0 || spacing != 1 || count != at(v).extents[k]) v = slice(v, k, start, count, spacing);
             }
         }
         order_t order{};  // part's axes of extent above 1, in its order: which of v's axes each is
@@ -322,9 +306,9 @@ public:
         for (std::size_t j = 0; j < inner.rank; ++j) {
             if (inner.extents[j] == 1) continue;
             std::size_t position = 0;
-            for (std::size_t k = 0; k < w.rank; ++k) {
-                if (walker[k] == j) break;
-                if (walker[k] != no_step) ++position;
+            for (std::size_t k = 0; k < axes.rank; ++k) {
+                if (where->walker[k] == j) break;
+                if (where->walker[k] != no_step) ++position;
             }
             order[kept++] = position;
         }
@@ -382,6 +366,83 @@ private:
         layout dense = row_major(l.rank, l.extents);
         dense.offset = l.offset;
         return dense == l;
+    }
+    // Where a part of a whole lies, per axis of the whole: the index the part starts at, and
+    // which of the part's axes walks it, every `spacing` (no_step: the part selects `start`).
+    struct placement {
+        std::array<std::size_t, max_rank> start{}, walker{}, spacing{};
+    };
+    // The placement of the elements `inner` reads, from element `first` of `whole`'s (in
+    // elements), or none where some axis of inner walks along no axis of whole.
+    static std::optional<placement> place(const layout& whole, std::ptrdiff_t first, const layout& inner) {
+        placement p;
+        // whole's axes from the largest stride: where part's first element lies, and which walks each of part's axes
+        std::array<std::size_t, max_rank> by_stride{};
+        for (std::size_t k = 0; k < whole.rank; ++k) by_stride[k] = k;
+        std::sort(by_stride.begin(), by_stride.begin() + whole.rank,
+                  [&](std::size_t a, std::size_t b) { return whole.strides[a] > whole.strides[b]; });
+        std::ptrdiff_t rest = first;
+        for (std::size_t i = 0; i < whole.rank; ++i) {
+            const std::size_t k = by_stride[i];
+            if (whole.strides[k] <= 0) return std::nullopt;
+            p.start[k] = static_cast<std::size_t>(rest / whole.strides[k]);
+            rest %= whole.strides[k];
+            p.walker[k] = no_step;
+        }
+        if (rest != 0) return std::nullopt;
+        for (std::size_t j = 0; j < inner.rank; ++j) {
+            if (inner.extents[j] == 1) continue;
+            std::size_t found = no_step;
+            for (std::size_t i = 0; i < whole.rank && found == no_step; ++i) {
+                const std::size_t k = by_stride[i];
+                if (p.walker[k] == no_step && whole.extents[k] > 1 && inner.strides[j] > 0 && inner.strides[j] % whole.strides[k] == 0) {
+                    found = k;
+                }
+            }
+            if (found == no_step) return std::nullopt;
+            p.walker[found] = j;
+            p.spacing[found] = static_cast<std::size_t>(inner.strides[j] / whole.strides[found]);
+            if (p.start[found] + (inner.extents[j] - 1) * p.spacing[found] >= whole.extents[found]) return std::nullopt;
+        }
+        for (std::size_t k = 0; k < whole.rank; ++k) {
+            if (p.start[k] >= whole.extents[k]) return std::nullopt;
+        }
+        return p;
+    }
+    // Splits whole's axes where inner reads inside one: an axis of extent n and stride s that
+    // inner walks at stride s * f, f dividing n, becomes the axes (n / f, f) of strides
+    // (s * f, s), and so on for each smaller f dividing the last. Whether any axis split.
+    static bool split_where_read(layout& whole, const layout& inner) {
+        layout finer;
+        bool split = false;
+        for (std::size_t k = 0; k < whole.rank; ++k) {
+            const std::size_t n = whole.extents[k];
+            const std::ptrdiff_t s = whole.strides[k];
+            std::array<std::size_t, max_rank> factors{};  // of n, each dividing the one before
+            std::size_t count = 0;
+            for (std::size_t j = 0; j < inner.rank && s > 0; ++j) {
+                if (inner.extents[j] == 1 || inner.strides[j] <= s || inner.strides[j] % s != 0) continue;
+                const std::size_t f = static_cast<std::size_t>(inner.strides[j] / s);
+                if (f < n && n % f == 0 && count < max_rank) factors[count++] = f;
+            }
+            std::sort(factors.begin(), factors.begin() + count, std::greater<>());
+            std::size_t above = n;
+            for (std::size_t i = 0; i < count; ++i) {
+                const std::size_t f = factors[i];
+                if (f == above || above % f != 0) continue;
+                if (finer.rank + 2 > max_rank) return false;
+                finer.extents[finer.rank] = above / f;
+                finer.strides[finer.rank++] = s * static_cast<std::ptrdiff_t>(f);
+                above = f;
+                split = true;
+            }
+            if (finer.rank == max_rank) return false;
+            finer.extents[finer.rank] = above;
+            finer.strides[finer.rank++] = s;
+        }
+        finer.offset = whole.offset;
+        whole = finer;
+        return split;
     }
     static void shape_like(step& s, const step& like) {
         s.rank = like.rank;
