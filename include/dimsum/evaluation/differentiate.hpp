@@ -18,7 +18,6 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
-#include <functional>
 #include <limits>
 #include <numbers>
 #include <optional>
@@ -423,9 +422,11 @@ private:
             for (std::size_t j = 0; j < inner.rank && s > 0; ++j) {
                 if (inner.extents[j] == 1 || inner.strides[j] <= s || inner.strides[j] % s != 0) continue;
                 const std::size_t f = static_cast<std::size_t>(inner.strides[j] / s);
-                if (f < n && n % f == 0 && count < max_rank) factors[count++] = f;
+                if (f >= n || n % f != 0 || count == max_rank) continue;
+                std::size_t i = count++;  // kept from the largest
+                for (; i > 0 && factors[i - 1] < f; --i) factors[i] = factors[i - 1];
+                factors[i] = f;
             }
-            std::sort(factors.begin(), factors.begin() + count, std::greater<>());
             std::size_t above = n;
             for (std::size_t i = 0; i < count; ++i) {
                 const std::size_t f = factors[i];
