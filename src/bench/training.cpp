@@ -96,16 +96,14 @@ struct bert {
         return ds::permute<Batch, Heads, Seq, Head>(ds::view<Batch, Seq, Heads, Head>(std::forward<decltype(a)>(a)));
     }
     // h = layer_norm(x + attention(x)), then layer_norm(h + FFN(h)): one formula (the FFN is
-    // nn::gelu_feed_forward's, with each product's operand as product_operand reads it)
+    // nn::gelu_feed_forward, which rounds what its products read as product_operand does)
     auto formula(const weights& p, const ds::tensor<T, Batch, Seq, Model>& x) const {
         auto q = heads_of(product_operand<T>(ds::matmul(x, p.w_q) + p.b_q));  // (attention's products read them)
         auto k = heads_of(product_operand<T>(ds::matmul(x, p.w_k) + p.b_k));
         auto v = heads_of(product_operand<T>(ds::matmul(x, p.w_v) + p.b_v));
         auto z = ds::view<Batch, Seq, Inner>(ds::permute<Batch, Seq, Heads, Head>(product_operand<T>(ds::nn::attention(q, k, v))));
         auto h = ds::nn::layer_norm(x + (ds::matmul(z, p.w_o) + p.b_o), p.ln1_weight, p.ln1_bias, 1e-12);
-        auto inner = ds::nn::gelu(ds::matmul(product_operand<T>(h), p.w_1) + p.b_1);
-        auto ffn = ds::matmul(product_operand<T>(inner), p.w_2) + p.b_2;
-        return ds::nn::layer_norm(h + ffn, p.ln2_weight, p.ln2_bias, 1e-12);
+        return ds::nn::layer_norm(h + ds::nn::gelu_feed_forward(h, p.w_1, p.b_1, p.w_2, p.b_2), p.ln2_weight, p.ln2_bias, 1e-12);
     }
     static double forward_flops(double batch, double seq) {
         return 2.0 * batch * seq * 768.0 * (4.0 * 768.0 + 2.0 * 3072.0) + 2.0 * 2.0 * batch * 12.0 * seq * seq * 64.0;
@@ -150,7 +148,7 @@ struct decoder {
         return p;
     }
     // x + attention(rms_norm(x)), then + SwiGLU(rms_norm(.)): one formula
-    // (SwiGLU as nn::swiglu, with each product's operand as product_operand reads it)
+    // (nn::swiglu rounds what its products read as product_operand does)
     auto formula(const weights& p, const ds::tensor<T, Batch, Seq, Model>& x) const {
         auto h = product_operand<T>(ds::nn::rms_norm(x, p.attention_norm, 1e-5));
         auto q = product_operand<T>(rope(ds::permute<Batch, KvHeads, Group, Seq, Head>(ds::view<Batch, Seq, KvHeads, Group, Head>(ds::matmul(h, p.w_q)))));
@@ -158,8 +156,7 @@ struct decoder {
         auto v = product_operand<T>(ds::permute<Batch, KvHeads, OneGroup, Seq, Head>(ds::view<Batch, Seq, KvHeads, OneGroup, Head>(ds::matmul(h, p.w_v))));
         auto z = product_operand<T>(ds::nn::causal_attention(q, k, v));  // (batch, kv_heads, group, seq, head)
         auto r = x + ds::matmul(ds::view<Batch, Seq, Inner>(ds::permute<Batch, Seq, KvHeads, Group, Head>(z)), p.w_o);
-        auto u = product_operand<T>(ds::nn::rms_norm(r, p.ffn_norm, 1e-5));
-        return r + ds::matmul(product_operand<T>(ds::silu(ds::matmul(u, p.w_1)) * ds::matmul(u, p.w_3)), p.w_2);
+        return r + ds::nn::swiglu(ds::nn::rms_norm(r, p.ffn_norm, 1e-5), p.w_1, p.w_3, p.w_2);
     }
     // the projections (query 512, key and value 128 each, output 512), SwiGLU's three, and
     // the attention's two products over the half of the plane the causal mask leaves

@@ -101,6 +101,48 @@ TEST_CASE("rms_norm and swiglu against loops in double") {
     test::require_close(ds::eval(ds::nn::swiglu(x, w_1, w_3, w_2), ds::backend::reference::evaluator{}), want, 1e-12, 1e-13);
 }
 
+TEST_CASE("swiglu and gelu_feed_forward over bf16 values round what each product reads to bf16, as a bf16 model holds it") {
+    const std::size_t rows = 7, model = 17, hidden = 9;
+    ds::tensor<ds::bf16, Seq, Model> x(Seq{rows}, Model{model});
+    ds::tensor<ds::bf16, Model> g(Model{model}), b_2(Model{model});
+    ds::tensor<ds::bf16, Hidden> b_1(Hidden{hidden});
+    ds::tensor<ds::bf16, Model, Hidden> w_1(Model{model}, Hidden{hidden}), w_3(Model{model}, Hidden{hidden});
+    ds::tensor<ds::bf16, Hidden, Model> w_2(Hidden{hidden}, Model{model});
+    ds::fill_uniform(x, 1);
+    ds::fill_uniform(g, 2, 0.5, 1.5);
+    ds::fill_uniform(w_1, 3);
+    ds::fill_uniform(w_3, 4);
+    ds::fill_uniform(w_2, 5);
+    ds::fill_uniform(b_1, 6);
+    ds::fill_uniform(b_2, 7);
+    auto products = [] {  // of two bf16 operands, on every path
+        std::size_t n = 0;
+        for (const auto path : ds::backend::cpu::bf16_paths) n += ds::backend::cpu::bf16_products(path);
+        return n;
+    };
+    // x a formula of bf16 values (which computes in float): rounded before the products read
+    // it, and so is the inner activation, so that every product multiplies two bf16 operands
+    const auto normed = ds::nn::rms_norm(x, g, 1e-5);
+    auto check = [&](const auto& formula, std::size_t product_count) {
+        const std::string plan = ds::explain(formula);
+        INFO(plan);
+        CHECK(plan.find("rounded into") != std::string::npos);
+        const std::size_t before = products();
+        const ds::tensor<float, Seq, Model> got = ds::cast<float>(formula);
+        CHECK(products() - before == product_count);
+        // the reference backend rounds at the same places, in double
+        const ds::tensor<float, Seq, Model> want = ds::eval(ds::cast<float>(formula), ds::backend::reference::evaluator{});
+        test::require_close(got, test::to_xt(want), 1e-2, 1e-2);
+    };
+    SECTION("swiglu") { check(ds::nn::swiglu(normed, w_1, w_3, w_2), 3); }
+    SECTION("gelu_feed_forward") { check(ds::nn::gelu_feed_forward(normed, w_1, b_1, w_2, b_2), 2); }
+    // over float values, nothing is rounded
+    const ds::tensor<float, Seq, Model> xf = ds::cast<float>(x);
+    const ds::tensor<float, Model, Hidden> f_1 = ds::cast<float>(w_1), f_3 = ds::cast<float>(w_3);
+    const ds::tensor<float, Hidden, Model> f_2 = ds::cast<float>(w_2);
+    CHECK(ds::explain(ds::nn::swiglu(xf, f_1, f_3, f_2)).find("round") == std::string::npos);
+}
+
 TEST_CASE("rms_norm in a bf16 formula adds its epsilon in float, not rounded to bf16") {
     // mean(x^2) = 2^-22, exact in bf16, beside epsilon 1e-5 (1.00136e-5 once rounded to bf16,
     // which would move the result by 6.6e-4)

@@ -255,17 +255,20 @@ struct multi_head_attention {
             else evaluation::assign_with(backend, dst, formula);
         };
         const projection_views p = projections();
+        // x and c as the layer holds them: rounded where their values are bf16 (detail::as_stored)
+        auto&& queries_from = detail::as_stored(x);
+        auto&& keys_from = detail::as_stored(c);
         // the heads, query head h as (h / group, h % group): (batch, kv_heads, group, query, head),
         // and (batch, kv_heads, group=1, key, head or value_head), broadcast over the group.
         // In bf16, Q, K, V and the heads' output are held in bf16 (cast<T> rounds them; in
         // float it is nothing), as PyTorch's bf16 holds them, so that the attention and the
         // output projection run on the bf16 kernels where the CPU has them.
         auto q = permute<Batch, KvHeads, Group, Query, Head>(
-            view<Batch, Query, KvHeads, Group, Head>(cast<T>(matmul(x, p.w_q) + p.b_q)));
+            view<Batch, Query, KvHeads, Group, Head>(cast<T>(matmul(queries_from, p.w_q) + p.b_q)));
         auto k = permute<Batch, KvHeads, OneGroup, Key, Head>(
-            view<Batch, Key, KvHeads, OneGroup, Head>(cast<T>(matmul(c, p.w_k) + p.b_k)));
+            view<Batch, Key, KvHeads, OneGroup, Head>(cast<T>(matmul(keys_from, p.w_k) + p.b_k)));
         auto v = permute<Batch, KvHeads, OneGroup, Key, ValueHead>(
-            view<Batch, Key, KvHeads, OneGroup, ValueHead>(cast<T>(matmul(c, p.w_v) + p.b_v)));
+            view<Batch, Key, KvHeads, OneGroup, ValueHead>(cast<T>(matmul(keys_from, p.w_v) + p.b_v)));
         // concat(heads) W_O + b_O, for z (batch, kv_heads, group, query, value_head)
         auto output = [&](auto&& z) {
             store(y, matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(cast<T>(z))),
@@ -313,12 +316,14 @@ struct multi_head_attention {
         using Query = rows_of<X>;
         using Key = rows_of<C>;
         const projection_views w = projections();  // their values, never their panels
+        auto&& queries_from = detail::as_stored(x);  // rounded where bf16, as in forward_on
+        auto&& keys_from = detail::as_stored(c);
         auto q = permute<Batch, KvHeads, Group, Query, Head>(
-            view<Batch, Query, KvHeads, Group, Head>(cast<T>(matmul(x, w.w_q.values()) + w.b_q)));
+            view<Batch, Query, KvHeads, Group, Head>(cast<T>(matmul(queries_from, w.w_q.values()) + w.b_q)));
         auto k = permute<Batch, KvHeads, OneGroup, Key, Head>(
-            view<Batch, Key, KvHeads, OneGroup, Head>(cast<T>(matmul(c, w.w_k.values()) + w.b_k)));
+            view<Batch, Key, KvHeads, OneGroup, Head>(cast<T>(matmul(keys_from, w.w_k.values()) + w.b_k)));
         auto v = permute<Batch, KvHeads, OneGroup, Key, ValueHead>(
-            view<Batch, Key, KvHeads, OneGroup, ValueHead>(cast<T>(matmul(c, w.w_v.values()) + w.b_v)));
+            view<Batch, Key, KvHeads, OneGroup, ValueHead>(cast<T>(matmul(keys_from, w.w_v.values()) + w.b_v)));
         auto z = matmul(softmax(mask(attention_scores(rope(q, 0), rope(k, 0)))), v);  // (batch, kv_heads, group, query, value_head)
         return matmul(view<Batch, Query, ValueInner>(permute<Batch, Query, KvHeads, Group, ValueHead>(cast<T>(z))), w_o) +
                bias_or_zero(b_o, w_o.shape().extent(1));
@@ -391,14 +396,15 @@ struct multi_head_attention {
         // An absent bias is no pass at all here (not a zero added, as in the calls above):
         // decoding is many small calls, whose every operand counts.
         const bool projections_biased = b_qkv || b_q || b_k || b_v;
+        auto&& rows = detail::as_stored(x);  // rounded where bf16, as in forward_on
         with_flags(projections_biased, b_o.has_value(), [&](auto projection_bias, auto output_bias) {
             // the rows' keys and values (batch, kv_heads, seq=n, head), queries (batch, kv_heads, group, seq, head)
             auto k = transpose<Seq, KvHeads>(
-                view<Batch, Seq, KvHeads, Head>(cast<T>(plus<decltype(projection_bias)::value>(matmul(x, p.w_k), p.b_k))));
+                view<Batch, Seq, KvHeads, Head>(cast<T>(plus<decltype(projection_bias)::value>(matmul(rows, p.w_k), p.b_k))));
             auto v = transpose<Seq, KvHeads>(
-                view<Batch, Seq, KvHeads, ValueHead>(cast<T>(plus<decltype(projection_bias)::value>(matmul(x, p.w_v), p.b_v))));
+                view<Batch, Seq, KvHeads, ValueHead>(cast<T>(plus<decltype(projection_bias)::value>(matmul(rows, p.w_v), p.b_v))));
             auto q = permute<Batch, KvHeads, Group, Seq, Head>(
-                view<Batch, Seq, KvHeads, Group, Head>(cast<T>(plus<decltype(projection_bias)::value>(matmul(x, p.w_q), p.b_q))));
+                view<Batch, Seq, KvHeads, Group, Head>(cast<T>(plus<decltype(projection_bias)::value>(matmul(rows, p.w_q), p.b_q))));
             // softmax(mask(Q K^T / sqrt(d_k))) V over the cache, broadcast over each group, then W_O
             auto attend = [&](auto&& rotated_q, auto mask) {
                 auto keys = unsqueeze<OneGroup, 2>(cache.keys()), values = unsqueeze<OneGroup, 2>(cache.values());

@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "dimsum/ops/cast.hpp"
 #include "dimsum/ops/elementwise.hpp"
 #include "dimsum/ops/matmul.hpp"
 #include "dimsum/ops/softmax.hpp"
@@ -29,6 +30,18 @@ namespace detail {
 // A tensor passed as a temporary, which a formula reading it twice could not hold.
 template <class X>
 inline constexpr bool is_temporary_tensor = is_tensor<std::remove_cvref_t<X>>::value && !std::is_lvalue_reference_v<X>;
+
+// v as a tensor of its value type would hold it: a formula of bf16 values (which computes in
+// float until a cast rounds it) rounded to bf16, as a bf16 model (PyTorch's too) holds each
+// activation a product reads. The product then multiplies two bf16 operands (on the bf16
+// kernels where the CPU has them) and its weight's gradient finds a bf16 operand. A bf16
+// tensor or view is itself; anything else is v.
+template <class V>
+decltype(auto) as_stored(V&& v) {
+    if constexpr (is_invalid<V>) return invalid_expression{};  // the error already given, once
+    else if constexpr (std::is_same_v<std::remove_const_t<value_type_of<V>>, bf16>) return cast<bf16>(std::forward<V>(v));
+    else return std::forward<V>(v);
+}
 }  // namespace detail
 
 // x / sqrt(mean(x^2) + epsilon) g along the last axis (Zhang and Sennrich 2019), as
@@ -48,23 +61,27 @@ auto rms_norm(X&& x, G&& g, double epsilon = 1e-6, call_site caller = call_site:
 }
 
 // The feed-forward of BERT and GPT-2: gelu(x W_1 + b_1) W_2 + b_2, x (..., model), W_1
-// (model, hidden), W_2 (hidden, model).
+// (model, hidden), W_2 (hidden, model). Where x's values are bf16, x and the GELU's output
+// are rounded to bf16 before the products that read them (detail::as_stored).
 template <class X, class W1, class B1, class W2, class B2>
 auto gelu_feed_forward(X&& x, W1&& w_1, B1&& b_1, W2&& w_2, B2&& b_2, call_site caller = call_site::current()) {
     ::dimsum::detail::operation_site site(caller);
-    return matmul(gelu(matmul(std::forward<X>(x), std::forward<W1>(w_1)) + std::forward<B1>(b_1)), std::forward<W2>(w_2)) +
-           std::forward<B2>(b_2);
+    auto inner = gelu(matmul(detail::as_stored(std::forward<X>(x)), std::forward<W1>(w_1)) + std::forward<B1>(b_1));
+    return matmul(detail::as_stored(std::move(inner)), std::forward<W2>(w_2)) + std::forward<B2>(b_2);
 }
 
 // The SwiGLU feed-forward (Shazeer 2020), as in LLaMA: (silu(x W_1) * x W_3) W_2, x (..., model),
-// W_1 and W_3 (model, hidden), W_2 (hidden, model). x is read twice, as in rms_norm.
+// W_1 and W_3 (model, hidden), W_2 (hidden, model). x is read twice, as in rms_norm. Where
+// x's values are bf16, x and silu(x W_1) * x W_3 are rounded to bf16 before the products that
+// read them (detail::as_stored).
 template <class X, class W1, class W3, class W2>
 auto swiglu(X&& x, W1&& w_1, W3&& w_3, W2&& w_2, call_site caller = call_site::current()) {
     ::dimsum::detail::operation_site site(caller);
     static_assert(!detail::is_temporary_tensor<X>,
                   "dimsum: nn::swiglu reads x twice: give it a named tensor or a formula, not a temporary tensor");
-    const auto& rows = x;
-    return matmul(silu(matmul(rows, std::forward<W1>(w_1))) * matmul(rows, std::forward<W3>(w_3)), std::forward<W2>(w_2));
+    auto&& rows = detail::as_stored(x);
+    return matmul(detail::as_stored(silu(matmul(rows, std::forward<W1>(w_1))) * matmul(rows, std::forward<W3>(w_3))),
+                  std::forward<W2>(w_2));
 }
 
 }  // namespace dimsum::nn
