@@ -71,10 +71,11 @@ enum gradient_operand : std::size_t { q_at, k_at, v_at, o_at, d_o_at, dq_at, dk_
 
 // dst (cols x rows, its rows ld_dst apart) = src (rows x cols, its rows ld_src apart)
 // transposed, src of T or of bf16 (widened). In tiles of 16 x 16, through registers with
-// AVX-512 and float: element by element, each value of a column of src is on a line of its
-// own, and when src's rows lie a multiple of 1 KiB apart (a head's rows in a (seq, heads x
-// head) activation, 3 KiB) those lines fall in a few sets of L1 and evict each other before the
-// next column reads them again (a BERT layer's attention backward took 6.3 ms so, 3.9 in tiles).
+// AVX-512 and float (transpose_tile_16): element by element, each value of a column of src
+// is on a line of its own, and when src's rows lie a multiple of 1 KiB apart (a head's rows in
+// a (seq, heads x head) activation, 3 KiB) those lines fall in a few sets of L1 and evict each
+// other before the next column reads them again (a BERT layer's attention backward took 6.3
+// ms so, 3.9 in tiles).
 template <class T, class U>
 void transpose_copy(const U* src, std::ptrdiff_t ld_src, std::size_t rows, std::size_t cols, T* dst, std::ptrdiff_t ld_dst) {
     constexpr std::size_t tile = 16;
@@ -86,24 +87,7 @@ void transpose_copy(const U* src, std::ptrdiff_t ld_src, std::size_t rows, std::
             T* to = dst + static_cast<std::ptrdiff_t>(j0) * ld_dst + static_cast<std::ptrdiff_t>(i0);
 #if defined(__AVX512F__)
             if constexpr (std::is_same_v<T, float> && simd<T>::size == 16) {
-                const auto mask = [](std::size_t n) { return __mmask16(n == 16 ? 0xFFFFu : (1u << n) - 1); };
-                __m512 r[16];
-                for (std::size_t i = 0; i < tile; ++i) {
-                    const U* row = from + static_cast<std::ptrdiff_t>(i) * ld_src;
-                    if (i >= live_rows) {
-                        r[i] = _mm512_setzero_ps();
-                    } else if constexpr (std::is_same_v<U, float>) {
-                        r[i] = _mm512_maskz_loadu_ps(mask(live_cols), row);
-                    } else if (live_cols == tile) {
-                        r[i] = load_widened<float>(row);
-                    } else {  // a last, partial tile of bf16
-                        alignas(64) float wide[16] = {};
-                        for (std::size_t j = 0; j < live_cols; ++j) wide[j] = widened<float>(row[j]);
-                        r[i] = _mm512_load_ps(wide);
-                    }
-                }
-                transpose_16x16(r);
-                for (std::size_t j = 0; j < live_cols; ++j) _mm512_mask_storeu_ps(to + static_cast<std::ptrdiff_t>(j) * ld_dst, mask(live_rows), r[j]);
+                transpose_tile_16(from, ld_src, live_rows, live_cols, to, ld_dst, live_rows);
                 continue;
             }
 #endif

@@ -64,33 +64,23 @@ namespace detail {
 // Packs `lines` lines of `depth` contiguous values each (line l at src + l * line_stride)
 // into out[p * width + l], zero past the last line: the transposition that turns the rows
 // of a row-major A, or the columns of a transposed B, into a panel. With AVX-512 and float,
-// 16 x 16 blocks are transposed in registers; otherwise it goes through a small buffer a
-// vector at a time, which is about twice as fast as element by element. Values of bf16 are
-// widened as they are loaded.
+// 16 x 16 blocks are transposed in registers (transpose_tile_16); otherwise it goes through
+// a small buffer a vector at a time, which is about twice as fast as element by element.
+// Values of bf16 are widened as they are loaded.
 template <class T, std::size_t width, class U>
 void pack_lines(const U* src, std::ptrdiff_t line_stride, std::size_t lines, std::size_t depth, T* out) {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float> && simd<T>::size == 16) {
-        std::size_t p = 0;
-        for (; p + 16 <= depth; p += 16) {
+        const auto depths = [&](std::size_t p, std::size_t count) {  // [p, p + count), count at most 16
             for (std::size_t first = 0; first < width; first += 16) {
-                __m512 r[16];
-                for (std::size_t i = 0; i < 16; ++i) {
-                    std::size_t l = first + i;
-                    r[i] = l < lines ? __m512(load_widened<float>(src + static_cast<std::ptrdiff_t>(l) * line_stride +
-                                                                  static_cast<std::ptrdiff_t>(p)))
-                                     : _mm512_setzero_ps();
-                }
-                transpose_16x16(r);
-                const __mmask16 live = width - first >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - first)) - 1);
-                for (std::size_t q = 0; q < 16; ++q) _mm512_mask_storeu_ps(out + (p + q) * width + first, live, r[q]);
+                const std::size_t live = first < lines ? std::min<std::size_t>(16, lines - first) : 0;  // then zeros
+                const U* from = live ? src + static_cast<std::ptrdiff_t>(first) * line_stride + static_cast<std::ptrdiff_t>(p) : src;
+                transpose_tile_16(from, line_stride, live, count, out + p * width + first, width, std::min<std::size_t>(16, width - first));
             }
-        }
-        for (; p < depth; ++p) {
-            for (std::size_t l = 0; l < width; ++l) {
-                out[p * width + l] = l < lines ? static_cast<T>(src[static_cast<std::ptrdiff_t>(l) * line_stride + static_cast<std::ptrdiff_t>(p)]) : T(0);
-            }
-        }
+        };
+        std::size_t p = 0;
+        for (; p + 16 <= depth; p += 16) depths(p, 16);  // whole tiles, their loops of constant bounds
+        if (p < depth) depths(p, depth - p);
         return;
     }
 #endif

@@ -222,8 +222,8 @@ namespace detail {
 
 #if defined(__AVX512F__)
 // Transposes the 16 x 16 floats (or any 32-bit words) held in r[0..15] (r[i] = row i) in 4
-// rounds of shuffles: the packing of a float GEMM's operands (gemm.hpp) and of a bf16 one's
-// column-major A, a pair of bf16 per word (bf16_gemm.hpp).
+// rounds of shuffles: transpose_tile_16 below, and the packing of a bf16 GEMM's column-major
+// A, a pair of bf16 per word (bf16_gemm.hpp).
 // Always inlined: called, its 16 registers would go through memory both ways.
 [[gnu::always_inline]] inline void transpose_16x16(__m512 r[16]) {
     __m512 t[16], u[16], v[16];
@@ -246,6 +246,44 @@ namespace detail {
     for (int j = 0; j < 8; ++j) {
         r[j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0x88);
         r[8 + j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0xDD);
+    }
+}
+
+// One tile of a transposition, through registers: to[j * ld_dst + i] = src[i * ld_src + j]
+// for i < rows and j < cols (at most 16 each), src of float or bf16 (widened), and 0 for i in
+// [rows, out_rows). The packing of a float GEMM's row-major A or transposed B (gemm.hpp) and
+// the fused attention backward's transposed copies (attention_gradient.hpp) go through it.
+// Always inlined, as transpose_16x16; whole tiles take loops of constant bounds, which keep
+// the 16 rows in registers.
+template <class U>
+[[gnu::always_inline]] inline void transpose_tile_16(const U* src, std::ptrdiff_t ld_src, std::size_t rows, std::size_t cols,
+                                                     float* to, std::ptrdiff_t ld_dst, std::size_t out_rows) {
+    const auto mask = [](std::size_t n) { return __mmask16(n >= 16 ? 0xFFFFu : (1u << n) - 1); };
+    __m512 r[16];
+    if (cols == 16) {
+        for (std::size_t i = 0; i < 16; ++i) {
+            r[i] = i < rows ? __m512(load_widened<float>(src + static_cast<std::ptrdiff_t>(i) * ld_src)) : _mm512_setzero_ps();
+        }
+    } else {
+        for (std::size_t i = 0; i < 16; ++i) {
+            const U* row = src + static_cast<std::ptrdiff_t>(i) * ld_src;
+            if (i >= rows) {
+                r[i] = _mm512_setzero_ps();
+            } else if constexpr (std::is_same_v<U, float>) {
+                r[i] = _mm512_maskz_loadu_ps(mask(cols), row);
+            } else {  // a last, partial tile of bf16
+                alignas(64) float wide[16] = {};
+                for (std::size_t j = 0; j < cols; ++j) wide[j] = widened<float>(row[j]);
+                r[i] = _mm512_load_ps(wide);
+            }
+        }
+    }
+    transpose_16x16(r);
+    const __mmask16 live = mask(out_rows);
+    if (cols == 16) {
+        for (std::size_t j = 0; j < 16; ++j) _mm512_mask_storeu_ps(to + static_cast<std::ptrdiff_t>(j) * ld_dst, live, r[j]);
+    } else {
+        for (std::size_t j = 0; j < cols; ++j) _mm512_mask_storeu_ps(to + static_cast<std::ptrdiff_t>(j) * ld_dst, live, r[j]);
     }
 }
 #endif
