@@ -20,6 +20,7 @@
 #include "dimsum/core/shape_error.hpp"
 #include "dimsum/evaluation/assign.hpp"
 #include "dimsum/nn/kv_cache.hpp"
+#include "dimsum/nn/layers.hpp"
 #include "dimsum/nn/rotary.hpp"
 #include "dimsum/ops/cast.hpp"
 #include "dimsum/ops/elementwise.hpp"
