@@ -224,6 +224,11 @@ TEST_CASE("grad through a permute of a view that splits an axis: heads split off
         auto heads = [](auto& t) { return ds::permute<Batch, Heads, Seq, Width>(ds::view<Batch, Seq, Heads, Width>(t)); };
         auto total = [](auto&& f) { return ds::sum<Batch>(ds::sum<Heads>(ds::sum<Seq>(ds::sum<Width>(std::forward<decltype(f)>(f))))); };
         check_gradient(x, total(ds::sin(heads(x)) * w));
+        // one pass, written into the gradient through the split and the permutation: no copy
+        const std::string plan = ds::backend::cpu::evaluator{}.explain(ds::grad(total(ds::sin(heads(x)) * w), x));
+        INFO(plan);
+        CHECK(plan.find("copy") == std::string::npos);
+        CHECK(plan.find("1 entry") != std::string::npos);
         // moved past the sequence too, as keys are read in scores; one head of it
         check_gradient(x, total(ds::permute<Batch, Heads, Seq, Width>(ds::permute<Batch, Heads, Width, Seq>(
                                     ds::view<Batch, Seq, Heads, Width>(x))) * heads(x) * w));

@@ -293,7 +293,9 @@ public:
         }
         for (std::size_t k = axes.rank; k-- > 0;) {  // from the last axis, so that a select leaves the others in place
             const std::size_t walker = where->walker[k], start = where->start[k], spacing = where->spacing[k];
-            if (walker == no_step) {
+            if (walker == no_step && at(v).extents[k] == 1) {
+                v = reshape(v, without_axis(at(v), k));  // nothing to select: its adjoint is a reshape, not zeros
+            } else if (walker == no_step) {
                 v = select(v, k, start);
             } else {
                 const std::size_t count = inner.extents[walker];
@@ -444,6 +446,14 @@ private:
         finer.offset = whole.offset;
         whole = finer;
         return split;
+    }
+    // A step of from's extents but axis `axis` (for a reshape that drops an axis of extent 1).
+    static step without_axis(const step& from, std::size_t axis) {
+        step s{step_kind::reshape};
+        for (std::size_t i = 0; i < from.rank; ++i) {
+            if (i != axis) s.extents[s.rank++] = from.extents[i];
+        }
+        return s;
     }
     static void shape_like(step& s, const step& like) {
         s.rank = like.rank;
