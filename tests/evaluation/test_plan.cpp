@@ -589,7 +589,7 @@ TEST_CASE("a product's batch is folded into its rows in the plan, with everythin
     CHECK(across.plan.entries[0].operands[1].where == ev::broadcast(ev::row_major(2, {4, 6}), 3));
 }
 
-TEST_CASE("a reshape the layout cannot express is planned as one copy") {
+TEST_CASE("a reshape the layout cannot express is planned as one copy, or none where a kernel writes through it") {
     using Flat = ds::axis<"flat">;
     ds::tensor<float, Batch, Query, Model> y(Batch{2}, Query{5});
     // (query, batch, model) of a (batch, query, model) tensor, flattened: one copy into a temporary
@@ -605,6 +605,21 @@ TEST_CASE("a reshape the layout cannot express is planned as one copy") {
     auto merged = plan_of(ds::view<Flat>(ds::transpose<Key, Batch>(ds::matmul(a, w))) + 1.0f);
     CHECK(merged.kinds() == kinds{ev::entry_kind::gemm, ev::entry_kind::fused});
     CHECK(!(merged.plan.entries[0].out.where == ev::row_major(3, {2, 7, 6})));  // written transposed
+
+    // the same at the root: the product written through the inverse permutation into the
+    // destination, no temporary; the values those of the reference backend
+    ds::fill_uniform(a, 1);
+    ds::fill_uniform(w, 2);
+    const auto rows = ds::view<Flat>(ds::transpose<Key, Batch>(ds::matmul(a, w)));
+    auto at_root = plan_of(rows);
+    CHECK(at_root.kinds() == kinds{ev::entry_kind::gemm});
+    CHECK(at_root.plan.temporaries.empty());
+    const ds::tensor<float, Flat> got = rows;
+    test::require_close(got, test::to_xt(ds::eval(rows, ds::backend::reference::evaluator{})), 1e-6, 1e-6);
+    // and of an elementwise pass: one fused entry into the destination
+    auto passed = plan_of(ds::view<Flat>(ds::transpose<Key, Batch>(ds::exp(a))));
+    CHECK(passed.kinds() == kinds{ev::entry_kind::fused});
+    CHECK(passed.plan.temporaries.empty());
 }
 
 TEST_CASE("cast<bf16> that a product reads gets a bf16 temporary, only where the backend reads bf16") {

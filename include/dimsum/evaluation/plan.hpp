@@ -515,6 +515,18 @@ private:
                     }
                     return;
                 }
+                // A reshape of a value still to be computed, or of such a permutation (heads
+                // merged back into rows, or a gradient through heads split off a row's columns,
+                // at the root): the same, into dst seen with the operand's extents where that is
+                // a view, rather than a temporary and a copy.
+                if (s.kind == step_kind::reshape && dst.type == computes_in_ && dst.where.size() != 0 &&
+                    computable_in_place(s.operands[0])) {
+                    const std::size_t operand = s.operands[0];
+                    if (const auto seen = reshape(dst.where, steps_[operand].rank, steps_[operand].extents)) {
+                        if (is_view(steps_[operand].kind)) return write(operand, seen_as(dst, *seen));
+                        return write_part(operand, seen_as(dst, *seen));
+                    }
+                }
                 return write_fused(id, dst);  // a copy of the view
             case step_group::memory: case step_group::number: case step_group::elementwise:
                 return write_fused(id, dst);  // a fused pass, or a copy
@@ -778,6 +790,16 @@ private:
         if (is_view(inner.kind)) return false;  // its layout is not row-major
         const layout permuted = permute(row_major(inner.rank, inner.extents), permutation.order);
         return permuted.size() != 0 && !reshape(permuted, s.rank, s.extents);
+    }
+
+    // Whether write() computes step id's value straight into any memory it is given: a value
+    // still to be computed, a permutation of one (the branch above) or a reshape of either.
+    bool computable_in_place(std::size_t id) const {
+        if (plan_.placed[id]) return false;
+        const step& s = steps_[id];
+        if (!is_view(s.kind)) return true;
+        if (s.kind == step_kind::permute) return !is_view(steps_[s.operands[0]].kind) && !plan_.placed[s.operands[0]];
+        return s.kind == step_kind::reshape && computable_in_place(s.operands[0]);
     }
 
     const std::vector<step>& steps_;
