@@ -505,7 +505,7 @@ private:
                 // rather than into a temporary that is then copied. In a temporary of its own,
                 // the value stays there for its later readers (a fused attention backward reads
                 // O), which would otherwise compute it again.
-                if (s.kind == step_kind::permute && !is_view(steps_[s.operands[0]].kind) && !plan_.placed[s.operands[0]]) {
+                if (s.kind == step_kind::permute && computable_in_place(id)) {
                     const std::size_t operand = s.operands[0];
                     const place value = seen_as(dst, unpermute(dst.where, s.order));
                     write(operand, value);
@@ -783,17 +783,15 @@ private:
     // operand is then computed straight into the copy, with no temporary between.
     bool copy_is_certain(const step& s) const {
         const step& permutation = steps_[s.operands[0]];
-        if (permutation.kind != step_kind::permute || plan_.placed[s.operands[0]] || plan_.placed[permutation.operands[0]]) {
-            return false;
-        }
-        const step& inner = steps_[permutation.operands[0]];
-        if (is_view(inner.kind)) return false;  // its layout is not row-major
+        if (permutation.kind != step_kind::permute || !computable_in_place(s.operands[0])) return false;
+        const step& inner = steps_[permutation.operands[0]];  // a value, row-major in its own axes
         const layout permuted = permute(row_major(inner.rank, inner.extents), permutation.order);
         return permuted.size() != 0 && !reshape(permuted, s.rank, s.extents);
     }
 
     // Whether write() computes step id's value straight into any memory it is given: a value
-    // still to be computed, a permutation of one (the branch above) or a reshape of either.
+    // still to be computed, a permutation of one, or a reshape of either (write()'s view
+    // branches, and copy_is_certain's copy).
     bool computable_in_place(std::size_t id) const {
         if (plan_.placed[id]) return false;
         const step& s = steps_[id];
