@@ -581,12 +581,6 @@ TEST_CASE("a bf16 model trains in mixed precision: float gradients within bf16's
 }
 
 namespace {
-// The products of two bf16 operands the CPU backend has run, on every path.
-std::size_t bf16_products_run() {
-    std::size_t n = 0;
-    for (const auto path : ds::backend::cpu::bf16_paths) n += ds::backend::cpu::bf16_products(path);
-    return n;
-}
 // C (rows x cols) = A^T B (A: depth x rows, B: depth x cols) in double, from float values.
 std::vector<double> product_t(const float* a, const float* b, std::size_t depth, std::size_t rows, std::size_t cols) {
     std::vector<double> c(rows * cols, 0.0);
@@ -649,19 +643,19 @@ TEST_CASE("gradient_options::bf16_products: a gradient's product beside a bf16 o
             ds::set_num_threads(threads);
             // the forward's product, and dW and dx on bf16 operands; without the option, the
             // backward's products widen t
-            std::size_t before = bf16_products_run();
+            std::size_t before = test::bf16_products_run();
             ds::backward(one_product(), std::tie(x, w), std::tie(dx, dw), bf16_products);
-            CHECK(bf16_products_run() - before == 3);
+            CHECK(test::bf16_products_run() - before == 3);
             CHECK(relative_error(dw.data(), rounded) <= 1e-5);
-            before = bf16_products_run();
+            before = test::bf16_products_run();
             ds::backward(one_product(), std::tie(x, w), std::tie(dx, dw));
-            CHECK(bf16_products_run() - before == 1);
+            CHECK(test::bf16_products_run() - before == 1);
             CHECK(relative_error(dw.data(), exact) <= 1e-5);
             // two forward products, four backward: dV and the activation's adjoint beside the
             // rounded activation and V, dW and dx beside x and W
-            before = bf16_products_run();
+            before = test::bf16_products_run();
             ds::backward(two_products(), std::tie(x, w, v), std::tie(dx, dw, dv), bf16_products);
-            CHECK(bf16_products_run() - before == 6);
+            CHECK(test::bf16_products_run() - before == 6);
         }
         ds::set_num_threads(0);
     }
@@ -683,15 +677,15 @@ TEST_CASE("gradient_options::bf16_products: a gradient's product beside a bf16 o
     // without it, they widen the cotangent
     for (const auto& [options, want, products] : {std::tuple{bf16_products, &rounded, 1}, std::tuple{ds::gradient_options{}, &exact, 0}}) {
         INFO("bf16_products " << options.bf16_products);
-        std::size_t before = bf16_products_run();
+        std::size_t before = test::bf16_products_run();
         dw = ds::grad(one_product(), w, options);
-        CHECK(bf16_products_run() - before == std::size_t(products));  // dW = x^T round(t) with the option
+        CHECK(test::bf16_products_run() - before == std::size_t(products));  // dW = x^T round(t) with the option
         CHECK(relative_error(dw.data(), *want) <= 1e-5);
         dw = ds::eval(ds::grad(one_product(), w, options), ds::backend::reference::evaluator{});
         CHECK(relative_error(dw.data(), *want) <= 1e-5);
-        before = bf16_products_run();
+        before = test::bf16_products_run();
         dw = ds::vjp(ds::cast<float>(ds::matmul(x, w)), w, t, options);
-        CHECK(bf16_products_run() - before == std::size_t(products));
+        CHECK(test::bf16_products_run() - before == std::size_t(products));
         CHECK(relative_error(dw.data(), *want) <= 1e-5);
         dw = ds::eval(ds::vjp(ds::cast<float>(ds::matmul(x, w)), w, t, options), ds::backend::reference::evaluator{});
         CHECK(relative_error(dw.data(), *want) <= 1e-5);

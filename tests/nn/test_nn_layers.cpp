@@ -115,11 +115,6 @@ TEST_CASE("swiglu and gelu_feed_forward over bf16 values round what each product
     ds::fill_uniform(w_2, 5);
     ds::fill_uniform(b_1, 6);
     ds::fill_uniform(b_2, 7);
-    auto products = [] {  // of two bf16 operands, on every path
-        std::size_t n = 0;
-        for (const auto path : ds::backend::cpu::bf16_paths) n += ds::backend::cpu::bf16_products(path);
-        return n;
-    };
     // x a formula of bf16 values (which computes in float): rounded before the products read
     // it, and so is the inner activation, so that every product multiplies two bf16 operands
     const auto normed = ds::nn::rms_norm(x, g, 1e-5);
@@ -127,9 +122,9 @@ TEST_CASE("swiglu and gelu_feed_forward over bf16 values round what each product
         const std::string plan = ds::explain(formula);
         INFO(plan);
         CHECK(plan.find("rounded into") != std::string::npos);
-        const std::size_t before = products();
+        const std::size_t before = test::bf16_products_run();
         const ds::tensor<float, Seq, Model> got = ds::cast<float>(formula);
-        CHECK(products() - before == product_count);
+        CHECK(test::bf16_products_run() - before == product_count);
         // the reference backend rounds at the same places, in double
         const ds::tensor<float, Seq, Model> want = ds::eval(ds::cast<float>(formula), ds::backend::reference::evaluator{});
         test::require_close(got, test::to_xt(want), 1e-2, 1e-2);

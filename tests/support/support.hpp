@@ -140,4 +140,11 @@ struct temp_dir {
     }
 };
 
+// The products of two bf16 operands the CPU backend has run, on every path.
+inline std::size_t bf16_products_run() {
+    std::size_t n = 0;
+    for (const auto path : ds::backend::cpu::bf16_paths) n += ds::backend::cpu::bf16_products(path);
+    return n;
+}
+
 }  // namespace test
